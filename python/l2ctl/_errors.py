@@ -1,0 +1,61 @@
+"""The exceptions l2ctl raises. Defined in Python so they exist without the extension or a GPU."""
+
+from __future__ import annotations
+
+import warnings
+
+__all__ = [
+    "L2ctlError",
+    "CudaError",
+    "NotSupportedError",
+    "NoDeviceError",
+    "L2BudgetWarning",
+    "WindowClippedWarning",
+]
+
+
+class L2ctlError(Exception):
+    """Base class of l2ctl's own exceptions."""
+
+
+class CudaError(L2ctlError, RuntimeError):
+    """A CUDA runtime call failed.
+
+    Attributes: ``call`` (the call, as written in the C++ core), ``code`` (the ``cudaError_t`` value),
+    ``name`` (e.g. ``"cudaErrorInvalidValue"``), ``description`` (CUDA's message) and ``details`` (the
+    device, pointers and byte counts involved).
+    """
+
+    def __init__(self, call: str, code: int, name: str, description: str, details: str = "") -> None:
+        self.call = call
+        self.code = int(code)
+        self.name = name
+        self.description = description
+        self.details = details
+        text = f"{call} failed: {name} ({code}): {description}"
+        if details:
+            text += f" [{details}]"
+        super().__init__(text)
+
+    def __reduce__(self):  # keep pickling (multiprocessing, pytest-xdist) working
+        return (type(self), (self.call, self.code, self.name, self.description, self.details))
+
+
+class NotSupportedError(L2ctlError, RuntimeError):
+    """The device or the process cannot do what was asked (compute capability below 8.0, MIG, MPS)."""
+
+
+class NoDeviceError(NotSupportedError):
+    """No CUDA device is visible (no GPU, or no usable NVIDIA driver)."""
+
+
+class L2BudgetWarning(UserWarning):
+    """The live persisting windows on a device ask for more L2 than its set-aside holds."""
+
+
+class WindowClippedWarning(UserWarning):
+    """A window was larger than ``accessPolicyMaxWindowSize`` and was clipped to it."""
+
+
+def warn(message: str, category: type[Warning], stacklevel: int = 3) -> None:
+    warnings.warn(message, category, stacklevel=stacklevel)

@@ -1,0 +1,313 @@
+"""Turning the streams and buffers of other libraries into (handle, device) and (ptr, nbytes, device).
+
+Nothing here imports torch or cupy: objects are recognised by the protocols they implement
+(``__cuda_stream__``, ``__cuda_array_interface__``, ``__dlpack__``) or by duck-typed attributes.
+No CUDA call is made here either; the device of a raw pointer is looked up later, by the caller.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import numbers
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+__all__ = ["StreamRef", "BufferRef", "resolve_stream", "resolve_buffer", "parse_cuda_array_interface"]
+
+#: Special stream handles CUDA understands.
+LEGACY_DEFAULT_STREAM = 0
+CUDA_STREAM_LEGACY = 1
+CUDA_STREAM_PER_THREAD = 2
+
+
+@dataclass(frozen=True)
+class StreamRef:
+    """A resolved stream: the raw ``cudaStream_t`` as an int, and its device when the object said so."""
+
+    handle: int
+    device: Optional[int] = None
+    source: str = "int"
+    owner: Any = None
+
+    @property
+    def is_default(self) -> bool:
+        """True for the legacy default stream (0 or cudaStreamLegacy) and cudaStreamPerThread."""
+        return self.handle in (LEGACY_DEFAULT_STREAM, CUDA_STREAM_LEGACY, CUDA_STREAM_PER_THREAD)
+
+
+@dataclass(frozen=True)
+class BufferRef:
+    """A resolved buffer: device address, size in bytes, device when known, and the object kept alive."""
+
+    ptr: int
+    nbytes: int
+    device: Optional[int] = None
+    source: str = "pointer"
+    owner: Any = None
+
+
+_HOST_HINT = (
+    "l2ctl needs device memory (an access-policy window covers device addresses); copy the data to the "
+    "GPU first, e.g. l2ctl.DeviceBuffer.from_numpy(array), torch.as_tensor(array, device='cuda') or "
+    "cupy.asarray(array)"
+)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def _module_of(obj: object) -> str:
+    return type(obj).__module__ or ""
+
+
+# ---- streams -------------------------------------------------------------------------------------
+
+
+def resolve_stream(stream: object) -> StreamRef:
+    """Accepts l2ctl.Stream, an int handle, None (the legacy default stream), torch.cuda.Stream,
+    cupy.cuda.Stream and anything implementing ``__cuda_stream__``."""
+    from ._memory import Stream  # local: _memory imports this module
+
+    if isinstance(stream, Stream):
+        return StreamRef(stream.handle, stream.device, "l2ctl.Stream", stream)
+    if stream is None:
+        return StreamRef(LEGACY_DEFAULT_STREAM, None, "None (legacy default stream)")
+    if isinstance(stream, (bool, np.bool_)):
+        raise TypeError("a stream cannot be a bool; pass an l2ctl.Stream, a torch/CuPy stream or a cudaStream_t int")
+    if _is_int(stream):
+        handle = int(stream)
+        if handle < 0 or handle >= 1 << 64:
+            raise ValueError(f"a cudaStream_t handle must be a non-negative 64-bit integer, got {handle}")
+        return StreamRef(handle, None, "int")
+    protocol = getattr(type(stream), "__cuda_stream__", None)
+    if protocol is not None:
+        value = stream.__cuda_stream__()  # type: ignore[attr-defined]
+        if not (isinstance(value, tuple) and len(value) == 2 and all(_is_int(v) for v in value)):
+            raise TypeError(f"__cuda_stream__ must return (version, handle) integers, got {value!r}")
+        version, handle = (int(v) for v in value)
+        if version != 0:
+            raise TypeError(f"__cuda_stream__ version {version} is not supported (l2ctl reads version 0)")
+        if handle < 0:
+            raise ValueError(f"__cuda_stream__ returned a negative handle {handle}")
+        return StreamRef(handle, _stream_device_attr(stream), f"{_module_of(stream)}.__cuda_stream__", stream)
+    module = _module_of(stream)
+    if module.startswith("torch") and hasattr(stream, "cuda_stream"):
+        device = getattr(getattr(stream, "device", None), "index", None)
+        return StreamRef(int(stream.cuda_stream), device, "torch.cuda.Stream", stream)
+    if module.startswith("cupy") and hasattr(stream, "ptr"):
+        device = getattr(stream, "device_id", None)
+        return StreamRef(int(stream.ptr), int(device) if _is_int(device) else None, "cupy.cuda.Stream", stream)
+    raise TypeError(
+        f"cannot use a {type(stream).__name__} as a stream; pass an l2ctl.Stream, torch.cuda.Stream, "
+        "cupy.cuda.Stream, an object with __cuda_stream__, an int cudaStream_t, or None for the default stream"
+    )
+
+
+def _stream_device_attr(stream: object) -> Optional[int]:
+    for name in ("device_id", "device"):
+        value = getattr(stream, name, None)
+        if _is_int(value):
+            return int(value)
+        index = getattr(value, "index", None)
+        if _is_int(index):
+            return int(index)
+        device_id = getattr(value, "device_id", None)
+        if _is_int(device_id):
+            return int(device_id)
+    return None
+
+
+# ---- buffers -------------------------------------------------------------------------------------
+
+
+def _dense_extent(shape: tuple[int, ...], strides: Optional[tuple[int, ...]], itemsize: int) -> bool:
+    """True when the elements fill exactly prod(shape) * itemsize bytes (C, Fortran or any dense order)."""
+    if strides is None:
+        return True
+    if len(strides) != len(shape):
+        raise ValueError(f"strides {strides} do not match shape {shape}")
+    if any(s < 0 for s in strides):
+        return False
+    dims = sorted((s, n) for s, n in zip(strides, shape) if n != 1)
+    expected = itemsize
+    for stride, n in dims:
+        if stride != expected:
+            return False
+        expected *= n
+    return True
+
+
+def parse_cuda_array_interface(cai: object, source: str = "__cuda_array_interface__", owner: Any = None) -> BufferRef:
+    """Parse a ``__cuda_array_interface__`` dict (versions 0 to 3) into a BufferRef.
+
+    Refuses masked arrays, empty arrays and non-contiguous layouts (a window covers one byte range).
+    """
+    if not isinstance(cai, dict):
+        raise TypeError(f"__cuda_array_interface__ must be a dict, got {type(cai).__name__}")
+    version = cai.get("version", 0)
+    if not _is_int(version) or not 0 <= int(version) <= 3:
+        raise ValueError(f"__cuda_array_interface__ version {version!r} is not supported (0 to 3)")
+    try:
+        shape = tuple(int(n) for n in cai["shape"])
+        typestr = cai["typestr"]
+        data = cai["data"]
+    except KeyError as missing:
+        raise ValueError(f"__cuda_array_interface__ lacks the required key {missing}") from None
+    if any(n < 0 for n in shape):
+        raise ValueError(f"negative extent in shape {shape}")
+    if not isinstance(typestr, str):
+        raise TypeError(f"typestr must be a str, got {typestr!r}")
+    try:
+        itemsize = np.dtype(typestr).itemsize
+    except TypeError as exc:
+        raise ValueError(f"unknown typestr {typestr!r}") from exc
+    if itemsize <= 0:
+        raise ValueError(f"typestr {typestr!r} has no fixed size")
+    if not (isinstance(data, tuple) and len(data) == 2 and _is_int(data[0])):
+        raise ValueError(f"data must be (pointer, read_only), got {data!r}")
+    if cai.get("mask") is not None:
+        raise ValueError("masked arrays are not supported; pass the data array itself")
+    strides = cai.get("strides")
+    if strides is not None:
+        strides = tuple(int(s) for s in strides)
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    nbytes = count * itemsize
+    if nbytes == 0:
+        raise ValueError("the buffer is empty (0 bytes); a window must cover at least one byte")
+    if not _dense_extent(shape, strides, itemsize):
+        raise ValueError(
+            f"the array is not contiguous (shape {shape}, strides {strides}); a window covers one byte range, "
+            "so pass a contiguous array (e.g. .copy() or ascontiguousarray)"
+        )
+    ptr = int(data[0])
+    if ptr == 0:
+        raise ValueError("the array's data pointer is NULL")
+    return BufferRef(ptr, nbytes, None, source, owner)
+
+
+# DLPack, read with ctypes from the legacy (unversioned) capsule.
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class _DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
+
+
+_DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
+_capsule_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_get_pointer.restype = ctypes.c_void_p
+_capsule_get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_capsule_is_valid = ctypes.pythonapi.PyCapsule_IsValid
+_capsule_is_valid.restype = ctypes.c_int
+_capsule_is_valid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def _check_dlpack_device(device_type: int, device_id: int, what: str) -> None:
+    if device_type in (_DL_CPU, _DL_CUDA_HOST):
+        raise ValueError(f"{what} is in host memory (DLPack device type {device_type}); {_HOST_HINT}")
+    if device_type not in (_DL_CUDA, _DL_CUDA_MANAGED):
+        raise TypeError(f"{what} lives on DLPack device type {device_type}, not a CUDA device")
+
+
+def parse_dlpack_capsule(capsule: object, owner: Any = None) -> BufferRef:
+    """Read a legacy ``dltensor`` capsule. The capsule is not consumed: its own destructor frees it."""
+    if not _capsule_is_valid(capsule, b"dltensor"):
+        raise TypeError("expected a DLPack capsule named 'dltensor' (an unconsumed __dlpack__() result)")
+    managed = _DLManagedTensor.from_address(_capsule_get_pointer(capsule, b"dltensor"))
+    t = managed.dl_tensor
+    _check_dlpack_device(t.device.device_type, t.device.device_id, "the DLPack tensor")
+    if t.ndim < 0:
+        raise ValueError(f"DLPack tensor has ndim {t.ndim}")
+    shape = tuple(int(t.shape[i]) for i in range(t.ndim))
+    bits = t.dtype.bits * t.dtype.lanes
+    if bits % 8:
+        raise ValueError(f"DLPack element of {bits} bits is not a whole number of bytes")
+    itemsize = bits // 8
+    strides = None
+    if t.strides:
+        strides = tuple(int(t.strides[i]) * itemsize for i in range(t.ndim))
+    nbytes = (int(np.prod(shape, dtype=np.int64)) if shape else 1) * itemsize
+    if nbytes == 0:
+        raise ValueError("the buffer is empty (0 bytes); a window must cover at least one byte")
+    if not _dense_extent(shape, strides, itemsize):
+        raise ValueError(f"the DLPack tensor is not contiguous (shape {shape}, strides {strides})")
+    if not t.data:
+        raise ValueError("the DLPack tensor's data pointer is NULL")
+    return BufferRef(int(t.data) + int(t.byte_offset), nbytes, int(t.device.device_id), "__dlpack__", owner)
+
+
+def resolve_buffer(buf: object) -> BufferRef:
+    """Accepts l2ctl.DeviceBuffer, torch tensors, ``__cuda_array_interface__`` (CuPy, Numba, ...),
+    ``__dlpack__`` producers, and ``(ptr, nbytes)`` tuples. Host memory is refused."""
+    from ._memory import DeviceBuffer
+
+    if isinstance(buf, DeviceBuffer):
+        return BufferRef(buf.ptr, buf.nbytes, buf.device, "l2ctl.DeviceBuffer", buf)
+    if buf is None:
+        raise TypeError("a buffer is required: pass a device array, tensor, l2ctl.DeviceBuffer or (ptr, nbytes)")
+    if isinstance(buf, np.ndarray):
+        raise ValueError(f"got a NumPy array, which is host memory; {_HOST_HINT}")
+    if isinstance(buf, (bytes, bytearray, memoryview)):
+        raise ValueError(f"got a {type(buf).__name__}, which is host memory; {_HOST_HINT}")
+    if isinstance(buf, tuple):
+        if len(buf) != 2 or not all(_is_int(v) for v in buf):
+            raise TypeError(f"a raw buffer is a (ptr, nbytes) pair of integers, got {buf!r}")
+        ptr, nbytes = (int(v) for v in buf)
+        if ptr <= 0:
+            raise ValueError(f"pointer must be a positive device address, got {ptr}")
+        if nbytes <= 0:
+            raise ValueError(f"nbytes must be positive, got {nbytes}")
+        return BufferRef(ptr, nbytes, None, "(ptr, nbytes)")
+    if _is_int(buf):
+        raise TypeError("a bare integer is ambiguous; pass (ptr, nbytes) so l2ctl knows the size")
+    if _module_of(buf).startswith("torch") and hasattr(buf, "data_ptr") and hasattr(buf, "is_cuda"):
+        return _torch_buffer(buf)
+    cai = getattr(buf, "__cuda_array_interface__", None)
+    if cai is not None:
+        return parse_cuda_array_interface(cai, f"{_module_of(buf)}.__cuda_array_interface__", buf)
+    if hasattr(buf, "__dlpack__") and hasattr(buf, "__dlpack_device__"):
+        device_type, device_id = buf.__dlpack_device__()
+        _check_dlpack_device(int(device_type), int(device_id), f"the {type(buf).__name__}")
+        try:
+            capsule = buf.__dlpack__(stream=None)
+        except TypeError:
+            capsule = buf.__dlpack__()
+        ref = parse_dlpack_capsule(capsule, buf)
+        return BufferRef(ref.ptr, ref.nbytes, ref.device, f"{_module_of(buf)}.__dlpack__", buf)
+    if hasattr(buf, "__array_interface__") or hasattr(buf, "__array__"):
+        raise ValueError(f"got a {type(buf).__name__}, which is host memory; {_HOST_HINT}")
+    raise TypeError(
+        f"cannot use a {type(buf).__name__} as a device buffer; pass an l2ctl.DeviceBuffer, a torch tensor, an "
+        "object with __cuda_array_interface__ or __dlpack__, or a (ptr, nbytes) tuple"
+    )
+
+
+def _torch_buffer(tensor: Any) -> BufferRef:
+    if not tensor.is_cuda:
+        raise ValueError(f"the torch tensor is on {tensor.device}, which is host memory; {_HOST_HINT}")
+    if not tensor.is_contiguous():
+        raise ValueError("the torch tensor is not contiguous; a window covers one byte range, pass tensor.contiguous()")
+    nbytes = int(tensor.numel()) * int(tensor.element_size())
+    if nbytes == 0:
+        raise ValueError("the tensor is empty (0 bytes); a window must cover at least one byte")
+    return BufferRef(int(tensor.data_ptr()), nbytes, int(tensor.device.index), "torch.Tensor", tensor)

@@ -1,0 +1,207 @@
+"""Streams, device buffers and an event timer that l2ctl owns, so NumPy alone is enough."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from . import _backend
+from ._device import resolve_device
+
+__all__ = ["Stream", "DeviceBuffer", "Timer"]
+
+
+class Stream:
+    """A CUDA stream owned by l2ctl (non-blocking by default); destroyed by close() or the ``with`` exit.
+
+    Implements ``__cuda_stream__`` so torch (``torch.cuda.ExternalStream(s.handle)``), CuPy
+    (``cupy.cuda.ExternalStream(s.handle)``) and cuda.core can use it.
+    """
+
+    def __init__(self, device: object = None, *, non_blocking: bool = True, priority: int = 0) -> None:
+        index = resolve_device(device)
+        self._impl = _backend.current().Stream(index, bool(non_blocking), int(priority))
+
+    @property
+    def handle(self) -> int:
+        """The ``cudaStream_t`` as an int. Raises ValueError once the stream is closed."""
+        return int(self._impl.handle)
+
+    @property
+    def device(self) -> int:
+        return int(self._impl.device)
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._impl.closed)
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+    def synchronize(self) -> None:
+        """Wait until all work queued on the stream is done."""
+        self._impl.synchronize()
+
+    def query(self) -> bool:
+        """True when all queued work is done (does not wait)."""
+        return bool(self._impl.query())
+
+    def close(self) -> None:
+        """Destroy the stream (idempotent). Work already queued still completes."""
+        self._impl.close()
+
+    def __enter__(self) -> "Stream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return "<l2ctl.Stream closed>"
+        return f"<l2ctl.Stream handle=0x{self.handle:x} device={self.device}>"
+
+
+class DeviceBuffer:
+    """Device memory from cudaMalloc, with a dtype and shape for NumPy round trips.
+
+    ``nbytes`` is the allocation size in bytes; ``ptr`` the device address. Freed by free(), the
+    ``with`` exit, or garbage collection. Exposes ``__cuda_array_interface__`` (version 3).
+    """
+
+    def __init__(
+        self,
+        nbytes: int,
+        device: object = None,
+        *,
+        dtype: Any = np.uint8,
+        shape: Optional[Sequence[int]] = None,
+    ) -> None:
+        from ._plan import check_nbytes
+
+        nbytes = check_nbytes(nbytes, "nbytes")
+        dt = np.dtype(dtype)
+        if shape is None:
+            if nbytes % dt.itemsize:
+                raise ValueError(f"nbytes {nbytes} is not a multiple of the {dt} item size {dt.itemsize}")
+            shape = (nbytes // dt.itemsize,)
+        shape = tuple(int(n) for n in shape)
+        if int(np.prod(shape, dtype=np.int64)) * dt.itemsize != nbytes:
+            raise ValueError(f"shape {shape} of {dt} does not hold exactly {nbytes} bytes")
+        self.dtype = dt
+        self.shape = shape
+        self._impl = _backend.current().DeviceMemory(resolve_device(device), nbytes)
+
+    @classmethod
+    def from_numpy(cls, array: np.ndarray, device: object = None, stream: object = None) -> "DeviceBuffer":
+        """A new device buffer holding a copy of ``array`` (made contiguous first)."""
+        host = np.ascontiguousarray(array)
+        if host.nbytes == 0:
+            raise ValueError("cannot copy an empty array to the device")
+        buffer = cls(host.nbytes, device, dtype=host.dtype, shape=host.shape)
+        buffer.copy_from(host, stream)
+        return buffer
+
+    @classmethod
+    def empty_like(cls, array: np.ndarray, device: object = None) -> "DeviceBuffer":
+        return cls(array.nbytes, device, dtype=array.dtype, shape=array.shape)
+
+    @property
+    def ptr(self) -> int:
+        """Device address. Raises ValueError once freed."""
+        return int(self._impl.ptr)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._impl.nbytes)
+
+    @property
+    def device(self) -> int:
+        return int(self._impl.device)
+
+    @property
+    def freed(self) -> bool:
+        return bool(self._impl.freed)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def _stream_handle(self, stream: object) -> int:
+        from ._interop import resolve_stream
+
+        return resolve_stream(stream).handle
+
+    def copy_from(self, array: np.ndarray, stream: object = None) -> None:
+        """Copy host data in (same byte size); waits until the copy is done."""
+        host = np.ascontiguousarray(array)
+        if host.nbytes != self.nbytes:
+            raise ValueError(f"array has {host.nbytes} bytes, the buffer {self.nbytes}")
+        _backend.current().copy_host_to_device(self.ptr, host.reshape(-1).view(np.uint8), self._stream_handle(stream))
+
+    def to_numpy(self, stream: object = None) -> np.ndarray:
+        """A host copy with the buffer's dtype and shape; waits until the copy is done."""
+        out = np.empty(self.shape, dtype=self.dtype)
+        _backend.current().copy_device_to_host(out.reshape(-1).view(np.uint8), self.ptr, self._stream_handle(stream))
+        return out
+
+    def fill_bytes(self, value: int, stream: object = None) -> None:
+        """cudaMemsetAsync of every byte (asynchronous on ``stream``)."""
+        _backend.current().memset_device(self.ptr, int(value) & 0xFF, self.nbytes, self._stream_handle(stream))
+
+    def free(self) -> None:
+        """Release the memory now (idempotent). The caller must make sure no queued work still uses it."""
+        self._impl.free()
+
+    def __enter__(self) -> "DeviceBuffer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.free()
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {
+            "version": 3,
+            "shape": self.shape,
+            "typestr": self.dtype.str,
+            "data": (self.ptr, False),
+            "strides": None,
+            "stream": None,
+        }
+
+    def __repr__(self) -> str:
+        if self.freed:
+            return f"<l2ctl.DeviceBuffer freed, {self.nbytes} bytes>"
+        return f"<l2ctl.DeviceBuffer 0x{self.ptr:x} {self.nbytes} bytes {self.dtype}{list(self.shape)} device={self.device}>"
+
+
+class Timer:
+    """Times the GPU work queued on ``stream`` inside the block, with CUDA events.
+
+    >>> with l2ctl.Timer(stream) as t:
+    ...     run(stream)
+    >>> t.elapsed_ms   # waits for the stop event
+    """
+
+    def __init__(self, stream: object = None) -> None:
+        from ._interop import resolve_stream
+
+        self._stream = resolve_stream(stream)
+        self._events = _backend.current().EventPair()
+        self._stopped = False
+
+    def __enter__(self) -> "Timer":
+        self._events.record_start(self._stream.handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._events.record_stop(self._stream.handle)
+        self._stopped = True
+
+    @property
+    def elapsed_ms(self) -> float:
+        if not self._stopped:
+            raise RuntimeError("the timer is still running; read elapsed_ms after the with block")
+        return float(self._events.elapsed_ms())

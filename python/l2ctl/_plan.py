@@ -1,0 +1,167 @@
+"""Planning arithmetic for set-asides and windows: pure functions, no CUDA, property-tested."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Sequence
+
+import numpy as np
+
+__all__ = [
+    "HIT_RATIO_TOLERANCE",
+    "normalize_hit_ratio",
+    "hit_ratio_grid",
+    "round_up",
+    "round_down",
+    "parse_set_aside_request",
+    "auto_set_aside",
+    "default_hit_ratio",
+    "clip_window",
+    "shared_hit_ratios",
+    "check_nbytes",
+]
+
+#: Hit ratios in (1, 1 + HIT_RATIO_TOLERANCE] are taken as 1.0: they are rounding noise (0.1 added ten
+#: times in float32 gives 1.0000001, which CUDA rejects with cudaErrorInvalidValue). Anything larger
+#: is an error.
+HIT_RATIO_TOLERANCE = 1e-6
+
+
+def normalize_hit_ratio(value: object, name: str = "hit_ratio") -> float:
+    """Validate a hit ratio and return it as a float that CUDA accepts (float32 never above 1.0).
+
+    Raises TypeError for non-real values (bool included) and ValueError for NaN, infinities, negative
+    values and values above ``1 + HIT_RATIO_TOLERANCE``.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number in [0, 1], not {type(value).__name__}")
+    x = float(value)
+    if math.isnan(x) or math.isinf(x):
+        raise ValueError(f"{name} must be finite, got {x!r}")
+    if x < 0.0:
+        raise ValueError(f"{name} must be in [0, 1], got {x!r}")
+    if x > 1.0 + HIT_RATIO_TOLERANCE:
+        raise ValueError(
+            f"{name} must be in [0, 1], got {x!r}; values up to 1 + {HIT_RATIO_TOLERANCE:g} are "
+            "accepted as 1.0 (float accumulation noise), larger ones are refused"
+        )
+    if x > 1.0 or float(np.float32(x)) > 1.0:
+        return 1.0
+    return x
+
+
+def hit_ratio_grid(points: int, start: float = 0.0, stop: float = 1.0) -> list[float]:
+    """An exact grid of hit ratios (i / (points - 1) scaled), never accumulated, ends included."""
+    if isinstance(points, bool) or not isinstance(points, numbers.Integral) or points < 2:
+        raise ValueError(f"points must be an integer >= 2, got {points!r}")
+    a = normalize_hit_ratio(start, "start")
+    b = normalize_hit_ratio(stop, "stop")
+    if b < a:
+        raise ValueError(f"stop ({b}) must not be below start ({a})")
+    n = int(points) - 1
+    return [normalize_hit_ratio(a + (b - a) * i / n) for i in range(n)] + [b]
+
+
+def check_nbytes(value: object, name: str, *, allow_zero: bool = False) -> int:
+    """A byte count: an integer (not bool), positive (or zero when allowed)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer number of bytes, not {type(value).__name__}")
+    n = int(value)
+    if n < 0 or (n == 0 and not allow_zero):
+        raise ValueError(f"{name} must be {'>= 0' if allow_zero else 'positive'}, got {n}")
+    return n
+
+
+def round_up(nbytes: int, granularity: int) -> int:
+    """Smallest multiple of ``granularity`` that is >= nbytes."""
+    if granularity <= 0:
+        raise ValueError(f"granularity must be positive, got {granularity}")
+    return -(-int(nbytes) // granularity) * granularity
+
+
+def round_down(nbytes: int, granularity: int) -> int:
+    if granularity <= 0:
+        raise ValueError(f"granularity must be positive, got {granularity}")
+    return int(nbytes) // granularity * granularity
+
+
+def parse_set_aside_request(value: object, maximum: int) -> int:
+    """Bytes asked for by ``set_aside(value)``: an int (bytes), ``"max"``, or a float fraction of the max.
+
+    A float is always a fraction (``1.0`` is the whole max, ``0.5`` half of it); an int is always bytes.
+    """
+    if isinstance(value, str):
+        if value.strip().lower() == "max":
+            return int(maximum)
+        raise ValueError(f"set-aside must be a byte count, a fraction of the max, or 'max'; got {value!r}")
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError("set-aside must be a byte count, a fraction, or 'max', not bool")
+    if isinstance(value, numbers.Integral):
+        n = int(value)
+        if n < 0:
+            raise ValueError(f"set-aside must be >= 0 bytes, got {n}")
+        if n > maximum:
+            raise ValueError(
+                f"set-aside of {n} bytes exceeds persistingL2CacheMaxSize ({maximum} bytes); ask for at most "
+                f"{maximum}, or 'max'"
+            )
+        return n
+    if isinstance(value, numbers.Real):
+        f = float(value)
+        if math.isnan(f) or not 0.0 <= f <= 1.0:
+            raise ValueError(f"a fractional set-aside must be in [0, 1] (of the max), got {f!r}")
+        return int(math.floor(f * maximum))
+    raise TypeError(f"set-aside must be a byte count, a fraction, or 'max', not {type(value).__name__}")
+
+
+def auto_set_aside(demand: float, current: int, granularity: int, maximum: int) -> int:
+    """The limit the ``"auto"`` policy asks for: the demand rounded up to the granularity, capped at the
+    max, and never below the current limit (auto only grows, so it never starves other users)."""
+    if demand <= 0:
+        return int(current)
+    need = min(int(maximum), round_up(math.ceil(demand), max(1, int(granularity))))
+    return max(int(current), need)
+
+
+def default_hit_ratio(granted: int, window_bytes: int) -> float:
+    """``hit_ratio=None``: the share of the window the granted set-aside can hold, min(1, granted / window)."""
+    if window_bytes <= 0:
+        raise ValueError(f"window must cover at least one byte, got {window_bytes}")
+    return normalize_hit_ratio(min(1.0, granted / window_bytes))
+
+
+def clip_window(offset: int, num_bytes: int | None, buffer_nbytes: int, max_window: int) -> tuple[int, bool]:
+    """Bytes of the window, and whether it was clipped to ``max_window``.
+
+    ``num_bytes=None`` means from ``offset`` to the end of the buffer. A window that runs past the end
+    of the buffer is an error (not clipped): it would cover memory l2ctl knows nothing about.
+    """
+    offset = check_nbytes(offset, "offset", allow_zero=True)
+    if offset >= buffer_nbytes:
+        raise ValueError(f"offset {offset} is not inside the buffer ({buffer_nbytes} bytes)")
+    if num_bytes is None:
+        n = buffer_nbytes - offset
+    else:
+        n = check_nbytes(num_bytes, "num_bytes")
+        if offset + n > buffer_nbytes:
+            raise ValueError(
+                f"the window [{offset}, {offset + n}) runs past the end of the buffer ({buffer_nbytes} bytes)"
+            )
+    if max_window > 0 and n > max_window:
+        return int(max_window), True
+    return n, False
+
+
+def shared_hit_ratios(requests: Sequence[tuple[float, int]], set_aside: int) -> list[float]:
+    """Scale requested (hit_ratio, window bytes) pairs so that their demand fits the set-aside.
+
+    Demand is sum(hit_ratio x bytes). When it fits, the ratios are returned unchanged; otherwise every
+    ratio is multiplied by set_aside / demand (two 16 KiB windows at 1.0 on a 16 KiB set-aside get 0.5
+    each, the source documents' example).
+    """
+    demand = sum(hr * nb for hr, nb in requests)
+    if demand <= set_aside or demand <= 0:
+        return [normalize_hit_ratio(hr) for hr, _ in requests]
+    scale = max(0, set_aside) / demand
+    return [normalize_hit_ratio(min(1.0, hr * scale)) for hr, _ in requests]

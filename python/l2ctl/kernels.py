@@ -1,0 +1,234 @@
+"""Kernels that show the hardware, callable on any accepted stream and buffer.
+
+All launches are asynchronous on ``stream`` (None: the legacy default stream). Buffers are checked
+(device memory, on the stream's device, sizes) before anything is launched.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Optional
+
+from . import _backend
+from ._interop import BufferRef, StreamRef, resolve_buffer, resolve_stream
+from ._plan import check_nbytes
+from ._window import check_device_pointer, stream_device
+
+__all__ = [
+    "ResetVariant",
+    "LaunchShape",
+    "reset_data",
+    "verify_reset_data",
+    "write_index",
+    "count_index_mismatches",
+    "copy_words",
+    "count_mismatches",
+    "read_sum",
+    "stride_read",
+    "sum_u64",
+    "sparse_vector",
+    "stream_analysis",
+    "sectors_per_request",
+    "dram_bytes_per_request",
+    "SECTOR_BYTES",
+]
+
+SECTOR_BYTES = 32
+WARP_SIZE = 32
+
+
+class ResetVariant(enum.IntEnum):
+    """How reset_data moves its data (see src/l2ctl/kernels.hpp)."""
+
+    PLAIN = 0  #: plain loads and stores, grid sized to the device
+    STREAMING = 1  #: st.global.cs stores for the output
+    EVICT_LAST = 2  #: LUT loads with an L2 evict_last policy (createpolicy + .L2::cache_hint)
+    HINTED = 3  #: evict_last LUT loads and .cs stores
+    ANNOTATED = 4  #: LUT through cuda::annotated_ptr<const int, access_property::persisting>
+    SEED = 5  #: the source blog's shape: 32 blocks x 1024 threads, 64-bit i % n (reference only)
+
+
+@dataclass(frozen=True)
+class LaunchShape:
+    blocks: int
+    threads: int
+    vector_out: bool
+    vector_lut: bool
+
+
+def _variant(value: object) -> ResetVariant:
+    if isinstance(value, str):
+        try:
+            return ResetVariant[value.strip().upper().replace("-", "_")]
+        except KeyError:
+            raise ValueError(f"unknown variant {value!r}; one of {[v.name.lower() for v in ResetVariant]}") from None
+    if isinstance(value, bool):
+        raise TypeError("variant must be a ResetVariant or its name")
+    try:
+        return ResetVariant(value)
+    except ValueError:
+        raise ValueError(f"unknown variant {value!r}") from None
+
+
+def _prepare(stream: object, *buffers: tuple[object, str]) -> tuple[StreamRef, int, list[BufferRef]]:
+    s = resolve_stream(stream)
+    refs = [resolve_buffer(b) for b, _ in buffers]
+    device = stream_device(s)
+    for ref, (_, name) in zip(refs, buffers):
+        if ref.device is not None and ref.device != device:
+            raise ValueError(f"{name} is on device {ref.device} but the stream is on device {device}")
+        check_device_pointer(ref.ptr, ref.nbytes, device, name)
+    return s, device, refs
+
+
+def _words(ref: BufferRef, name: str) -> int:
+    if ref.nbytes % 4:
+        raise ValueError(f"{name} holds {ref.nbytes} bytes, not a whole number of 4-byte words")
+    return ref.nbytes // 4
+
+
+def reset_data(
+    out: object, lut: object, stream: object = None, *, variant: object = "plain", blocks_per_sm: int = 0
+) -> LaunchShape:
+    """Fill ``out`` with ``lut`` repeated (32-bit words): out[i] = lut[i % len(lut)].
+
+    The LUT need not divide the output; any lengths work. 16-byte stores are used when ``out`` is
+    16-byte aligned, 16-byte LUT loads when the LUT is too and its length is a multiple of 4.
+    """
+    variant = _variant(variant)
+    if isinstance(blocks_per_sm, bool) or not isinstance(blocks_per_sm, int) or blocks_per_sm < 0:
+        raise ValueError("blocks_per_sm must be an int >= 0 (0: from the occupancy calculator)")
+    s, device, (o, l) = _prepare(stream, (out, "out"), (lut, "lut"))
+    out_len, lut_len = _words(o, "out"), _words(l, "lut")
+    if lut_len >= 1 << 31:
+        raise ValueError(f"the LUT has {lut_len} words; at most 2^31 - 1 are supported")
+    raw = _backend.current().reset_data(device, s.handle, o.ptr, out_len, l.ptr, lut_len, int(variant), blocks_per_sm)
+    return LaunchShape(*raw)
+
+
+def verify_reset_data(out: object, lut: object, stream: object = None) -> int:
+    """Number of words of ``out`` that differ from ``lut`` repeated (checked on the device; waits)."""
+    s, device, (o, l) = _prepare(stream, (out, "out"), (lut, "lut"))
+    return int(_backend.current().reset_data_verify(device, s.handle, o.ptr, _words(o, "out"), l.ptr, _words(l, "lut")))
+
+
+def write_index(buf: object, stream: object = None) -> None:
+    """buf[i] = i for every 32-bit word (16-byte stores): the write-only bandwidth kernel."""
+    s, device, (b,) = _prepare(stream, (buf, "buf"))
+    _backend.current().write_index(device, s.handle, b.ptr, _words(b, "buf"))
+
+
+def count_index_mismatches(buf: object, stream: object = None) -> int:
+    s, device, (b,) = _prepare(stream, (buf, "buf"))
+    return int(_backend.current().count_index_mismatches(device, s.handle, b.ptr, _words(b, "buf")))
+
+
+def copy_words(dst: object, src: object, stream: object = None) -> None:
+    """16-byte copy of src into dst (equal sizes): the copy bandwidth kernel."""
+    s, device, (d, r) = _prepare(stream, (dst, "dst"), (src, "src"))
+    if d.nbytes != r.nbytes:
+        raise ValueError(f"dst has {d.nbytes} bytes, src {r.nbytes}")
+    _backend.current().copy_words(device, s.handle, d.ptr, r.ptr, _words(d, "dst"))
+
+
+def count_mismatches(a: object, b: object, stream: object = None) -> int:
+    s, device, (x, y) = _prepare(stream, (a, "a"), (b, "b"))
+    if x.nbytes != y.nbytes:
+        raise ValueError(f"a has {x.nbytes} bytes, b {y.nbytes}")
+    return int(_backend.current().count_mismatches(device, s.handle, x.ptr, y.ptr, _words(x, "a")))
+
+
+def read_sum(buf: object, partials: object, stream: object = None) -> int:
+    """Sum every 32-bit word of ``buf`` (16-byte loads) into per-block uint64 partials; returns how many
+    partials were written. ``partials`` must hold max_read_partials() uint64 values."""
+    s, device, (b, p) = _prepare(stream, (buf, "buf"), (partials, "partials"))
+    needed = int(_backend.current().max_read_partials(device)) * 8
+    if p.nbytes < needed:
+        raise ValueError(f"partials needs {needed} bytes, has {p.nbytes}")
+    return int(_backend.current().read_sum(device, s.handle, b.ptr, _words(b, "buf"), p.ptr))
+
+
+def max_read_partials(device: int) -> int:
+    return int(_backend.current().max_read_partials(device))
+
+
+def stride_read(
+    buf: object, stride_bytes: int, partials: object, stream: object = None, *, threads: Optional[int] = None,
+    block_threads: int = 256,
+) -> int:
+    """Thread t loads the 4-byte word at byte t * stride_bytes (one load per thread); each block writes
+    the sum of its loads to ``partials`` (uint64). ``threads`` defaults to as many as ``buf`` allows.
+    Returns the number of blocks (partials written)."""
+    stride_bytes = check_nbytes(stride_bytes, "stride_bytes")
+    if stride_bytes % 4:
+        raise ValueError(f"stride_bytes must be a multiple of 4 (the load size), got {stride_bytes}")
+    s, device, (b, p) = _prepare(stream, (buf, "buf"), (partials, "partials"))
+    stride_words = stride_bytes // 4
+    capacity = (b.nbytes // 4 - 1) // stride_words + 1
+    n = capacity if threads is None else check_nbytes(threads, "threads")
+    if n > capacity:
+        raise ValueError(f"{n} threads at stride {stride_bytes} B need {((n - 1) * stride_words + 1) * 4} bytes; "
+                         f"the buffer has {b.nbytes}")
+    blocks = -(-n // block_threads)
+    if p.nbytes < blocks * 8:
+        raise ValueError(f"partials needs {blocks * 8} bytes for {blocks} blocks, has {p.nbytes}")
+    return int(_backend.current().stride_read(device, s.handle, b.ptr, n, stride_words, p.ptr, block_threads))
+
+
+def sum_u64(values: object, count: int, stream: object = None) -> int:
+    """Sum of the first ``count`` uint64 values (on the device; waits)."""
+    s, device, (v,) = _prepare(stream, (values, "values"))
+    count = check_nbytes(count, "count", allow_zero=True)
+    if count * 8 > v.nbytes:
+        raise ValueError(f"{count} uint64 values need {count * 8} bytes, the buffer has {v.nbytes}")
+    return int(_backend.current().sum_u64(device, s.handle, v.ptr, count))
+
+
+def sparse_vector(values: object, indices: object, dense: object, result: object, stream: object = None, *,
+                  streaming: bool = False) -> None:
+    """result[t] = values[t] * dense[indices[t] % len(dense)] + sin(0.1 values[t]) (float32; int32 indices).
+    ``streaming=True`` reads values and indices with ld.global.cs."""
+    s, device, (v, i, d, r) = _prepare(stream, (values, "values"), (indices, "indices"), (dense, "dense"),
+                                       (result, "result"))
+    n = _words(v, "values")
+    if _words(i, "indices") != n or _words(r, "result") != n:
+        raise ValueError("values, indices and result must have the same number of elements")
+    _backend.current().sparse_vector(device, s.handle, v.ptr, i.ptr, d.ptr, _words(d, "dense"), r.ptr, n, bool(streaming))
+
+
+def stream_analysis(data: object, categories: object, weights: object, results: object, stream: object = None, *,
+                    streaming: bool = False) -> None:
+    """results[t] = sum over k < 8 of x * weights[c % len(weights)] + cos(0.01 x), with x = data[8t + k] and
+    c = categories[8t + k]. ``streaming=True`` reads data and categories with ld.global.cs."""
+    s, device, (x, c, w, r) = _prepare(stream, (data, "data"), (categories, "categories"), (weights, "weights"),
+                                       (results, "results"))
+    n = _words(r, "results")
+    if _words(x, "data") != 8 * n or _words(c, "categories") != 8 * n:
+        raise ValueError("data and categories must hold 8 elements per result")
+    _backend.current().stream_analysis(device, s.handle, x.ptr, c.ptr, w.ptr, _words(w, "weights"), r.ptr, n,
+                                       bool(streaming))
+
+
+def sectors_per_request(stride_bytes: int, element_bytes: int = 4, warp: int = WARP_SIZE,
+                        sector_bytes: int = SECTOR_BYTES) -> int:
+    """32-byte sectors one warp request touches when thread t reads ``element_bytes`` at t * stride_bytes
+    (aligned base): 4 at 4 B, 8 at 8 B, 16 at 16 B, 32 at 32 B and above."""
+    stride_bytes = check_nbytes(stride_bytes, "stride_bytes")
+    sectors = set()
+    for t in range(warp):
+        first = t * stride_bytes
+        sectors.update(range(first // sector_bytes, (first + element_bytes - 1) // sector_bytes + 1))
+    return len(sectors)
+
+
+def dram_bytes_per_request(stride_bytes: int, element_bytes: int = 4, warp: int = WARP_SIZE,
+                           dram_granularity: int = 64) -> int:
+    """Bytes DRAM delivers for one warp request when it reads whole ``dram_granularity`` chunks
+    (64 B, two sectors, as measured on an H100: at 64 B strides half of what DRAM moves is unused)."""
+    stride_bytes = check_nbytes(stride_bytes, "stride_bytes")
+    chunks = set()
+    for t in range(warp):
+        first = t * stride_bytes
+        chunks.update(range(first // dram_granularity, (first + element_bytes - 1) // dram_granularity + 1))
+    return len(chunks) * dram_granularity

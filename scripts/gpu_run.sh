@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One batch on the GPU machine: build l2ctl there, run the whole test suite (GPU tests included), the
+# CUDA behaviour probe and the benchmarks; results go to $OUT (or ./.out when run by hand).
+# Usage: bash scripts/gpu_run.sh [quick]      (quick: smaller benchmarks)
+set -uo pipefail
+OUT=${OUT:-$PWD/.out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+mode=${1:-full}
+step() { echo; echo "=== $* ($(date +%T))"; }
+status=0
+
+step "machine"
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | tee "$OUT/nvidia-smi.txt"
+python3 --version; nvcc --version | tail -1
+
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site
+fi
+
+step "build (pip install --no-build-isolation .)"
+# CUDAARCHS may be set by the caller to shorten the build; unset it builds the default targets.
+if ! python3 -m pip install --no-build-isolation --no-deps -q . > "$OUT/build.log" 2>&1; then
+  tail -50 "$OUT/build.log"; exit 1
+fi
+tail -3 "$OUT/build.log"
+cd /tmp  # import the installed package, not the source tree
+src=$OLDPWD
+
+step "probe CUDA behaviour"
+python3 "$src/scripts/probe_cuda.py" "$OUT/probe.json" > /dev/null || status=1
+python3 -m l2ctl info --probe | tee "$OUT/info.txt" || status=1
+
+step "tests"
+python3 -m pytest -q -p no:cacheprovider "$src/tests" -x --junitxml="$OUT/junit.xml" 2>&1 | tail -40 | tee "$OUT/pytest.txt"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+step "benchmarks"
+if [ "$mode" = quick ]; then lut="--lut-sizes 1M,4M,8M,16M,32M,48M"; else lut=""; fi
+python3 -m l2ctl bench $lut --json "$OUT/reset_data.json" --csv "$OUT/reset_data.csv" 2>"$OUT/bench_progress.txt" | tee "$OUT/bench_reset_data.txt" || status=1
+python3 -m l2ctl bench stride --json "$OUT/stride.json" --quiet | tee "$OUT/bench_stride.txt" || status=1
+python3 -m l2ctl bench cache-streaming --json "$OUT/cache_streaming.json" --quiet | tee "$OUT/bench_cs.txt" || status=1
+
+step "limit left as found"
+python3 -c "import l2ctl; print('limit now', l2ctl.get_set_aside())"
+exit $status

@@ -1,0 +1,226 @@
+// l2ctl._core: a thin pybind11 layer over the C++ core. Every call that reaches CUDA releases the GIL;
+// C++ CudaError becomes l2ctl.CudaError (defined in Python, so that it can be raised and caught
+// without the extension, e.g. by the test backend).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "l2ctl/device.hpp"
+#include "l2ctl/error.hpp"
+#include "l2ctl/graph.hpp"
+#include "l2ctl/kernels.hpp"
+#include "l2ctl/memory.hpp"
+#include "l2ctl/stream.hpp"
+
+namespace py = pybind11;
+using namespace pybind11::literals;
+
+namespace {
+using release = py::call_guard<py::gil_scoped_release>;
+
+py::tuple window_tuple(const l2ctl::Window& w) {
+  return py::make_tuple(w.base, w.num_bytes, w.hit_ratio, w.hit_prop, w.miss_prop);
+}
+l2ctl::Window make_window(std::uintptr_t base, std::size_t num_bytes, float hit_ratio, int hit_prop, int miss_prop) {
+  l2ctl::Window w;
+  w.base = base;
+  w.num_bytes = num_bytes;
+  w.hit_ratio = hit_ratio;
+  w.hit_prop = hit_prop;
+  w.miss_prop = miss_prop;
+  return w;
+}
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "l2ctl C++/CUDA core (thin bindings; use the l2ctl package instead)";
+  m.attr("__version__") = L2CTL_VERSION;
+
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const l2ctl::CudaError& e) {
+      py::object cls = py::module_::import("l2ctl._errors").attr("CudaError");
+      py::object err = cls(e.call(), e.code(), e.name(), e.description(), e.details());
+      PyErr_SetObject(cls.ptr(), err.ptr());
+    }
+  });
+
+  // Devices and the set-aside.
+  m.def("device_count", &l2ctl::device_count, release());
+  m.def("device_count_error", &l2ctl::device_count_error, release());
+  m.def("current_device", &l2ctl::current_device, release());
+  m.def(
+      "device_properties",
+      [](int device) {
+        l2ctl::DeviceProperties p;
+        {
+          py::gil_scoped_release unlocked;
+          p = l2ctl::device_properties(device);
+        }
+        return py::dict("index"_a = p.index, "name"_a = p.name, "major"_a = p.major, "minor"_a = p.minor,
+                        "multiprocessor_count"_a = p.multiprocessor_count, "l2_cache_size"_a = p.l2_cache_size,
+                        "persisting_l2_cache_max_size"_a = p.persisting_l2_cache_max_size,
+                        "access_policy_max_window_size"_a = p.access_policy_max_window_size,
+                        "total_global_memory"_a = p.total_global_memory, "memory_bus_width"_a = p.memory_bus_width,
+                        "pci_bus_id"_a = p.pci_bus_id, "uuid"_a = p.uuid);
+      },
+      "device"_a);
+  m.def("get_persisting_limit", &l2ctl::get_persisting_limit, "device"_a, release());
+  m.def("set_persisting_limit", &l2ctl::set_persisting_limit, "device"_a, "nbytes"_a, release());
+  m.def("reset_persisting_lines", &l2ctl::reset_persisting_lines, "device"_a, release());
+  m.def("driver_version", &l2ctl::driver_version, release());
+  m.def("runtime_version", &l2ctl::runtime_version, release());
+  m.def("device_synchronize", &l2ctl::device_synchronize, "device"_a, release());
+
+  // Streams and windows.
+  py::class_<l2ctl::Stream>(m, "Stream")
+      .def(py::init<int, bool, int>(), "device"_a, "non_blocking"_a = true, "priority"_a = 0, release())
+      .def_property_readonly("handle", &l2ctl::Stream::handle)
+      .def_property_readonly("device", &l2ctl::Stream::device)
+      .def_property_readonly("closed", &l2ctl::Stream::closed)
+      .def("synchronize", &l2ctl::Stream::synchronize, release())
+      .def("query", &l2ctl::Stream::query, release())
+      .def("close", &l2ctl::Stream::close, release());
+  m.def("stream_device", &l2ctl::stream_device, "stream"_a, release());
+  m.def("stream_synchronize", &l2ctl::stream_synchronize, "stream"_a, release());
+  m.def(
+      "get_stream_window",
+      [](std::uintptr_t stream) {
+        l2ctl::Window w;
+        {
+          py::gil_scoped_release unlocked;
+          w = l2ctl::get_stream_window(stream);
+        }
+        return window_tuple(w);
+      },
+      "stream"_a);
+  m.def(
+      "set_stream_window",
+      [](std::uintptr_t stream, std::uintptr_t base, std::size_t num_bytes, float hit_ratio, int hit_prop,
+         int miss_prop) { l2ctl::set_stream_window(stream, make_window(base, num_bytes, hit_ratio, hit_prop, miss_prop)); },
+      "stream"_a, "base"_a, "num_bytes"_a, "hit_ratio"_a, "hit_prop"_a, "miss_prop"_a, release());
+
+  py::class_<l2ctl::EventPair>(m, "EventPair")
+      .def(py::init<>(), release())
+      .def("record_start", &l2ctl::EventPair::record_start, "stream"_a, release())
+      .def("record_stop", &l2ctl::EventPair::record_stop, "stream"_a, release())
+      .def("elapsed_ms", &l2ctl::EventPair::elapsed_ms, release());
+
+  // Memory.
+  py::class_<l2ctl::DeviceMemory>(m, "DeviceMemory")
+      .def(py::init<int, std::size_t>(), "device"_a, "nbytes"_a, release())
+      .def_property_readonly("ptr", &l2ctl::DeviceMemory::ptr)
+      .def_property_readonly("nbytes", &l2ctl::DeviceMemory::nbytes)
+      .def_property_readonly("device", &l2ctl::DeviceMemory::device)
+      .def_property_readonly("freed", &l2ctl::DeviceMemory::freed)
+      .def("free", &l2ctl::DeviceMemory::free, release());
+  m.def(
+      "pointer_info",
+      [](std::uintptr_t ptr) {
+        l2ctl::PointerInfo info;
+        {
+          py::gil_scoped_release unlocked;
+          info = l2ctl::pointer_info(ptr);
+        }
+        return py::make_tuple(info.memory_type, info.device);
+      },
+      "ptr"_a);
+  m.def(
+      "copy_host_to_device",
+      [](std::uintptr_t dst, py::buffer src, std::uintptr_t stream) {
+        py::buffer_info info = src.request();
+        std::size_t bytes = static_cast<std::size_t>(info.size) * static_cast<std::size_t>(info.itemsize);
+        py::gil_scoped_release unlocked;
+        l2ctl::copy_host_to_device(dst, info.ptr, bytes, stream);
+      },
+      "dst"_a, "src"_a, "stream"_a);
+  m.def(
+      "copy_device_to_host",
+      [](py::buffer dst, std::uintptr_t src, std::uintptr_t stream) {
+        py::buffer_info info = dst.request(true);
+        std::size_t bytes = static_cast<std::size_t>(info.size) * static_cast<std::size_t>(info.itemsize);
+        py::gil_scoped_release unlocked;
+        l2ctl::copy_device_to_host(info.ptr, src, bytes, stream);
+      },
+      "dst"_a, "src"_a, "stream"_a);
+  m.def("copy_device_to_device", &l2ctl::copy_device_to_device, "dst"_a, "src"_a, "nbytes"_a, "stream"_a, release());
+  m.def("memset_device", &l2ctl::memset_device, "dst"_a, "value"_a, "nbytes"_a, "stream"_a, release());
+
+  // Graphs.
+  py::class_<l2ctl::Graph>(m, "Graph")
+      .def(py::init<std::uintptr_t, bool>(), "handle"_a, "owned"_a)
+      .def_property_readonly("handle", &l2ctl::Graph::handle)
+      .def_property_readonly("owned", &l2ctl::Graph::owned)
+      .def("destroy", &l2ctl::Graph::destroy, release());
+  py::class_<l2ctl::GraphExec>(m, "GraphExec")
+      .def(py::init<std::uintptr_t>(), "graph"_a, release())
+      .def_property_readonly("handle", &l2ctl::GraphExec::handle)
+      .def("launch", &l2ctl::GraphExec::launch, "stream"_a, release())
+      .def("update", &l2ctl::GraphExec::update, "graph"_a, release())
+      .def("destroy", &l2ctl::GraphExec::destroy, release());
+  m.def("begin_capture", &l2ctl::begin_capture, "stream"_a, "mode"_a, release());
+  m.def("end_capture", &l2ctl::end_capture, "stream"_a, release());
+  m.def("is_capturing", &l2ctl::is_capturing, "stream"_a, release());
+  m.def("graph_node_count", &l2ctl::graph_node_count, "graph"_a, release());
+  m.def(
+      "graph_kernel_nodes",
+      [](std::uintptr_t graph) {
+        std::vector<l2ctl::KernelNode> nodes;
+        {
+          py::gil_scoped_release unlocked;
+          nodes = l2ctl::graph_kernel_nodes(graph);
+        }
+        py::list out;
+        for (const auto& k : nodes)
+          out.append(py::make_tuple(k.node, k.function, py::make_tuple(k.grid[0], k.grid[1], k.grid[2]),
+                                    py::make_tuple(k.block[0], k.block[1], k.block[2])));
+        return out;
+      },
+      "graph"_a);
+  m.def(
+      "get_node_window",
+      [](std::uintptr_t node) {
+        l2ctl::Window w;
+        {
+          py::gil_scoped_release unlocked;
+          w = l2ctl::get_node_window(node);
+        }
+        return window_tuple(w);
+      },
+      "node"_a);
+  m.def(
+      "set_node_window",
+      [](std::uintptr_t node, std::uintptr_t base, std::size_t num_bytes, float hit_ratio, int hit_prop,
+         int miss_prop) { l2ctl::set_node_window(node, make_window(base, num_bytes, hit_ratio, hit_prop, miss_prop)); },
+      "node"_a, "base"_a, "num_bytes"_a, "hit_ratio"_a, "hit_prop"_a, "miss_prop"_a, release());
+
+  // Kernels.
+  m.def(
+      "reset_data",
+      [](int device, std::uintptr_t stream, std::uintptr_t out, std::size_t out_len, std::uintptr_t lut,
+         std::size_t lut_len, int variant, unsigned blocks_per_sm) {
+        l2ctl::LaunchShape s;
+        {
+          py::gil_scoped_release unlocked;
+          s = l2ctl::reset_data(device, stream, out, out_len, lut, lut_len, static_cast<l2ctl::ResetVariant>(variant),
+                                blocks_per_sm);
+        }
+        return py::make_tuple(s.blocks, s.threads, s.vector_out, s.vector_lut);
+      },
+      "device"_a, "stream"_a, "out"_a, "out_len"_a, "lut"_a, "lut_len"_a, "variant"_a, "blocks_per_sm"_a = 0);
+  m.def("reset_data_verify", &l2ctl::reset_data_verify, "device"_a, "stream"_a, "out"_a, "out_len"_a, "lut"_a,
+        "lut_len"_a, release());
+  m.def("write_index", &l2ctl::write_index, "device"_a, "stream"_a, "buf"_a, "len"_a, release());
+  m.def("count_index_mismatches", &l2ctl::count_index_mismatches, "device"_a, "stream"_a, "buf"_a, "len"_a, release());
+  m.def("copy_words", &l2ctl::copy_words, "device"_a, "stream"_a, "dst"_a, "src"_a, "len"_a, release());
+  m.def("count_mismatches", &l2ctl::count_mismatches, "device"_a, "stream"_a, "a"_a, "b"_a, "len"_a, release());
+  m.def("read_sum", &l2ctl::read_sum, "device"_a, "stream"_a, "buf"_a, "len"_a, "partials"_a, release());
+  m.def("max_read_partials", &l2ctl::max_read_partials, "device"_a, release());
+  m.def("stride_read", &l2ctl::stride_read, "device"_a, "stream"_a, "buf"_a, "threads"_a, "stride_words"_a,
+        "partials"_a, "block_threads"_a = 256, release());
+  m.def("sum_u64", &l2ctl::sum_u64, "device"_a, "stream"_a, "values"_a, "count"_a, release());
+  m.def("sparse_vector", &l2ctl::sparse_vector, "device"_a, "stream"_a, "values"_a, "indices"_a, "dense"_a,
+        "dense_len"_a, "result"_a, "len"_a, "streaming"_a, release());
+  m.def("stream_analysis", &l2ctl::stream_analysis, "device"_a, "stream"_a, "data"_a, "categories"_a, "weights"_a,
+        "weights_len"_a, "results"_a, "len"_a, "streaming"_a, release());
+}

@@ -1,0 +1,43 @@
+#include "l2ctl/error.hpp"
+
+#include <cstdio>
+
+namespace l2ctl {
+
+namespace {
+std::string compose(const std::string& call, cudaError_t code, const std::string& details) {
+  std::string text = call + " failed: " + cudaGetErrorName(code) + " (" + std::to_string(static_cast<int>(code)) +
+                     "): " + cudaGetErrorString(code);
+  if (!details.empty()) text += " [" + details + "]";
+  return text;
+}
+}  // namespace
+
+CudaError::CudaError(std::string call, cudaError_t code, std::string details)
+    : std::runtime_error(compose(call, code, details)),
+      call_(std::move(call)),
+      code_(code),
+      name_(cudaGetErrorName(code)),
+      description_(cudaGetErrorString(code)),
+      details_(std::move(details)) {}
+
+void check(cudaError_t code, const char* call, const std::string& details) {
+  if (code == cudaSuccess) return;
+  // A failed runtime call also records itself as the "last error"; consume it so that it does not
+  // surface again from an unrelated later launch check.
+  clear_last_error();
+  throw CudaError(call, code, details);
+}
+
+void check_launch(const char* kernel, const std::string& details) {
+  cudaError_t code = cudaGetLastError();
+  if (code != cudaSuccess) throw CudaError(std::string("launch of ") + kernel, code, details);
+}
+
+std::string hex(const void* pointer) {
+  char text[32];
+  std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(pointer)));
+  return text;
+}
+
+}  // namespace l2ctl
