@@ -3,8 +3,10 @@
 # CUDA behaviour probe and the benchmarks; results go to $OUT (or ./.out when run by hand).
 # Usage: bash scripts/gpu_run.sh [quick]      (quick: smaller benchmarks)
 set -uo pipefail
-OUT=${OUT:-$PWD/.out}
-mkdir -p "$OUT"
+FINAL=${OUT:-$PWD/.out}
+OUT=$(mktemp -d)  # everything lands here, then travels back as one archive (8 files at most come back)
+mkdir -p "$FINAL"
+trap 'tar czf "$FINAL/results.tgz" -C "$OUT" . ; true' EXIT
 export PYTHONUNBUFFERED=1
 mode=${1:-full}
 step() { echo; echo "=== $* ($(date +%T))"; }
@@ -41,6 +43,8 @@ if [ "$mode" = quick ]; then lut="--lut-sizes 1M,4M,8M,16M,32M,48M"; else lut=""
 python3 -m l2ctl bench $lut --json "$OUT/reset_data.json" --csv "$OUT/reset_data.csv" 2>"$OUT/bench_progress.txt" | tee "$OUT/bench_reset_data.txt" || status=1
 python3 -m l2ctl bench stride --json "$OUT/stride.json" --quiet | tee "$OUT/bench_stride.txt" || status=1
 python3 -m l2ctl bench cache-streaming --json "$OUT/cache_streaming.json" --quiet | tee "$OUT/bench_cs.txt" || status=1
+python3 -m l2ctl bench graph --json "$OUT/graph.json" | tee "$OUT/bench_graph.txt" || status=1
+python3 -m l2ctl bench concurrent --json "$OUT/concurrent.json" | tee "$OUT/bench_concurrent.txt" || status=1
 
 step "limit left as found"
 python3 -c "import l2ctl; print('limit now', l2ctl.get_set_aside())"

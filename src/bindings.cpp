@@ -106,6 +106,13 @@ PYBIND11_MODULE(_core, m) {
       .def("record_stop", &l2ctl::EventPair::record_stop, "stream"_a, release())
       .def("elapsed_ms", &l2ctl::EventPair::elapsed_ms, release());
 
+  py::class_<l2ctl::Event>(m, "Event")
+      .def(py::init<>(), release())
+      .def("record", &l2ctl::Event::record, "stream"_a, release())
+      .def("wait_on", &l2ctl::Event::wait_on, "stream"_a, release())
+      .def("synchronize", &l2ctl::Event::synchronize, release())
+      .def("elapsed_since", &l2ctl::Event::elapsed_since, "start"_a, release());
+
   // Memory.
   py::class_<l2ctl::DeviceMemory>(m, "DeviceMemory")
       .def(py::init<int, std::size_t>(), "device"_a, "nbytes"_a, release())

@@ -55,7 +55,8 @@ def test_set_aside_reads_back_and_restores(gpu_state, info):
     odd = 3 * MiB + 12345
     with l2ctl.set_aside(odd) as granted:
         assert granted == l2ctl.get_set_aside()
-        assert granted <= odd and granted % g == 0 and odd - granted < g
+        assert granted % g == 0 and abs(odd - granted) < g
+        assert (granted >= odd) == (l2ctl.set_aside_rounding() == "up")
     with l2ctl.set_aside(0.5) as granted:
         assert granted == l2ctl.get_set_aside() <= info.persisting_l2_cache_max_size // 2
     assert l2ctl.get_set_aside() == before

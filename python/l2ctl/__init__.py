@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os as _os
 
-from . import _core
+from . import _core, graph
 from ._device import (
     DeviceInfo,
     SetAside,
@@ -23,6 +23,7 @@ from ._device import (
     reset_persisting_lines,
     set_aside,
     set_aside_granularity,
+    set_aside_rounding,
     versions,
 )
 from ._errors import (
@@ -63,6 +64,7 @@ __all__ = [
     "device_count",
     "device_info",
     "get_include",
+    "graph",
     "get_set_aside",
     "get_window",
     "hit_ratio_grid",
@@ -70,6 +72,7 @@ __all__ = [
     "reset_persisting_lines",
     "set_aside",
     "set_aside_granularity",
+    "set_aside_rounding",
     "set_window",
     "shared_hit_ratios",
     "versions",

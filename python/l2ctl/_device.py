@@ -22,6 +22,7 @@ __all__ = [
     "SetAside",
     "reset_persisting_lines",
     "set_aside_granularity",
+    "set_aside_rounding",
     "resolve_device",
     "require_persistence",
     "versions",
@@ -36,8 +37,9 @@ MPS_HINT = (
 # CUDA errors that mean "this process may not set the limit" rather than "bad value".
 _REFUSED_LIMIT = {"cudaErrorNotSupported", "cudaErrorNotPermitted", "cudaErrorUnsupportedLimit"}
 
-_granularity_lock = threading.Lock()
+from ._state import device_state_lock as _granularity_lock
 _granularity: dict[tuple[int, str], int] = {}
+_rounding: dict[tuple[int, str], str] = {}
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ class DeviceInfo:
     persisting_l2_cache_size: int
     """The current set-aside limit (cudaLimitPersistingL2CacheSize)."""
     set_aside_granularity: Optional[int]
-    """The step the driver rounds the limit down to, once probed (see set_aside_granularity())."""
+    """The step the driver rounds the limit to, once probed (see set_aside_granularity())."""
     supports_persistence: bool
     unsupported_reason: Optional[str]
     total_memory: int
@@ -201,8 +203,8 @@ def set_aside(nbytes: Union[int, float, str], device: object = None) -> SetAside
     """Set the persisting-L2 set-aside (``cudaLimitPersistingL2CacheSize``) and return what was granted.
 
     ``nbytes`` is a byte count, ``"max"`` (``persistingL2CacheMaxSize``) or a float fraction of the max
-    (``0.5``). The driver rounds the request down to its granularity (on an H100, multiples of max/10),
-    so the returned value is read back from the driver. Use it as ``with l2ctl.set_aside(n): ...`` to
+    (``0.5``). The driver rounds the request to its granularity (on an H100, up to a multiple of max/10),
+    so the returned value is read back from the driver, never assumed. Use it as ``with l2ctl.set_aside(n): ...`` to
     restore the previous limit afterwards.
 
     The set-aside is reserved for persisting lines on the whole device: while it is large, every
@@ -223,26 +225,61 @@ def reset_persisting_lines(device: object = None) -> None:
 
 
 def set_aside_granularity(device: object = None) -> int:
-    """The step (bytes) the driver rounds set-aside requests down to; probed once per device and cached.
+    """The step (bytes) the driver rounds set-aside requests to; probed once per device and cached.
 
-    The probe sets the limit to the max and to max - 1, reads back what was granted, and restores the
-    previous limit before returning (also on error).
+    The driver does not grant arbitrary byte counts: on an H100 (driver 580) every request becomes a
+    multiple of max/10, rounded *up* (3 MiB + 12345 B gives 3,276,800 B). The probe asks for 1 byte,
+    and where that gives 0 (rounding down or to nearest) for max - 1 and, if needed, bisects; it then
+    restores the previous limit, also on error. set_aside_rounding() tells the direction found.
     """
     info = require_persistence(device)
     key = (info.index, info.uuid)
     with _granularity_lock:
-        if key in _granularity:
-            return _granularity[key]
-        backend = _backend.current()
-        maximum = info.persisting_l2_cache_max_size
-        try:
-            full = int(backend.set_persisting_limit(info.index, maximum))
-            below = int(backend.set_persisting_limit(info.index, maximum - 1))
-        finally:
-            backend.set_persisting_limit(info.index, info.persisting_l2_cache_size)
-        step = full - below if below < full else 1
-        _granularity[key] = max(1, step)
+        if key not in _granularity:
+            backend = _backend.current()
+            maximum = info.persisting_l2_cache_max_size
+
+            def ask(n: int) -> int:
+                return int(backend.set_persisting_limit(info.index, n))
+
+            previous = int(backend.get_persisting_limit(info.index))  # read under the lock, not from info
+            try:
+                step, direction = _probe_rounding(ask, maximum)
+            finally:
+                backend.set_persisting_limit(info.index, previous)
+            _granularity[key] = step
+            _rounding[key] = direction
         return _granularity[key]
+
+
+def set_aside_rounding(device: object = None) -> str:
+    """How the driver rounds set-aside requests: "up", "down", "nearest" or "exact" (probes once)."""
+    info = require_persistence(device)
+    set_aside_granularity(info.index)
+    return _rounding[(info.index, info.uuid)]
+
+
+def _probe_rounding(ask, maximum: int) -> tuple[int, str]:
+    """(granularity, direction) from a few limit requests; ``ask(n)`` sets the limit and returns the grant."""
+    if maximum <= 1:
+        return 1, "exact"
+    one = ask(1)
+    if one == 1:
+        return 1, "exact"
+    if one > 1:
+        return one, "up"
+    below = ask(maximum - 1)
+    if below < maximum:
+        return max(1, maximum - below), "down"
+    # Rounded to nearest: the smallest request granted non-zero is half a step (bisection).
+    lo, hi = 1, maximum
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ask(mid) > 0:
+            hi = mid
+        else:
+            lo = mid + 1
+    return max(1, ask(lo)), "nearest"
 
 
 def versions() -> dict:

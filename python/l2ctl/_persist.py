@@ -33,11 +33,35 @@ class Policy:
     enabled: bool = True
 
 
+class _StreamTarget:
+    """Where a persist scope puts its window: a stream attribute."""
+
+    def __init__(self, ref: Any) -> None:
+        self.ref = ref
+        self.handle = ref.handle
+
+    def device(self) -> int:
+        return stream_device(self.ref)
+
+    def read(self) -> Any:
+        return AccessPolicyWindow.from_tuple(_backend.current().get_stream_window(self.handle))
+
+    def apply(self, window: AccessPolicyWindow) -> None:
+        _backend.current().set_stream_window(self.handle, *window.as_tuple())
+
+    def restore(self, previous: Any) -> None:
+        self.apply(previous)
+
+    def clear(self) -> None:
+        self.apply(AccessPolicyWindow())
+
+
 @dataclass
 class _Scope:
     id: int
     device: int
     stream: int
+    target: Any
     window: AccessPolicyWindow
     requested_hit_ratio: float
     share: bool
@@ -64,7 +88,7 @@ class Budget:
         return self.demand > self.set_aside * (1 + 1e-9)
 
 
-_lock = threading.RLock()
+from ._state import device_state_lock as _lock
 _devices: dict[int, _DeviceState] = {}
 _ids = itertools.count(1)
 
@@ -117,7 +141,8 @@ class Persist:
         else:
             enabled = True
         self._enabled = enabled
-        self._stream = resolve_stream(stream)
+        self._stream = resolve_stream(stream) if not hasattr(stream, "_l2ctl_target") else None
+        self._target = stream._l2ctl_target() if self._stream is None else _StreamTarget(self._stream)
         self._buffer = resolve_buffer(buf)
         self._requested_hit_ratio = None if hit_ratio is None else normalize_hit_ratio(hit_ratio)
         self._offset = check_nbytes(offset, "offset", allow_zero=True)
@@ -141,7 +166,7 @@ class Persist:
 
     @property
     def stream(self) -> int:
-        return self._stream.handle
+        return self._target.handle
 
     @property
     def active(self) -> bool:
@@ -152,8 +177,7 @@ class Persist:
             raise RuntimeError("this persist scope is already active; create a new one with l2ctl.persist(...)")
         if not self._enabled:
             return self
-        backend = _backend.current()
-        device = stream_device(self._stream)
+        device = self._target.device()
         if self._buffer.device is not None and self._buffer.device != device:
             raise ValueError(
                 f"the buffer is on device {self._buffer.device} but the stream is on device {device}; "
@@ -174,6 +198,7 @@ class Persist:
             )
         granularity = set_aside_granularity(device) if self._limit_request == "auto" else 1
         base = self._buffer.ptr + self._offset
+        backend = _backend.current()
         with _lock:
             state = _devices.setdefault(device, _DeviceState())
             current = int(backend.get_persisting_limit(device))
@@ -206,8 +231,8 @@ class Persist:
                 else:
                     hit_ratio = self._requested_hit_ratio
                 window = AccessPolicyWindow(base, nbytes, hit_ratio, self._hit_prop, self._miss_prop)
-                previous_window = AccessPolicyWindow.from_tuple(backend.get_stream_window(self._stream.handle))
-                backend.set_stream_window(self._stream.handle, *window.as_tuple())
+                previous_window = self._target.read()
+                self._target.apply(window)
             except BaseException:
                 if granted != current:
                     _apply_limit(device, current)
@@ -215,7 +240,8 @@ class Persist:
             if baseline_taken:
                 state.baseline = current
             scope = _Scope(
-                next(_ids), device, self._stream.handle, window, hit_ratio, self._share, self._limit_request
+                next(_ids), device, self._target.handle, self._target, window, hit_ratio, self._share,
+                self._limit_request,
             )
             state.scopes[scope.id] = scope
             self._scope = scope
@@ -255,7 +281,7 @@ class Persist:
 
         with _lock:
             state = _devices[scope.device]
-            attempt(lambda: backend.set_stream_window(scope.stream, *self._previous_window.as_tuple()))
+            attempt(lambda: scope.target.restore(self._previous_window))
             del state.scopes[scope.id]
             if not state.scopes:
                 if self._reset_on_exit:
@@ -304,7 +330,7 @@ def _rebalance(device: int, state: _DeviceState, granted: int) -> None:
             new = AccessPolicyWindow(
                 scope.window.base_ptr, scope.window.num_bytes, ratio, scope.window.hit_prop, scope.window.miss_prop
             )
-            backend.set_stream_window(scope.stream, *new.as_tuple())
+            scope.target.apply(new)
             scope.window = new
 
 
@@ -344,7 +370,7 @@ def _restore_all() -> None:
                 continue
             for scope in state.scopes.values():
                 try:
-                    backend.set_stream_window(scope.stream, *AccessPolicyWindow().as_tuple())
+                    scope.target.clear()
                 except Exception:
                     pass  # the stream may already be gone
             state.scopes.clear()
@@ -382,7 +408,8 @@ def persist(
     - ``set_aside="auto"`` grows the device's persisting limit just enough for hit_ratio x window bytes
       (rounded up to the driver's granularity, capped at persistingL2CacheMaxSize), never shrinks it,
       and restores it when the last l2ctl scope on the device ends. An int sets exactly that many bytes
-      (the driver rounds down); None leaves the limit alone.
+      (the driver rounds it to its granularity; p.set_aside is what it granted); None leaves the
+      limit alone.
 
       The set-aside is a tax on everything else: L2 reserved for persisting lines is lost to every
       other kernel on the GPU (an H100 at the max set-aside streams plain copies up to 2.5x slower).

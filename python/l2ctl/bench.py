@@ -28,7 +28,7 @@ from ._interop import resolve_stream
 from ._memory import DeviceBuffer, Stream
 from ._persist import persist
 from ._plan import round_up
-from ._window import AccessPolicyWindow, stream_device
+from ._window import AccessPolicyWindow, get_window, stream_device
 
 __all__ = [
     "VerificationError",
@@ -46,6 +46,8 @@ __all__ = [
     "bench_cache_streaming",
     "default_lut_sizes",
     "RESET_COLUMNS",
+    "bench_graph",
+    "bench_concurrent",
 ]
 
 GB = 1e9
@@ -664,4 +666,135 @@ def bench_cache_streaming(
         normal = report.find(f"{scenario}/normal").median_ms
         cs = report.find(f"{scenario}/cs").median_ms
         report.summary[f"{scenario}_speedup_cs"] = normal / cs
+    return report
+
+
+# ---- graphs and concurrent streams ------------------------------------------------------------
+
+
+def bench_graph(
+    lut_bytes: Optional[int] = None,
+    *,
+    out_bytes: int = 1 << 30,
+    kernels_per_graph: int = 4,
+    stream: object = None,
+    device: object = None,
+    warmup: int = 3,
+    repeat: int = 15,
+) -> Report:
+    """Replays of a captured graph of reset-data kernels, with no window and with a window applied to
+    its kernel nodes by ``l2ctl.persist(graph, lut)`` (right-sized set-aside). Outputs verified."""
+    from . import graph as graphs
+
+    info = require_persistence(device)
+    granularity = set_aside_granularity(info.index)
+    lut_bytes = lut_bytes or round_up(info.l2_cache_size * 4 // 50, 16)
+    own_stream = Stream(info.index) if stream is None else None
+    s = own_stream if own_stream is not None else stream
+    rng = np.random.default_rng(1)
+    records = []
+    try:
+        host_lut = rng.integers(0, 2**31 - 1, size=lut_bytes // 4, dtype=np.int32)
+        with DeviceBuffer(round_up(out_bytes, 16), info.index) as out, \
+                DeviceBuffer.from_numpy(host_lut, info.index, s) as lut, clean_state(s, set_aside=0):
+            with graphs.capture(s) as g:
+                for _ in range(kernels_per_graph):
+                    kernels.reset_data(out, lut, s)
+            with g:
+                out.fill_bytes(0xFF, s)
+                plain = time_gpu(lambda st: g.launch(st), s, warmup=warmup, repeat=repeat)
+                _verify(kernels.verify_reset_data(out, lut, s) == 0, "graph replay without window")
+                request = min(info.persisting_l2_cache_max_size, round_up(lut_bytes, granularity))
+                out.fill_bytes(0xFF, s)
+                with persist(g, lut, set_aside=request) as p:
+                    nodes = g.kernel_nodes()
+                    _verify(all(k.window == p.window for k in nodes), "node windows read back")
+                    windowed = time_gpu(lambda st: g.launch(st), s, warmup=warmup, repeat=repeat)
+                    _verify(kernels.verify_reset_data(out, lut, s) == 0, "graph replay with window")
+                    granted, ratio = p.set_aside, p.window.hit_ratio
+                _verify(all(k.window.empty for k in g.kernel_nodes()), "node windows restored")
+        config = {"lut_bytes": lut_bytes, "out_bytes": out_bytes, "kernels_per_graph": kernels_per_graph}
+        records.append(Record.from_timing("graph", "replay_no_window", dict(config), plain, {}))
+        records.append(Record.from_timing("graph", "replay_window", dict(config, set_aside_granted=granted,
+                                                                            hit_ratio=ratio), windowed,
+                                          {"speedup_vs_no_window": plain.median_ms / windowed.median_ms,
+                                           "instance_updates": g.updates,
+                                           "reinstantiations": g.reinstantiations}))
+    finally:
+        if own_stream is not None:
+            own_stream.close()
+    report = Report("graph", environment(info.index), records)
+    report.summary = {"speedup_vs_no_window": records[1].metrics["speedup_vs_no_window"]}
+    return report
+
+
+def bench_concurrent(
+    *,
+    set_aside: Optional[int] = None,
+    out_bytes: int = 512 << 20,
+    device: object = None,
+    warmup: int = 3,
+    repeat: int = 15,
+) -> Report:
+    """Two reset-data kernels at once on two streams, each with its own LUT and a window as large as the
+    set-aside: no windows, hit ratio 1.0 each (twice the set-aside asked for), and share=True (scaled
+    to fit, 0.5 each). Reports each kernel's time and the time for both."""
+    info = require_persistence(device)
+    granularity = set_aside_granularity(info.index)
+    request = set_aside or min(info.persisting_l2_cache_max_size, round_up(info.l2_cache_size * 6 // 50, granularity))
+    backend = _backend.current()
+    rng = np.random.default_rng(2)
+    records = []
+    with Stream(info.index) as s1, Stream(info.index) as s2, clean_state(s1, set_aside=request) as granted:
+        lut_bytes = round_up(granted, 16)
+        luts = [DeviceBuffer.from_numpy(rng.integers(0, 2**31 - 1, size=lut_bytes // 4, dtype=np.int32), info.index, s1)
+                for _ in range(2)]
+        outs = [DeviceBuffer(round_up(out_bytes, 16), info.index) for _ in range(2)]
+        try:
+            def run_pair() -> tuple[float, float, float]:
+                times = []
+                for _ in range(warmup + repeat):
+                    start, end1, end2 = backend.Event(), backend.Event(), backend.Event()
+                    start.record(s1.handle)
+                    start.wait_on(s2.handle)
+                    kernels.reset_data(outs[0], luts[0], s1)
+                    kernels.reset_data(outs[1], luts[1], s2)
+                    end1.record(s1.handle)
+                    end2.record(s2.handle)
+                    times.append((start, end1, end2))
+                result = [(e1.elapsed_since(st), e2.elapsed_since(st)) for st, e1, e2 in times[warmup:]]
+                k1 = Timing(tuple(a for a, _ in result))
+                k2 = Timing(tuple(b for _, b in result))
+                both = Timing(tuple(max(a, b) for a, b in result))
+                return k1, k2, both
+
+            for variant in ("no_window", "hit_ratio_1_each", "shared"):
+                for o in outs:
+                    o.fill_bytes(0xFF, s1)
+                s1.synchronize()
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", L2BudgetWarning)
+                    if variant == "no_window":
+                        k1, k2, both = run_pair()
+                        ratios = (None, None)
+                    else:
+                        share = variant == "shared"
+                        with persist(s1, luts[0], 1.0, set_aside=None, share=share), \
+                                persist(s2, luts[1], 1.0, set_aside=None, share=share):
+                            ratios = (get_window(s1).hit_ratio, get_window(s2).hit_ratio)
+                            k1, k2, both = run_pair()
+                for o, l, name in zip(outs, luts, ("stream 1", "stream 2")):
+                    _verify(kernels.verify_reset_data(o, l, s1) == 0, f"concurrent {variant} {name}")
+                config = {"set_aside_granted": granted, "lut_bytes_each": lut_bytes, "out_bytes_each": out_bytes,
+                          "hit_ratios": ratios}
+                records.append(Record.from_timing("concurrent", variant, config, both,
+                                                  {"kernel1_median_ms": k1.median_ms,
+                                                   "kernel2_median_ms": k2.median_ms}))
+        finally:
+            for b in luts + outs:
+                b.free()
+    report = Report("concurrent", environment(info.index), records)
+    base = records[0].median_ms
+    report.summary = {r.variant: {"both_ms": r.median_ms, "speedup_vs_no_window": base / r.median_ms,
+                                  "hit_ratios": r.config["hit_ratios"]} for r in records}
     return report

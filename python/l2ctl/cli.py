@@ -67,7 +67,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"  current set-aside limit        {info.persisting_l2_cache_size:>13,} B  "
               f"({_fmt_bytes(info.persisting_l2_cache_size)})")
         if gran:
-            print(f"  set-aside granularity          {gran:>13,} B  (requests are rounded down to multiples)")
+            rounding = l2ctl.set_aside_rounding(d)
+            print(f"  set-aside granularity          {gran:>13,} B  (requests are rounded {rounding} to multiples)")
         print(f"  persistence supported          {'yes' if info.supports_persistence else 'no: ' + str(info.unsupported_reason)}")
     return EXIT_OK
 
@@ -150,6 +151,39 @@ def cmd_bench_cs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_bench_graph(args: argparse.Namespace) -> int:
+    from . import bench
+
+    report = bench.bench_graph(args.lut_bytes, device=args.device, repeat=args.repeat, warmup=args.warmup)
+    print(_header(report))
+    plain, windowed = report.records
+    print(f"graph of {plain.config['kernels_per_graph']} reset-data kernels, LUT {_fmt_bytes(plain.config['lut_bytes'])}, "
+          f"output {_fmt_bytes(plain.config['out_bytes'])}; outputs verified")
+    print(f"  replay, no window:              {plain.median_ms:8.3f} ms")
+    print(f"  replay, window on kernel nodes: {windowed.median_ms:8.3f} ms  ({windowed.metrics['speedup_vs_no_window']:.2f}x; "
+          f"set-aside {_fmt_bytes(windowed.config['set_aside_granted'])}, hit ratio {windowed.config['hit_ratio']:.3f})")
+    _write(report, args)
+    return EXIT_OK
+
+
+def cmd_bench_concurrent(args: argparse.Namespace) -> int:
+    from . import bench
+
+    report = bench.bench_concurrent(set_aside=args.set_aside, device=args.device, repeat=args.repeat, warmup=args.warmup)
+    print(_header(report))
+    r0 = report.records[0]
+    print(f"two reset-data kernels on two streams at once, set-aside {_fmt_bytes(r0.config['set_aside_granted'])}, "
+          f"each LUT {_fmt_bytes(r0.config['lut_bytes_each'])}; outputs verified")
+    print(f"{'variant':>18} {'hit ratios':>14} {'kernel 1 ms':>12} {'kernel 2 ms':>12} {'both ms':>9} {'speedup':>8}")
+    for r in report.records:
+        hr = r.config["hit_ratios"]
+        hrs = "-" if hr[0] is None else f"{hr[0]:.2f}/{hr[1]:.2f}"
+        print(f"{r.variant:>18} {hrs:>14} {r.metrics['kernel1_median_ms']:12.3f} {r.metrics['kernel2_median_ms']:12.3f} "
+              f"{r.median_ms:9.3f} {r0.median_ms / r.median_ms:7.2f}x")
+    _write(report, args)
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m l2ctl", description="NVIDIA L2 persistence controls and benchmarks",
                                      epilog="exit codes: 0 ok, 1 CUDA error, 2 bad arguments, 3 no/unsupported GPU, "
@@ -186,6 +220,12 @@ def build_parser() -> argparse.ArgumentParser:
     c = bsub.add_parser("cache-streaming", parents=[common], help="normal vs .cs loads, the document's two scenarios")
     c.add_argument("--n", type=int, default=10_000_000)
     c.set_defaults(func=cmd_bench_cs)
+    g = bsub.add_parser("graph", parents=[common], help="graph replay with and without a window on its kernel nodes")
+    g.add_argument("--lut-bytes", type=_size, default=None)
+    g.set_defaults(func=cmd_bench_graph)
+    k = bsub.add_parser("concurrent", parents=[common], help="two streams sharing one set-aside")
+    k.add_argument("--set-aside", type=_size, default=None)
+    k.set_defaults(func=cmd_bench_concurrent)
     return parser
 
 

@@ -7,7 +7,7 @@
         assert fake.device(0).limit == fake.device(0).initial_limit
 
 It keeps the state CUDA keeps (limit, windows per stream, allocations with their bytes, persisting
-line resets) and reproduces the behaviour measured on an H100: the limit is rounded down to multiples
+line resets) and reproduces the behaviour measured on an H100: the limit is rounded up to multiples
 of max/10, a limit above the max, a window above accessPolicyMaxWindowSize and a float32 hit ratio
 outside [0, 1] fail with cudaErrorInvalidValue. It can also play a pre-Ampere GPU, a MIG instance
 (max 0) and an MPS client (setting the limit fails with cudaErrorNotSupported).
@@ -165,6 +165,46 @@ class FakeBackend:
             def elapsed_ms(self) -> float:
                 return 0.0
 
+        class Graph:
+            def __init__(self, handle: int, owned: bool) -> None:
+                self._handle: Optional[int] = handle
+                self.owned = owned
+
+            @property
+            def handle(self) -> int:
+                if self._handle is None:
+                    raise ValueError("the graph has been destroyed")
+                return self._handle
+
+            def destroy(self) -> None:
+                if self._handle is not None and self.owned:
+                    backend.graphs.pop(self._handle, None)
+                self._handle = None
+
+        class GraphExec:
+            def __init__(self, graph: int) -> None:
+                backend._record("cudaGraphInstantiate")
+                self.graph = graph
+                self.snapshot = [backend.node_windows[n] for n in backend.graphs[graph]]
+
+            def launch(self, stream: int) -> None:
+                backend._record("cudaGraphLaunch")
+                backend.launched.append((self.graph, tuple(self.snapshot)))
+
+            def update(self, graph: int) -> bool:
+                backend._record("cudaGraphExecUpdate")
+                self.snapshot = [backend.node_windows[n] for n in backend.graphs[graph]]
+                return True
+
+            def destroy(self) -> None:
+                pass
+
+        self.Graph = Graph
+        self.GraphExec = GraphExec
+        self.graphs: dict[int, list[int]] = {}
+        self.node_windows: dict[int, tuple] = {}
+        self.capturing: dict[int, list[int]] = {}
+        self.launched: list[tuple] = []
         self.Stream = Stream
         self.DeviceMemory = DeviceMemory
         self.EventPair = EventPair
@@ -192,7 +232,8 @@ class FakeBackend:
 
     def state(self) -> tuple:
         """Everything l2ctl may change, for before/after comparisons."""
-        return (tuple(d.limit for d in self.devices), tuple(sorted(self.windows.items())))
+        return (tuple(d.limit for d in self.devices), tuple(sorted(self.windows.items())),
+                tuple(sorted(self.node_windows.items())))
 
     # ---- the _core interface ------------------------------------------------------------------
     def device_count(self) -> int:
@@ -239,7 +280,7 @@ class FakeBackend:
             raise _fail(call, "cudaErrorNotSupported", f"device {device}")
         if nbytes > d.persisting_l2_cache_max_size:
             raise _fail(call, "cudaErrorInvalidValue", f"device {device}, requested {nbytes} bytes")
-        d.limit = nbytes // d.granularity * d.granularity
+        d.limit = -(-nbytes // d.granularity) * d.granularity  # rounded up, as an H100 does
         return d.limit
 
     def reset_persisting_lines(self, device: int) -> None:
@@ -284,6 +325,41 @@ class FakeBackend:
             self.windows.pop(handle, None)
         else:
             self.windows[handle] = (base, num_bytes, ratio, hit_prop, miss_prop)
+
+    # graphs: begin_capture/launch_fake_kernel/end_capture record kernel nodes; like CUDA, each node
+    # starts with the window its stream had when the kernel was captured.
+    def begin_capture(self, stream: int, mode: int) -> None:
+        self.stream_device(stream)
+        self.capturing[stream] = []
+
+    def launch_fake_kernel(self, stream: int) -> None:
+        """Stand-in for a kernel launch; inside a capture it becomes a kernel node."""
+        if stream in self.capturing:
+            node = next(self._handles)
+            self.node_windows[node] = self.windows.get(stream, (0, 0, 0.0, 0, 0))
+            self.capturing[stream].append(node)
+
+    def end_capture(self, stream: int) -> int:
+        nodes = self.capturing.pop(stream)
+        handle = next(self._handles)
+        self.graphs[handle] = nodes
+        return handle
+
+    def graph_node_count(self, graph: int) -> int:
+        return len(self.graphs[graph])
+
+    def graph_kernel_nodes(self, graph: int) -> list:
+        return [(n, "fake_kernel", (1, 1, 1), (32, 1, 1)) for n in self.graphs[graph]]
+
+    def get_node_window(self, node: int) -> tuple:
+        return self.node_windows[node]
+
+    def set_node_window(self, node: int, base: int, num_bytes: int, hit_ratio: float, hit_prop: int,
+                        miss_prop: int) -> None:
+        self._record("cudaGraphKernelNodeSetAttribute")
+        if not 0.0 <= float(np.float32(hit_ratio)) <= 1.0:
+            raise _fail("cudaGraphKernelNodeSetAttribute", "cudaErrorInvalidValue", f"hitRatio {hit_ratio}")
+        self.node_windows[node] = (base, num_bytes, float(np.float32(hit_ratio)), hit_prop, miss_prop)
 
     def pointer_info(self, ptr: int) -> tuple[int, int]:
         self._record("cudaPointerGetAttributes")

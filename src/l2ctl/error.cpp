@@ -1,5 +1,6 @@
 #include "l2ctl/error.hpp"
 
+#include <cstdint>
 #include <cstdio>
 
 namespace l2ctl {

@@ -120,4 +120,23 @@ float EventPair::elapsed_ms() const {
   return ms;
 }
 
+Event::Event() { L2CTL_CHECK(cudaEventCreate(&event_), ""); }
+
+Event::~Event() { (void)cudaEventDestroy(event_); }
+
+void Event::record(std::uintptr_t stream) { L2CTL_CHECK(cudaEventRecord(event_, as_stream(stream)), on_stream(stream)); }
+
+void Event::wait_on(std::uintptr_t stream) const {
+  L2CTL_CHECK(cudaStreamWaitEvent(as_stream(stream), event_, 0), on_stream(stream));
+}
+
+void Event::synchronize() const { L2CTL_CHECK(cudaEventSynchronize(event_), ""); }
+
+float Event::elapsed_since(const Event& start) const {
+  L2CTL_CHECK(cudaEventSynchronize(event_), "");
+  float ms = 0.0f;
+  L2CTL_CHECK(cudaEventElapsedTime(&ms, start.event_, event_), "");
+  return ms;
+}
+
 }  // namespace l2ctl

@@ -64,4 +64,20 @@ class EventPair {
   cudaEvent_t stop_ = nullptr;
 };
 
+// One event: recorded on a stream, waited on by another stream, or timed against another event.
+class Event {
+ public:
+  Event();
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void record(std::uintptr_t stream);
+  void wait_on(std::uintptr_t stream) const;  // work queued on `stream` after this waits for the event
+  void synchronize() const;
+  float elapsed_since(const Event& start) const;  // ms from `start` to this event
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
 }  // namespace l2ctl
