@@ -351,8 +351,12 @@ def test_graph_scopes_on_the_fake(fake):
     g.launch(s)
     with l2ctl.persist(g, lut, 1.0) as p:
         g.launch(s)
-        assert fake.launched[-1][1][0] == p.window.as_tuple()  # the instance was updated
-        assert g.updates == 1
+        assert fake.launched[-1][1][0] == p.window.as_tuple()  # the instance was refreshed
+        assert (g.updates, g.reinstantiations) == (0, 1)
+    g.refresh = "update"
+    with l2ctl.persist(g, lut, 0.25) as p:
+        g.launch(s)
+        assert fake.launched[-1][1][0] == p.window.as_tuple() and g.updates == 1
     assert [k.window.hit_ratio for k in g.kernel_nodes()] == [0.5, 0.5]
     with pytest.raises(ValueError, match="default stream"):
         with graph.capture(None):

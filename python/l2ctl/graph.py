@@ -53,6 +53,11 @@ class Graph:
     library (never destroyed by l2ctl). Launching goes through an instantiation l2ctl keeps in sync
     with node windows changed through it."""
 
+    #: How node changes reach the instantiated graph before the next launch: "reinstantiate" (a new
+    #: cudaGraphExec_t) or "update" (cudaGraphExecUpdate). See README: on an H100 with driver 580 the update
+    #: reports success but the replays did not speed up, so l2ctl re-instantiates by default.
+    refresh = "reinstantiate"
+
     def __init__(self, handle: int, *, owned: bool = False, device: object = None, owner: Any = None) -> None:
         if isinstance(handle, bool) or not isinstance(handle, int) or handle <= 0:
             raise TypeError(f"a graph handle is a positive int cudaGraph_t, got {handle!r}")
@@ -111,7 +116,9 @@ class Graph:
             self._exec = _backend.current().GraphExec(self.handle)
             self._dirty = False
         elif self._dirty:
-            if self._exec.update(self.handle):
+            if self.refresh not in ("update", "reinstantiate"):
+                raise ValueError(f"refresh must be 'update' or 'reinstantiate', got {self.refresh!r}")
+            if self.refresh == "update" and self._exec.update(self.handle):
                 self.updates += 1
             else:
                 self._exec.destroy()
