@@ -73,6 +73,14 @@ def cmd_info(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _plot(args: argparse.Namespace, draw: Callable, *objs) -> None:
+    if getattr(args, "plot", None):
+        from . import plot
+
+        plot.save(draw(*objs), args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+
+
 def _write(report, args: argparse.Namespace) -> None:
     if args.json:
         report.to_json(args.json)
@@ -114,6 +122,7 @@ def cmd_bench_reset(args: argparse.Namespace) -> int:
     if "verdict" in report.summary:
         print("Verdict: " + report.summary["verdict"])
     _write(report, args)
+    _plot(args, lambda r: __import__("l2ctl.plot").plot.reset_data(r), report)
     return EXIT_OK
 
 
@@ -132,6 +141,7 @@ def cmd_bench_stride(args: argparse.Namespace) -> int:
               f"{m['sectors_per_request_model']:12d} {m['sector_gbps']:12,.0f} {m['sector_fraction_of_read_ceiling']:10.0%} "
               f"{m['dram_model_gbps']:16,.0f}")
     _write(report, args)
+    _plot(args, lambda r: __import__("l2ctl.plot").plot.stride(r), report)
     return EXIT_OK
 
 
@@ -148,6 +158,7 @@ def cmd_bench_cs(args: argparse.Namespace) -> int:
         cs = report.find(f"{scenario}/cs").median_ms
         print(f"{scenario:>16} {normal:10.4f} {cs:10.4f} {normal / cs:7.2f}x")
     _write(report, args)
+    _plot(args, lambda r: __import__("l2ctl.plot").plot.cache_streaming(r), report)
     return EXIT_OK
 
 
@@ -184,6 +195,68 @@ def cmd_bench_concurrent(args: argparse.Namespace) -> int:
         print(f"{r.variant:>18} {hrs:>14} {r.metrics['kernel1_median_ms']:12.3f} {r.metrics['kernel2_median_ms']:12.3f} "
               f"{r.median_ms:9.3f} {r0.median_ms / r.median_ms:7.2f}x")
     _write(report, args)
+    return EXIT_OK
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    import l2ctl
+    from . import plot, sweep
+
+    with l2ctl.Stream(args.device) as s:
+        if args.kind == "tax":
+            report = sweep.sweep_tax(s, repeat=args.repeat, warmup=args.warmup, progress=not args.quiet)
+            print(_header(report))
+            print(f"{'set-aside':>12} {'write GB/s':>11} {'copy GB/s':>10}")
+            for r in report.records:
+                print(f"{_fmt_bytes(r.config['set_aside_granted']):>12} {r.metrics['write_gbps']:11,.0f} "
+                      f"{r.metrics['copy_gbps']:10,.0f}")
+            _write(report, args)
+            _plot(args, plot.tax, report)
+            return EXIT_OK
+        with sweep.ResetDataWorkload(args.lut_bytes, args.out_bytes, variant=args.variant, device=args.device) as w:
+            kw = dict(warmup=args.warmup, repeat=args.repeat, progress=not args.quiet)
+            if args.kind == "hit-ratio":
+                result = sweep.sweep_hit_ratio(w, s, w.buf, set_aside=args.set_aside, **kw)
+                draw = plot.hit_ratio
+            elif args.kind == "set-aside":
+                result = sweep.sweep_set_aside(w, s, w.buf, **kw)
+                draw = plot.set_aside
+            else:
+                result = sweep.sweep_surface(w, s, w.buf, **kw)
+                draw = plot.surface
+    report = result.report()
+    print(_header(report))
+    print(f"reset-data ({args.variant}), LUT {_fmt_bytes(args.lut_bytes)}: baseline {result.baseline.median_ms:.3f} ms; "
+          "every output verified")
+    print(f"{'set-aside':>12} {'hit ratio':>9} {'ms':>8} {'speedup':>8}")
+    for r in result.records:
+        print(f"{_fmt_bytes(r.config['set_aside_granted']):>12} {r.config['hit_ratio']:9.3f} {r.median_ms:8.3f} "
+              f"{r.metrics['speedup_vs_baseline']:7.2f}x")
+    _write(report, args)
+    _plot(args, draw, result)
+    return EXIT_OK
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    import l2ctl
+    from . import sweep
+
+    sizes = args.lut_sizes or [4 << 20]
+    rows = []
+    with l2ctl.Stream(args.device) as s:
+        for lut in sizes:
+            with sweep.ResetDataWorkload(lut, args.out_bytes, variant=args.variant, device=args.device) as w:
+                tuned = sweep.tune(w, s, w.buf, bystander=args.bystander, progress=not args.quiet)
+            rows.append((lut, tuned))
+            if args.json:
+                tuned.report().to_json(args.json if len(sizes) == 1 else f"{args.json.rsplit('.', 1)[0]}_{lut}.json")
+    print(_header(rows[0][1].report()))
+    for lut, tuned in rows:
+        print(f"reset-data ({args.variant}) LUT {_fmt_bytes(lut)}: {tuned}")
+        if tuned.bystander:
+            b = tuned.bystander
+            print(f"  bystander copy: {b['copy_gbps_without']:,.0f} GB/s without the set-aside, {b['copy_gbps_with']:,.0f} "
+                  f"with it ({b['copy_slowdown']:.2f}x slower)")
     return EXIT_OK
 
 
@@ -229,6 +302,22 @@ def build_parser() -> argparse.ArgumentParser:
     k = bsub.add_parser("concurrent", parents=[common], help="two streams sharing one set-aside")
     k.add_argument("--set-aside", type=_size, default=None)
     k.set_defaults(func=cmd_bench_concurrent)
+    w = sub.add_parser("sweep", parents=[common], help="hit ratio / set-aside / surface sweeps of reset-data, the tax")
+    w.add_argument("kind", choices=["hit-ratio", "set-aside", "surface", "tax"])
+    w.add_argument("--lut-bytes", type=_size, default=4 << 20)
+    w.add_argument("--out-bytes", type=_size, default=1 << 30)
+    w.add_argument("--set-aside", type=_size, default=None, help="for hit-ratio (default: LUT rounded up)")
+    w.add_argument("--variant", default="plain", help="reset-data kernel variant (plain, scalar, hinted, ...)")
+    w.add_argument("--plot", metavar="PNG", help="save a plot")
+    w.set_defaults(func=cmd_sweep)
+    t = sub.add_parser("tune", parents=[common], help="find the best set-aside and hit ratio for reset-data")
+    t.add_argument("--lut-sizes", type=_sizes, default=None)
+    t.add_argument("--out-bytes", type=_size, default=1 << 30)
+    t.add_argument("--variant", default="plain")
+    t.add_argument("--bystander", action="store_true", help="also measure the tax on a plain copy")
+    t.set_defaults(func=cmd_tune)
+    for parser_ in (r, s, c, b):
+        parser_.add_argument("--plot", metavar="PNG", help="save a plot")
     return parser
 
 

@@ -47,6 +47,7 @@ class ResetVariant(enum.IntEnum):
     HINTED = 3  #: evict_last LUT loads and .cs stores
     ANNOTATED = 4  #: LUT through cuda::annotated_ptr<const int, access_property::persisting>
     SEED = 5  #: the source blog's shape: 32 blocks x 1024 threads, 64-bit i % n (reference only)
+    SCALAR = 6  #: plain, with 4-byte loads and stores only (the shape of the reference H100 measurements)
 
 
 @dataclass(frozen=True)

@@ -369,7 +369,9 @@ LaunchShape reset_data(int device, std::uintptr_t stream, std::uintptr_t out, st
     check_launch("reset_data_seed_kernel");
     return shape;
   }
-  shape.vector_out = aligned16(out);
+  const bool scalar = variant == ResetVariant::scalar;
+  if (scalar) variant = ResetVariant::plain;
+  shape.vector_out = !scalar && aligned16(out);
   shape.vector_lut = shape.vector_out && aligned16(lut) && lut_len % 4 == 0;
   ResetKernel kernel = shape.vector_lut   ? pick_reset<true, true>(variant)
                        : shape.vector_out ? pick_reset<true, false>(variant)

@@ -16,6 +16,7 @@ enum class ResetVariant : int {
   hinted = 3,      // evict_last LUT loads and .cs stores together
   annotated = 4,   // LUT read through cuda::annotated_ptr<..., access_property::persisting>
   seed = 5,        // the source blog's shape: 32 blocks x 1024 threads, 64-bit i % n per element
+  scalar = 6,      // plain, but 4-byte accesses only (the shape of the reference H100 measurements)
 };
 
 struct LaunchShape {

@@ -1,0 +1,222 @@
+"""Writes notebooks/*.ipynb (without outputs). Executed copies, with the outputs of a real GPU run, are
+made by tests/test_notebooks.py on the GPU (L2CTL_NOTEBOOK_OUT=dir) and committed."""
+
+from __future__ import annotations
+
+import os
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+HERE = os.path.join(os.path.dirname(__file__), "..", "notebooks")
+
+SETUP = """%matplotlib inline
+import numpy as np
+import matplotlib.pyplot as plt
+import l2ctl
+from l2ctl import sweep, plot, bench
+MiB = 1 << 20
+info = l2ctl.device_info()
+print(f"{info.name}: L2 {info.l2_cache_size / MiB:.2f} MiB, persisting max {info.persisting_l2_cache_max_size / MiB:.2f} MiB, "
+      f"granularity {l2ctl.set_aside_granularity() / MiB:.3f} MiB (rounded {l2ctl.set_aside_rounding()}), "
+      f"limit now {l2ctl.get_set_aside() / MiB:.2f} MiB")
+stream = l2ctl.Stream()"""
+
+
+def nb(cells):
+    n = new_notebook(cells=cells)
+    n.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    n.metadata["language_info"] = {"name": "python"}
+    return n
+
+
+HIT_RATIO = nb([
+    new_markdown_cell("""# Exploring `hitRatio` and the set-aside
+
+An access-policy window marks a byte range (here: a lookup table, LUT) so that a fraction `hitRatio` of its
+L2 lines are *persisting*: they live in the set-aside part of L2 that normal (streaming) accesses cannot evict.
+The workload is **reset-data**: the LUT repeated into a 1 GiB output, so every LUT line is read thousands of
+times while a gigabyte of writes streams past.
+
+The textbook advice is `hitRatio = set-aside / window` ("non-thrashing"). This notebook measures what really
+happens on this GPU. Every point is verified (the output is checked on the device) and the device's limit is
+restored after each one."""),
+    new_code_cell(SETUP),
+    new_markdown_cell("""## Time against hit ratio, at a right-sized set-aside
+
+The LUT is 8% of L2 (4 MiB on a 50 MiB L2); the set-aside is the LUT rounded up to the driver's granularity.
+The dashed line is the same kernel with no set-aside and no window."""),
+    new_code_cell("""lut_bytes = (info.l2_cache_size * 4 // 50) // 16 * 16
+with sweep.ResetDataWorkload(lut_bytes) as w:
+    small = sweep.sweep_hit_ratio(w, stream, w.buf, progress=False)
+plot.hit_ratio(small)
+plt.show()
+best = min(small.records, key=lambda r: r.median_ms)
+print(f"baseline {small.baseline.median_ms:.3f} ms; best {best.median_ms:.3f} ms at hitRatio {best.config['hit_ratio']:.1f} "
+      f"({small.baseline.median_ms / best.median_ms:.2f}x); hitRatio 0 costs {small.records[0].median_ms:.3f} ms")"""),
+    new_markdown_cell("""## A LUT larger than the set-aside
+
+Now the LUT is 64% of L2 (32 MiB on an H100), larger than the largest set-aside. The rule says
+`hitRatio = max / LUT`. The set-aside itself shrinks the L2 left for the streaming writes, so compare
+both the rule and the other hit ratios with the baseline."""),
+    new_code_cell("""big_bytes = (info.l2_cache_size * 32 // 50) // 16 * 16
+with sweep.ResetDataWorkload(big_bytes) as w:
+    big = sweep.sweep_hit_ratio(w, stream, w.buf, set_aside=info.persisting_l2_cache_max_size, progress=False)
+plot.hit_ratio(big)
+plt.show()
+rule = min(1.0, big.records[0].config['set_aside_granted'] / big_bytes)
+at_rule = min(big.records, key=lambda r: abs(r.config['hit_ratio'] - rule))
+best = min(big.records, key=lambda r: r.median_ms)
+print(f"rule hitRatio {rule:.2f}: {at_rule.median_ms:.3f} ms; best {best.median_ms:.3f} ms at {best.config['hit_ratio']:.1f}; "
+      f"baseline (no set-aside) {big.baseline.median_ms:.3f} ms")
+print("persistence at the max set-aside", "beats" if best.median_ms < big.baseline.median_ms else "loses to",
+      "doing nothing for this LUT")"""),
+    new_markdown_cell("""## The whole surface: set-aside x hit ratio
+
+Each cell is the speedup over no persistence (blue faster, red slower). The set-aside is not free: read the
+columns from left to right."""),
+    new_code_cell("""mid_bytes = (info.l2_cache_size * 8 // 50) // 16 * 16
+with sweep.ResetDataWorkload(mid_bytes) as w:
+    surf = sweep.sweep_surface(w, stream, w.buf, progress=False)
+plot.surface(surf)
+plt.show()
+best = min(surf.records, key=lambda r: r.median_ms)
+worst = max(surf.records, key=lambda r: r.median_ms)
+print(f"best {surf.baseline.median_ms / best.median_ms:.2f}x at set-aside {best.config['set_aside_granted'] / MiB:.2f} MiB, "
+      f"hitRatio {best.config['hit_ratio']:.1f}; worst {surf.baseline.median_ms / worst.median_ms:.2f}x at "
+      f"{worst.config['set_aside_granted'] / MiB:.2f} MiB, {worst.config['hit_ratio']:.1f}")"""),
+    new_markdown_cell("""## Try it yourself
+
+With `ipywidgets` installed, the sliders measure one verified point per change; without it, the cell
+measures a few points and prints them."""),
+    new_code_cell("""granules = sweep.set_aside_grid()
+def explore(lut_mib=4.0, set_aside_granules=2, hit_ratio=1.0):
+    lut = int(lut_mib * MiB) // 16 * 16
+    with sweep.ResetDataWorkload(lut) as w:
+        base = sweep.measure_point(w, stream, w.buf, 0, None, repeat=7)
+        rec = sweep.measure_point(w, stream, w.buf, granules[set_aside_granules], hit_ratio, repeat=7)
+    print(f"LUT {lut_mib:g} MiB, set-aside {rec.config['set_aside_granted'] / MiB:.2f} MiB, hitRatio {hit_ratio:.2f}: "
+          f"{rec.median_ms:.3f} ms vs {base.median_ms:.3f} ms without ({base.median_ms / rec.median_ms:.2f}x)")
+try:
+    import ipywidgets as widgets
+    widgets.interact_manual(explore, lut_mib=(1.0, 48.0, 1.0), set_aside_granules=(0, len(granules) - 1),
+                            hit_ratio=widgets.FloatSlider(min=0.0, max=1.0, step=0.05, value=1.0))
+except ImportError:
+    for args in [(4, 2, 1.0), (4, len(granules) - 1, 1.0), (16, 6, 1.0), (16, 6, 0.5)]:
+        explore(*args)"""),
+    new_code_cell("""stream.close()
+print("limit back to", l2ctl.get_set_aside(), "bytes; live scopes:", l2ctl.budget().scopes)"""),
+])
+
+TAX = nb([
+    new_markdown_cell("""# The set-aside tax, and a tuner that does no harm
+
+The set-aside is carved out of L2 for the whole device. While it is set, **every other kernel** streams
+through a smaller L2, with no window anywhere. This notebook measures that tax with plain copy and
+write-only kernels, then lets `l2ctl.tune` choose a policy that accounts for it."""),
+    new_code_cell(SETUP),
+    new_code_cell("""tax = sweep.sweep_tax(stream, progress=False)
+plot.tax(tax)
+plt.show()
+first, last = tax.records[0].metrics, tax.records[-1].metrics
+print(f"copy: {first['copy_gbps']:,.0f} GB/s with no set-aside, {last['copy_gbps']:,.0f} GB/s at the max "
+      f"({tax.summary['copy_slowdown_at_max']:.2f}x slower); write-only {tax.summary['write_slowdown_at_max']:.2f}x slower")"""),
+    new_markdown_cell("""## The tuner
+
+`l2ctl.tune(workload, stream, buf)` measures the workload without persistence (twice, to know the
+noise), searches set-aside x hit ratio coarse-to-fine, re-measures the winner, and returns
+"no persistence" when nothing beats the baseline by more than the noise. `bystander=True` also reports
+what the chosen set-aside costs a plain copy running elsewhere on the GPU."""),
+    new_code_cell("""rows = []
+for fraction in (2, 8, 16, 32, 48):
+    lut = (info.l2_cache_size * fraction // 50) // 16 * 16
+    with sweep.ResetDataWorkload(lut) as w:
+        tuned = sweep.tune(w, stream, w.buf, bystander=True)
+    rows.append((lut, tuned))
+    print(f"LUT {lut / MiB:5.1f} MiB: {tuned}")
+    if tuned.bystander:
+        print(f"   bystander copy {tuned.bystander['copy_slowdown']:.2f}x slower while this set-aside is in place")"""),
+    new_code_cell("""fig, ax = plt.subplots(figsize=(7, 4), constrained_layout=True)
+ax.bar([f"{lut / MiB:.0f}" for lut, _ in rows], [t.speedup for _, t in rows],
+       color=["tab:blue" if t.persists else "tab:gray" for _, t in rows])
+ax.axhline(1, color="k", ls="--")
+ax.set_xlabel("LUT size (MiB)"); ax.set_ylabel("tuned speedup over no persistence (x)")
+ax.set_title(f"{info.name}: what tune() chose (gray: no persistence)")
+plt.show()"""),
+    new_markdown_cell("""## Applying a tuned policy
+
+A `TunedPolicy` goes straight into `persist`; a "no persistence" answer makes `persist` change nothing."""),
+    new_code_cell("""lut, tuned = rows[1]
+with sweep.ResetDataWorkload(lut) as w:
+    with l2ctl.persist(stream, w.buf, policy=tuned) as p:
+        with l2ctl.Timer(stream) as t:
+            w.enqueue(stream)
+        print("window:", p.window if p.active else "none", "| set-aside:", p.set_aside)
+    print(f"one run: {t.elapsed_ms:.3f} ms; verified: {w.verify(stream)}")
+stream.close()
+print("limit back to", l2ctl.get_set_aside(), "bytes")"""),
+])
+
+STRIDE = nb([
+    new_markdown_cell("""# Coalescing: sectors per request
+
+L2 and DRAM move 32-byte *sectors*. When the 32 threads of a warp each load 4 bytes at a stride, the
+request touches `sectors_per_request(stride)` sectors: 4 at 4 B, 8 at 8 B, 16 at 16 B, 32 at 32 B and above.
+Useful bandwidth falls as the stride grows; sector bandwidth should stay near the read ceiling until the
+stride passes 32 B, where DRAM, which delivers 64 bytes at a time, starts moving bytes nobody asked for."""),
+    new_code_cell(SETUP),
+    new_code_cell("""from l2ctl import kernels
+for s in (4, 8, 16, 32, 64, 128):
+    print(f"stride {s:3d} B: {kernels.sectors_per_request(s):2d} sectors per warp request, "
+          f"{kernels.dram_bytes_per_request(s):4d} DRAM bytes (64 B granularity) for 128 useful bytes")"""),
+    new_code_cell("""report = bench.bench_stride(progress=False)
+plot.stride(report)
+plt.show()
+for r in report.records:
+    m = r.metrics
+    print(f"{r.config['stride_bytes']:4d} B: {r.median_ms:.3f} ms, useful {m['useful_gbps']:7,.0f} GB/s, sectors "
+          f"{m['sector_gbps']:7,.0f} GB/s ({m['sector_fraction_of_read_ceiling']:.0%} of the read ceiling), "
+          f"DRAM model {m['dram_model_gbps']:7,.0f} GB/s")"""),
+    new_markdown_cell("""Reading the plot: at 4 and 8 B strides a warp's one load is too little work in flight to fill the
+memory system (latency-bound, not bandwidth-bound). From 16 B the sector rate reaches the read ceiling.
+At 64 B and beyond, sector bandwidth halves while the DRAM model (64 B per touched sector pair) stays near the
+ceiling: DRAM is busy moving the neighbouring sector of every line."""),
+    new_code_cell("stream.close()"),
+])
+
+CS = nb([
+    new_markdown_cell("""# Cache streaming (`ld.global.cs`): when it helps and when it hurts
+
+`.cs` loads mark lines *evict-first*. The promise: data read once should not push out data that is reused.
+The two scenarios from the source document, normal loads vs `.cs`, with outputs compared bit for bit and
+against a float64 reference:
+
+* **sparse-vector**: each thread reads one value and one index (`.cs`), and a hot 1024-float vector.
+* **stream-analysis**: each thread reads 8 *consecutive* floats and ints (`.cs`), and a 32-float weight table."""),
+    new_code_cell(SETUP),
+    new_code_cell("""report = bench.bench_cache_streaming(progress=False)
+plot.cache_streaming(report)
+plt.show()
+for name in ("sparse_vector", "stream_analysis"):
+    n, c = report.find(f"{name}/normal").median_ms, report.find(f"{name}/cs").median_ms
+    print(f"{name}: normal {n:.4f} ms, .cs {c:.4f} ms -> {n / c:.2f}x")"""),
+    new_markdown_cell("""Why stream-analysis can suffer: thread *t* reads elements 8t .. 8t+7, one per loop iteration.
+Neighbouring threads' first loads already pull in the whole 32-byte sectors that their next iterations
+need; with normal loads those sectors wait in L1 and the next 7 loads hit. `.cs` marks them evict-first,
+so they are gone before they are read again and each iteration goes back to L2. Streaming hints pay
+only for data that is truly touched once; "read once per thread" is not "read once per line"."""),
+    new_code_cell("stream.close()"),
+])
+
+
+def main() -> None:
+    os.makedirs(HERE, exist_ok=True)
+    for name, book in (("01_hit_ratio.ipynb", HIT_RATIO), ("02_tax_and_tuner.ipynb", TAX),
+                       ("03_coalescing.ipynb", STRIDE), ("04_cache_streaming.ipynb", CS)):
+        nbformat.validate(book)
+        nbformat.write(book, os.path.join(HERE, name))
+        print("wrote", name)
+
+
+if __name__ == "__main__":
+    main()
