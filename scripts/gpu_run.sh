@@ -41,6 +41,11 @@ L2CTL_NOTEBOOK_OUT="$OUT/notebooks" python3 -m pytest -q -p no:cacheprovider "$s
   -k "not committed_with_gpu_outputs" --junitxml="$OUT/junit.xml" 2>&1 | tail -40 | tee "$OUT/pytest.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
+if [ "$mode" = sanitize ] || [ "$mode" = full ]; then
+  step "compute-sanitizer"
+  bash "$src/scripts/sanitize.sh" "$src/tests" "$OUT" || status=1
+fi
+
 step "benchmarks"
 if [ "$mode" = quick ]; then lut="--lut-sizes 1M,4M,8M,16M,32M,48M"; else lut=""; fi
 mkdir -p "$OUT/plots"

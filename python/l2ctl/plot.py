@@ -157,6 +157,7 @@ def reset_data(report: Any, ax: Any = None) -> Any:
         ax.plot(x, [row["baseline"] / row[name] for row in table], "o-", label=name)
     ax.axhline(1.0, color="k", ls="--", label="baseline")
     ax.set_xscale("log", base=2)
+    ax.set_xticks(x, [f"{v:g}" for v in x])
     ax.set_xlabel("LUT size (MiB)")
     ax.set_ylabel("speedup over no persistence (x)")
     ax.set_title(f"{_gpu(report.environment)}: reset-data, {report.records[0].config['out_bytes'] / MiB:g} MiB output")
