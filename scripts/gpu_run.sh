@@ -37,7 +37,7 @@ python3 -m l2ctl info --probe | tee "$OUT/info.txt" || status=1
 step "tests"
 # The committed notebooks get their outputs from this run (L2CTL_NOTEBOOK_OUT), so the check that the
 # committed copies carry outputs is left to CI.
-L2CTL_NOTEBOOK_OUT="$OUT/notebooks" python3 -m pytest -q -p no:cacheprovider "$src/tests" \
+L2CTL_NCU_JSON="$OUT/ncu_compare.json" L2CTL_NOTEBOOK_OUT="$OUT/notebooks" python3 -m pytest -q -p no:cacheprovider "$src/tests" \
   -k "not committed_with_gpu_outputs" --junitxml="$OUT/junit.xml" 2>&1 | tail -40 | tee "$OUT/pytest.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
@@ -50,7 +50,7 @@ step "benchmarks"
 if [ "$mode" = quick ]; then lut="--lut-sizes 1M,4M,8M,16M,32M,48M"; else lut=""; fi
 mkdir -p "$OUT/plots"
 python3 -m l2ctl bench $lut --json "$OUT/reset_data.json" --csv "$OUT/reset_data.csv" --plot "$OUT/plots/reset_data.png" 2>"$OUT/bench_progress.txt" | tee "$OUT/bench_reset_data.txt" || status=1
-python3 -m l2ctl bench reset-data --columns baseline,right_sized,hints --quiet | tee "$OUT/bench_reset_data_repeat.txt" || status=1
+python3 -m l2ctl bench reset-data --columns baseline,recipe_fit,right_sized,hints --counters --quiet --json "$OUT/reset_data_counters.json" | tee "$OUT/bench_reset_data_counters.txt" || status=1
 python3 -m l2ctl bench stride --json "$OUT/stride.json" --quiet --plot "$OUT/plots/stride.png" | tee "$OUT/bench_stride.txt" || status=1
 python3 -m l2ctl bench cache-streaming --json "$OUT/cache_streaming.json" --quiet --plot "$OUT/plots/cache_streaming.png" | tee "$OUT/bench_cs.txt" || status=1
 python3 -m l2ctl bench graph --json "$OUT/graph.json" | tee "$OUT/bench_graph.txt" || status=1

@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "l2ctl/counters.hpp"
 #include "l2ctl/device.hpp"
 #include "l2ctl/error.hpp"
 #include "l2ctl/graph.hpp"
@@ -41,6 +42,10 @@ PYBIND11_MODULE(_core, m) {
     } catch (const l2ctl::CudaError& e) {
       py::object cls = py::module_::import("l2ctl._errors").attr("CudaError");
       py::object err = cls(e.call(), e.code(), e.name(), e.description(), e.details());
+      PyErr_SetObject(cls.ptr(), err.ptr());
+    } catch (const l2ctl::CuptiError& e) {
+      py::object cls = py::module_::import("l2ctl._errors").attr("CuptiError");
+      py::object err = cls(e.call(), e.code(), e.what());
       PyErr_SetObject(cls.ptr(), err.ptr());
     }
   });
@@ -200,6 +205,26 @@ PYBIND11_MODULE(_core, m) {
       [](std::uintptr_t node, std::uintptr_t base, std::size_t num_bytes, float hit_ratio, int hit_prop,
          int miss_prop) { l2ctl::set_node_window(node, make_window(base, num_bytes, hit_ratio, hit_prop, miss_prop)); },
       "node"_a, "base"_a, "num_bytes"_a, "hit_ratio"_a, "hit_prop"_a, "miss_prop"_a, release());
+
+  // Hardware counters (CUPTI, loaded on first use).
+  m.def("cupti_load", &l2ctl::cupti_load, "path"_a, release());
+  m.def("cupti_loaded", &l2ctl::cupti_loaded);
+  py::class_<l2ctl::RangeProfiler>(m, "RangeProfiler")
+      .def(py::init<int, std::vector<std::string>, std::size_t>(), "device"_a, "metrics"_a, "max_ranges"_a, release())
+      .def("start", &l2ctl::RangeProfiler::start, release())
+      .def("stop",
+           [](l2ctl::RangeProfiler& self) {
+             std::vector<l2ctl::RangeValues> ranges;
+             {
+               py::gil_scoped_release unlocked;
+               ranges = self.stop();
+             }
+             py::list out;
+             for (const auto& r : ranges) out.append(py::make_tuple(r.name, r.values));
+             return out;
+           })
+      .def_property_readonly("passes", &l2ctl::RangeProfiler::passes)
+      .def_property_readonly("chip", &l2ctl::RangeProfiler::chip);
 
   // Kernels.
   m.def(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os as _os
 
 from . import _core, graph
+from ._counters import DEFAULT_METRICS, SECTOR_METRICS, KernelCounters, counters
 from ._device import (
     DeviceInfo,
     SetAside,
@@ -27,6 +28,7 @@ from ._device import (
     versions,
 )
 from ._errors import (
+    CountersUnavailableError,
     CudaError,
     L2BudgetWarning,
     L2ctlError,
@@ -45,6 +47,11 @@ __all__ = [
     "AccessPolicyWindow",
     "AccessProperty",
     "Budget",
+    "CountersUnavailableError",
+    "DEFAULT_METRICS",
+    "KernelCounters",
+    "SECTOR_METRICS",
+    "counters",
     "CudaError",
     "DeviceBuffer",
     "DeviceInfo",

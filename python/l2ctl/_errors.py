@@ -9,6 +9,8 @@ __all__ = [
     "CudaError",
     "NotSupportedError",
     "NoDeviceError",
+    "CountersUnavailableError",
+    "CuptiError",
     "L2BudgetWarning",
     "WindowClippedWarning",
 ]
@@ -47,6 +49,22 @@ class NotSupportedError(L2ctlError, RuntimeError):
 
 class NoDeviceError(NotSupportedError):
     """No CUDA device is visible (no GPU, or no usable NVIDIA driver)."""
+
+
+class CountersUnavailableError(NotSupportedError):
+    """Hardware counters cannot be read here (no CUPTI, no permission, unsupported GPU, a profiler
+    already attached); the message says which and what to do."""
+
+
+class CuptiError(CountersUnavailableError):
+    """A CUPTI call failed: ``call``, ``code`` (CUptiResult; -1 when libcupti could not be loaded)."""
+
+    def __init__(self, call: str, code: int, message: str) -> None:
+        self.call, self.code = call, int(code)
+        super().__init__(message)
+
+    def __reduce__(self):
+        return (type(self), (self.call, self.code, str(self)))
 
 
 class L2BudgetWarning(UserWarning):

@@ -397,6 +397,7 @@ def bench_reset_data(
     repeat: int = 15,
     seed: int = 0,
     progress: bool = True,
+    counters: bool = False,
 ) -> Report:
     """The main job: reset-data (a LUT repeated into ``out_bytes``) for LUT sizes from well inside the
     set-aside to past its max, under each policy in RESET_COLUMNS; every output verified."""
@@ -426,7 +427,8 @@ def bench_reset_data(
                     baseline_ms = None
                     for column in names:
                         request, hit_ratio, variant = _reset_plan(column, lut_bytes, info, granularity)
-                        rec = _measure_reset(s, out, lut, lut_bytes, column, request, hit_ratio, variant, warmup, repeat)
+                        rec = _measure_reset(s, out, lut, lut_bytes, column, request, hit_ratio, variant, warmup, repeat,
+                                             counters)
                         if column == "baseline":
                             baseline_ms = rec.median_ms
                         rec.metrics["write_gbps"] = out.nbytes / rec.median_ms / 1e6
@@ -445,23 +447,35 @@ def bench_reset_data(
 
 
 def _measure_reset(stream: object, out: DeviceBuffer, lut: DeviceBuffer, lut_bytes: int, column: str, request: int,
-                   hit_ratio: Optional[float], variant: str, warmup: int, repeat: int) -> Record:
+                   hit_ratio: Optional[float], variant: str, warmup: int, repeat: int,
+                   counters: bool = False) -> Record:
     shape: list[Any] = []
+    collected: dict = {}
 
     def run(st: object) -> None:
         shape[:] = [kernels.reset_data(out, lut, st, variant=variant)]
+
+    def measure() -> Timing:
+        timing = time_gpu(run, stream, warmup=warmup, repeat=repeat)
+        if counters:  # one more launch, untimed, in the same state as the timed ones
+            from ._counters import DEFAULT_METRICS, counters as collect
+
+            with collect(metrics=DEFAULT_METRICS) as c:
+                run(stream)
+            collected.update(c.results[-1].values)
+        return timing
 
     with clean_state(stream, set_aside=request) as granted:
         out.fill_bytes(0xFF, stream)  # poison: -1 never appears in the LUT
         applied_ratio: Optional[float] = None
         if hit_ratio is None:
-            timing = time_gpu(run, stream, warmup=warmup, repeat=repeat)
+            timing = measure()
         else:
             applied_ratio = min(1.0, granted / lut_bytes) if hit_ratio < 0 else hit_ratio
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", L2BudgetWarning)  # recipe_hr1 oversubscribes on purpose
                 with persist(stream, lut, applied_ratio, set_aside=None) as p:
-                    timing = time_gpu(run, stream, warmup=warmup, repeat=repeat)
+                    timing = measure()
                     applied_ratio = p.window.hit_ratio
         mismatches = kernels.verify_reset_data(out, lut, stream)
     _verify(mismatches == 0, f"reset-data {column} LUT {lut_bytes} B: {mismatches} wrong words")
@@ -478,7 +492,10 @@ def _measure_reset(stream: object, out: DeviceBuffer, lut: DeviceBuffer, lut_byt
         "vector_stores": shape[0].vector_out,
         "vector_lut_loads": shape[0].vector_lut,
     }
-    return Record.from_timing("reset-data", column, config, timing, {"mismatches": mismatches})
+    metrics: dict = {"mismatches": mismatches}
+    if collected:
+        metrics["counters"] = collected
+    return Record.from_timing("reset-data", column, config, timing, metrics)
 
 
 def _reset_summary(report: Report, sizes: Sequence[int], names: Sequence[str]) -> dict:

@@ -103,7 +103,7 @@ def cmd_bench_reset(args: argparse.Namespace) -> int:
 
     report = bench.bench_reset_data(args.lut_sizes, out_bytes=args.out_bytes, columns=args.columns,
                                     device=args.device, repeat=args.repeat, warmup=args.warmup,
-                                    progress=not args.quiet)
+                                    progress=not args.quiet, counters=args.counters)
     c = report.ceilings
     print(_header(report))
     print(f"reset-data: {_fmt_bytes(report.records[0].config['out_bytes'])} output, median of {args.repeat} "
@@ -119,6 +119,15 @@ def cmd_bench_reset(args: argparse.Namespace) -> int:
         print(f"{_fmt_bytes(row['lut_bytes']):>10} " + " ".join(f"{c:>17}" for c in cells))
     print("ms and speedup over baseline; columns: " + "; ".join(f"{n} = {d}" for n, d in bench.RESET_COLUMNS
                                                                if n in names))
+    if args.counters:
+        print("\nHardware counters (one extra launch per point, l2ctl.counters): DRAM MB read / L2 hit rate")
+        print(f"{'LUT':>10} " + " ".join(f"{n:>17}" for n in names))
+        for row in report.summary["table_ms"]:
+            cells = []
+            for n in names:
+                k = report.find(n, lut_bytes=row["lut_bytes"]).metrics["counters"]
+                cells.append(f"{k['dram__bytes_read.sum'] / 1e6:7.1f} {k['lts__t_sector_hit_rate.pct']:5.1f}%")
+            print(f"{_fmt_bytes(row['lut_bytes']):>10} " + " ".join(f"{c:>17}" for c in cells))
     if "verdict" in report.summary:
         print("Verdict: " + report.summary["verdict"])
     _write(report, args)
@@ -284,6 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
         target.add_argument("--lut-sizes", type=_sizes, default=None, help="comma-separated, e.g. 1M,4M,8M")
         target.add_argument("--out-bytes", type=_size, default=1 << 30)
         target.add_argument("--columns", type=lambda t: [c.strip() for c in t.split(",")], default=None)
+        target.add_argument("--counters", action="store_true",
+                            help="add DRAM bytes and L2 hit rate from CUPTI (one extra untimed launch per point)")
     for action in common._actions:
         if action.dest != "help":
             b._add_action(action)

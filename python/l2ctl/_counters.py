@@ -1,0 +1,191 @@
+"""Hardware counters for the kernels launched inside a block, read in-process through CUPTI.
+
+    with l2ctl.counters() as c:
+        run_my_kernels(stream)
+    for k in c.results:
+        print(k.name, k["dram__bytes_read.sum"], k["lts__t_sector_hit_rate.pct"])
+
+The metric names are Nsight Compute's. CUPTI's range profiler collects one range per kernel launch
+(auto ranges) and replays each kernel as many times as the metrics need (kernel replay, saving and
+restoring the memory it writes), like ``ncu --replay-mode kernel --cache-control none
+--clock-control none``: launches inside the block are serialized and several times slower, so keep
+timing out of it. libcupti is loaded on first use; ``import l2ctl`` never needs it.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Iterable, Optional, Sequence
+
+from . import _core
+from ._device import resolve_device
+from ._errors import CountersUnavailableError, CuptiError
+
+__all__ = ["DEFAULT_METRICS", "SECTOR_METRICS", "METRIC_UNITS", "KernelCounters", "counters", "find_cupti",
+           "load_cupti"]
+
+#: name -> unit. The defaults: L2 sector hit rate (all and reads), DRAM bytes read and written, L2 and DRAM
+#: throughput, and the kernel's duration.
+METRIC_UNITS = {
+    "lts__t_sector_hit_rate.pct": "%",
+    "lts__t_sector_op_read_hit_rate.pct": "%",
+    "dram__bytes_read.sum": "byte",
+    "dram__bytes_write.sum": "byte",
+    "lts__t_bytes.sum.per_second": "byte/second",
+    "dram__bytes.sum.per_second": "byte/second",
+    "lts__throughput.avg.pct_of_peak_sustained_elapsed": "%",
+    "dram__throughput.avg.pct_of_peak_sustained_elapsed": "%",
+    "gpu__time_duration.sum": "ns",
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum": "sector",
+    "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum": "request",
+    "lts__t_sectors_srcunit_tex_op_read.sum": "sector",
+}
+DEFAULT_METRICS: tuple[str, ...] = (
+    "lts__t_sector_hit_rate.pct",
+    "lts__t_sector_op_read_hit_rate.pct",
+    "dram__bytes_read.sum",
+    "dram__bytes_write.sum",
+    "lts__t_bytes.sum.per_second",
+    "dram__bytes.sum.per_second",
+    "gpu__time_duration.sum",
+)
+#: Global-load sectors and requests of the L1: their ratio is sectors per request.
+SECTOR_METRICS: tuple[str, ...] = (
+    "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum",
+    "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum",
+)
+
+_HINTS = {
+    -1: "libcupti could not be loaded: install the CUDA toolkit (it ships CUPTI) or the nvidia-cuda-cupti wheel, or "
+        "set L2CTL_CUPTI=/path/to/libcupti.so",
+    35: "this process may not read GPU performance counters: run as root, or load the NVIDIA driver with "
+        "NVreg_RestrictProfilingToAdminUsers=0",
+    39: "another profiler is already attached (Nsight Compute, Nsight Systems or another CUPTI user); run without it",
+    27: "this GPU or configuration does not support the range profiler (CUPTI_ERROR_NOT_SUPPORTED)",
+    14: "the CUPTI library does not match the driver; use the CUPTI of a toolkit the driver supports",
+    33: "profiling is not supported on this virtualized GPU",
+    42: "profiling is not supported on CMP GPUs",
+}
+
+
+def find_cupti() -> list[str]:
+    """Candidate paths of libcupti, most specific first."""
+    found: list[str] = []
+    if os.environ.get("L2CTL_CUPTI"):
+        found.append(os.environ["L2CTL_CUPTI"])
+    roots = [os.environ.get(v) for v in ("CUDA_HOME", "CUDA_PATH")] + ["/usr/local/cuda"]
+    for root in filter(None, roots):
+        for sub in ("lib64", "lib", "extras/CUPTI/lib64", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib"):
+            found += sorted(glob.glob(os.path.join(root, sub, "libcupti.so*")), reverse=True)
+    for entry in sys.path:  # pip wheels: nvidia/cu13/lib, nvidia/cuda_cupti/lib
+        for pattern in ("nvidia/cu*/lib/libcupti.so*", "nvidia/cuda_cupti/lib/libcupti.so*"):
+            found += sorted(glob.glob(os.path.join(entry, pattern)), reverse=True)
+    found += ["libcupti.so.13", "libcupti.so.12", "libcupti.so"]
+    unique: list[str] = []
+    for path in found:
+        if path not in unique:
+            unique.append(path)
+    return unique
+
+
+def _unavailable(error: CuptiError, context: str = "") -> CountersUnavailableError:
+    hint = _HINTS.get(error.code, "")
+    text = f"hardware counters are unavailable: {error}"
+    if context:
+        text += f" ({context})"
+    if hint:
+        text += f"; {hint}"
+    return CountersUnavailableError(text)
+
+
+def load_cupti(path: Optional[str] = None) -> str:
+    """Load libcupti (once per process) from ``path`` or the first candidate that loads; returns it."""
+    if _core.cupti_loaded():
+        return "loaded"
+    errors = []
+    for candidate in [path] if path else find_cupti():
+        try:
+            _core.cupti_load(candidate)
+            return candidate
+        except CuptiError as exc:
+            errors.append(f"{candidate}: {exc}")
+    raise _unavailable(CuptiError("dlopen", -1, "; ".join(errors[-3:]) or "no candidate"))
+
+
+@dataclass
+class KernelCounters:
+    """The metrics of one kernel launch (or range): ``k[metric]`` is the value, ``k.units[metric]`` its unit."""
+
+    name: str
+    values: dict[str, float]
+    units: dict[str, str] = field(default_factory=dict)
+
+    def __getitem__(self, metric: str) -> float:
+        return self.values[metric]
+
+    @property
+    def sectors_per_request(self) -> Optional[float]:
+        s, r = (self.values.get(m) for m in SECTOR_METRICS)
+        return None if s is None or not r else s / r
+
+
+class counters:
+    """Collect ``metrics`` for every kernel launched on ``device`` inside the block.
+
+    After the block, ``results`` holds one KernelCounters per launch, in launch order; ``passes`` says
+    how many times each kernel was replayed. Raises CountersUnavailableError (with what to do) where
+    counters cannot be read. Not reentrant: one collection per process at a time.
+    """
+
+    def __init__(self, device: object = None, metrics: Sequence[str] = DEFAULT_METRICS, *, max_ranges: int = 64,
+                 cupti_path: Optional[str] = None) -> None:
+        names = list(metrics)
+        if not names or not all(isinstance(m, str) and m for m in names):
+            raise ValueError("metrics must be a non-empty sequence of metric names (Nsight Compute's)")
+        if isinstance(max_ranges, bool) or not isinstance(max_ranges, int) or max_ranges < 1:
+            raise ValueError("max_ranges must be a positive int")
+        self.metrics = names
+        self.max_ranges = max_ranges
+        self._device_arg = device
+        self._cupti_path = cupti_path
+        self._profiler = None
+        self.results: list[KernelCounters] = []
+        self.passes = 0
+        self.chip = ""
+
+    def __enter__(self) -> "counters":
+        device = resolve_device(self._device_arg)
+        load_cupti(self._cupti_path)
+        try:
+            self._profiler = _core.RangeProfiler(device, self.metrics, self.max_ranges)
+            self.passes, self.chip = int(self._profiler.passes), str(self._profiler.chip)
+            self._profiler.start()
+        except CuptiError as exc:
+            self._profiler = None
+            raise _unavailable(exc, f"device {device}, metrics {self.metrics}") from exc
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        profiler, self._profiler = self._profiler, None
+        if profiler is None:
+            return
+        try:
+            ranges = profiler.stop()
+        except CuptiError as error:
+            if exc is None:
+                raise _unavailable(error) from error
+            return
+        finally:
+            del profiler  # disables the profiler and releases CUPTI
+        units = {m: METRIC_UNITS.get(m, "") for m in self.metrics}
+        self.results = [KernelCounters(name, dict(zip(self.metrics, values)), units) for name, values in ranges]
+
+    def by_kernel(self, text: str) -> list[KernelCounters]:
+        """Results whose kernel name contains ``text``."""
+        return [k for k in self.results if text in k.name]
+
+    def total(self, metric: str, kernels: Optional[Iterable[KernelCounters]] = None) -> float:
+        return float(sum(k.values[metric] for k in (self.results if kernels is None else kernels)))

@@ -1,0 +1,320 @@
+#include "l2ctl/counters.hpp"
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <cupti_profiler_host.h>
+#include <cupti_profiler_target.h>
+#include <cupti_range_profiler.h>
+#include <cupti_result.h>
+#include <cupti_target.h>
+#include <dlfcn.h>
+
+#include <mutex>
+
+#include "l2ctl/device.hpp"
+#include "l2ctl/error.hpp"
+
+namespace l2ctl {
+
+namespace {
+
+// Every CUPTI entry point l2ctl uses, resolved from the dlopen'ed library.
+struct Cupti {
+  void* handle = nullptr;
+#define L2CTL_CUPTI_FN(name) decltype(&::name) name = nullptr;
+  L2CTL_CUPTI_FN(cuptiGetResultString)
+  L2CTL_CUPTI_FN(cuptiProfilerInitialize)
+  L2CTL_CUPTI_FN(cuptiProfilerDeInitialize)
+  L2CTL_CUPTI_FN(cuptiProfilerGetCounterAvailability)
+  L2CTL_CUPTI_FN(cuptiDeviceGetChipName)
+  L2CTL_CUPTI_FN(cuptiProfilerHostInitialize)
+  L2CTL_CUPTI_FN(cuptiProfilerHostDeinitialize)
+  L2CTL_CUPTI_FN(cuptiProfilerHostConfigAddMetrics)
+  L2CTL_CUPTI_FN(cuptiProfilerHostGetConfigImageSize)
+  L2CTL_CUPTI_FN(cuptiProfilerHostGetConfigImage)
+  L2CTL_CUPTI_FN(cuptiProfilerHostGetNumOfPasses)
+  L2CTL_CUPTI_FN(cuptiProfilerHostEvaluateToGpuValues)
+  L2CTL_CUPTI_FN(cuptiRangeProfilerEnable)
+  L2CTL_CUPTI_FN(cuptiRangeProfilerDisable)
+  L2CTL_CUPTI_FN(cuptiRangeProfilerGetCounterDataSize)
+  L2CTL_CUPTI_FN(cuptiRangeProfilerCounterDataImageInitialize)
+  L2CTL_CUPTI_FN(cuptiRangeProfilerSetConfig)
+  L2CTL_CUPTI_FN(cuptiRangeProfilerStart)
+  L2CTL_CUPTI_FN(cuptiRangeProfilerStop)
+  L2CTL_CUPTI_FN(cuptiRangeProfilerDecodeData)
+  L2CTL_CUPTI_FN(cuptiRangeProfilerGetCounterDataInfo)
+  L2CTL_CUPTI_FN(cuptiRangeProfilerCounterDataGetRangeInfo)
+#undef L2CTL_CUPTI_FN
+};
+
+Cupti g_cupti;
+std::mutex g_load_mutex;
+
+void resolve(void* lib, const char* name, void** slot) {
+  *slot = dlsym(lib, name);
+  if (*slot == nullptr) throw CuptiError(std::string("dlsym(") + name + ")", -1, "the CUPTI library lacks this symbol");
+}
+
+void check_cupti(CUptiResult result, const char* call) {
+  if (result == CUPTI_SUCCESS) return;
+  const char* message = "unknown";
+  if (g_cupti.cuptiGetResultString != nullptr) g_cupti.cuptiGetResultString(result, &message);
+  throw CuptiError(call, static_cast<int>(result), message);
+}
+
+#define L2CTL_CUPTI(call, params) check_cupti(g_cupti.call(&params), #call)
+#define L2CTL_PARAMS(type, var) type var{}; var.structSize = type##_STRUCT_SIZE
+
+}  // namespace
+
+void cupti_load(const std::string& path) {
+  std::lock_guard<std::mutex> lock(g_load_mutex);
+  if (g_cupti.handle != nullptr) return;
+  void* lib = dlopen(path.empty() ? "libcupti.so" : path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    const char* why = dlerror();
+    throw CuptiError("dlopen(" + (path.empty() ? std::string("libcupti.so") : path) + ")", -1, why ? why : "");
+  }
+  Cupti c;
+  try {
+#define L2CTL_RESOLVE(name) resolve(lib, #name, reinterpret_cast<void**>(&c.name));
+    L2CTL_RESOLVE(cuptiGetResultString)
+    L2CTL_RESOLVE(cuptiProfilerInitialize)
+    L2CTL_RESOLVE(cuptiProfilerDeInitialize)
+    L2CTL_RESOLVE(cuptiProfilerGetCounterAvailability)
+    L2CTL_RESOLVE(cuptiDeviceGetChipName)
+    L2CTL_RESOLVE(cuptiProfilerHostInitialize)
+    L2CTL_RESOLVE(cuptiProfilerHostDeinitialize)
+    L2CTL_RESOLVE(cuptiProfilerHostConfigAddMetrics)
+    L2CTL_RESOLVE(cuptiProfilerHostGetConfigImageSize)
+    L2CTL_RESOLVE(cuptiProfilerHostGetConfigImage)
+    L2CTL_RESOLVE(cuptiProfilerHostGetNumOfPasses)
+    L2CTL_RESOLVE(cuptiProfilerHostEvaluateToGpuValues)
+    L2CTL_RESOLVE(cuptiRangeProfilerEnable)
+    L2CTL_RESOLVE(cuptiRangeProfilerDisable)
+    L2CTL_RESOLVE(cuptiRangeProfilerGetCounterDataSize)
+    L2CTL_RESOLVE(cuptiRangeProfilerCounterDataImageInitialize)
+    L2CTL_RESOLVE(cuptiRangeProfilerSetConfig)
+    L2CTL_RESOLVE(cuptiRangeProfilerStart)
+    L2CTL_RESOLVE(cuptiRangeProfilerStop)
+    L2CTL_RESOLVE(cuptiRangeProfilerDecodeData)
+    L2CTL_RESOLVE(cuptiRangeProfilerGetCounterDataInfo)
+    L2CTL_RESOLVE(cuptiRangeProfilerCounterDataGetRangeInfo)
+#undef L2CTL_RESOLVE
+  } catch (...) {
+    dlclose(lib);
+    throw;
+  }
+  c.handle = lib;
+  g_cupti = c;
+}
+
+bool cupti_loaded() { return g_cupti.handle != nullptr; }
+
+struct RangeProfiler::State {
+  int device = 0;
+  CUcontext context = nullptr;
+  std::vector<std::string> metrics;
+  std::vector<const char*> names;
+  std::size_t max_ranges = 0;
+  bool initialized = false;
+  CUpti_Profiler_Host_Object* host = nullptr;
+  CUpti_RangeProfiler_Object* profiler = nullptr;
+  std::vector<uint8_t> availability, config, counter_data;
+  bool running = false;
+};
+
+RangeProfiler::RangeProfiler(int device, std::vector<std::string> metrics, std::size_t max_ranges)
+    : state_(std::make_unique<State>()) {
+  if (!cupti_loaded()) throw CuptiError("RangeProfiler", -1, "libcupti is not loaded (call cupti_load first)");
+  if (metrics.empty()) throw std::invalid_argument("at least one metric is needed");
+  State& s = *state_;
+  s.device = device;
+  s.metrics = std::move(metrics);
+  for (const auto& m : s.metrics) s.names.push_back(m.c_str());
+  s.max_ranges = max_ranges;
+
+  // The primary context of `device`, through the runtime (no link against libcuda).
+  {
+    DeviceGuard guard(device);
+    L2CTL_CHECK(cudaFree(nullptr), "device " + std::to_string(device));  // makes the primary context current
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    L2CTL_CHECK(cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &status),
+                "cuCtxGetCurrent");
+    if (fn == nullptr) throw CuptiError("cudaGetDriverEntryPointByVersion(cuCtxGetCurrent)", -1, "symbol not found");
+    if (reinterpret_cast<CUresult (*)(CUcontext*)>(fn)(&s.context) != CUDA_SUCCESS || s.context == nullptr)
+      throw CuptiError("cuCtxGetCurrent", -1, "no current context");
+  }
+  try {
+    L2CTL_PARAMS(CUpti_Profiler_Initialize_Params, init);
+    L2CTL_CUPTI(cuptiProfilerInitialize, init);
+    s.initialized = true;
+
+    L2CTL_PARAMS(CUpti_Device_GetChipName_Params, chip);
+    chip.deviceIndex = static_cast<std::size_t>(device);
+    L2CTL_CUPTI(cuptiDeviceGetChipName, chip);
+    chip_ = chip.pChipName;
+
+    L2CTL_PARAMS(CUpti_Profiler_GetCounterAvailability_Params, avail);
+    avail.ctx = s.context;
+    L2CTL_CUPTI(cuptiProfilerGetCounterAvailability, avail);
+    s.availability.resize(avail.counterAvailabilityImageSize);
+    avail.pCounterAvailabilityImage = s.availability.data();
+    L2CTL_CUPTI(cuptiProfilerGetCounterAvailability, avail);
+
+    L2CTL_PARAMS(CUpti_Profiler_Host_Initialize_Params, host);
+    host.profilerType = CUPTI_PROFILER_TYPE_RANGE_PROFILER;
+    host.pChipName = chip.pChipName;
+    host.pCounterAvailabilityImage = s.availability.data();
+    L2CTL_CUPTI(cuptiProfilerHostInitialize, host);
+    s.host = host.pHostObject;
+
+    L2CTL_PARAMS(CUpti_Profiler_Host_ConfigAddMetrics_Params, add);
+    add.pHostObject = s.host;
+    add.ppMetricNames = s.names.data();
+    add.numMetrics = s.names.size();
+    L2CTL_CUPTI(cuptiProfilerHostConfigAddMetrics, add);
+
+    L2CTL_PARAMS(CUpti_Profiler_Host_GetConfigImageSize_Params, size);
+    size.pHostObject = s.host;
+    L2CTL_CUPTI(cuptiProfilerHostGetConfigImageSize, size);
+    s.config.resize(size.configImageSize);
+    L2CTL_PARAMS(CUpti_Profiler_Host_GetConfigImage_Params, image);
+    image.pHostObject = s.host;
+    image.configImageSize = s.config.size();
+    image.pConfigImage = s.config.data();
+    L2CTL_CUPTI(cuptiProfilerHostGetConfigImage, image);
+
+    L2CTL_PARAMS(CUpti_Profiler_Host_GetNumOfPasses_Params, passes);
+    passes.configImageSize = s.config.size();
+    passes.pConfigImage = s.config.data();
+    L2CTL_CUPTI(cuptiProfilerHostGetNumOfPasses, passes);
+    passes_ = passes.numOfPasses;
+
+    L2CTL_PARAMS(CUpti_RangeProfiler_Enable_Params, enable);
+    enable.ctx = s.context;
+    L2CTL_CUPTI(cuptiRangeProfilerEnable, enable);
+    s.profiler = enable.pRangeProfilerObject;
+
+    L2CTL_PARAMS(CUpti_RangeProfiler_GetCounterDataSize_Params, data_size);
+    data_size.pRangeProfilerObject = s.profiler;
+    data_size.pMetricNames = s.names.data();
+    data_size.numMetrics = s.names.size();
+    data_size.maxNumOfRanges = max_ranges;
+    data_size.maxNumRangeTreeNodes = static_cast<uint32_t>(max_ranges);
+    L2CTL_CUPTI(cuptiRangeProfilerGetCounterDataSize, data_size);
+    s.counter_data.resize(data_size.counterDataSize);
+    L2CTL_PARAMS(CUpti_RangeProfiler_CounterDataImage_Initialize_Params, data_init);
+    data_init.pRangeProfilerObject = s.profiler;
+    data_init.counterDataSize = s.counter_data.size();
+    data_init.pCounterData = s.counter_data.data();
+    L2CTL_CUPTI(cuptiRangeProfilerCounterDataImageInitialize, data_init);
+
+    L2CTL_PARAMS(CUpti_RangeProfiler_SetConfig_Params, config);
+    config.pRangeProfilerObject = s.profiler;
+    config.configSize = s.config.size();
+    config.pConfig = s.config.data();
+    config.counterDataImageSize = s.counter_data.size();
+    config.pCounterDataImage = s.counter_data.data();
+    config.range = CUPTI_AutoRange;
+    config.replayMode = CUPTI_KernelReplay;
+    config.maxRangesPerPass = max_ranges;
+    config.numNestingLevels = 1;
+    config.minNestingLevel = 1;
+    config.passIndex = 0;
+    config.targetNestingLevel = 1;
+    L2CTL_CUPTI(cuptiRangeProfilerSetConfig, config);
+  } catch (...) {
+    release();  // the destructor does not run for a constructor that throws
+    throw;
+  }
+}
+
+RangeProfiler::~RangeProfiler() { release(); }
+
+void RangeProfiler::release() noexcept {
+  if (!state_) return;
+  State& s = *state_;
+  if (s.running) {
+    L2CTL_PARAMS(CUpti_RangeProfiler_Stop_Params, stop);
+    stop.pRangeProfilerObject = s.profiler;
+    (void)g_cupti.cuptiRangeProfilerStop(&stop);
+    s.running = false;
+  }
+  if (s.profiler != nullptr) {
+    L2CTL_PARAMS(CUpti_RangeProfiler_Disable_Params, disable);
+    disable.pRangeProfilerObject = s.profiler;
+    (void)g_cupti.cuptiRangeProfilerDisable(&disable);
+    s.profiler = nullptr;
+  }
+  if (s.host != nullptr) {
+    L2CTL_PARAMS(CUpti_Profiler_Host_Deinitialize_Params, deinit);
+    deinit.pHostObject = s.host;
+    (void)g_cupti.cuptiProfilerHostDeinitialize(&deinit);
+    s.host = nullptr;
+  }
+  if (s.initialized) {
+    L2CTL_PARAMS(CUpti_Profiler_DeInitialize_Params, deinit);
+    (void)g_cupti.cuptiProfilerDeInitialize(&deinit);
+    s.initialized = false;
+  }
+}
+
+void RangeProfiler::start() {
+  State& s = *state_;
+  if (s.running) throw std::logic_error("the profiler is already running");
+  L2CTL_PARAMS(CUpti_RangeProfiler_Start_Params, start);
+  start.pRangeProfilerObject = s.profiler;
+  L2CTL_CUPTI(cuptiRangeProfilerStart, start);
+  s.running = true;
+}
+
+std::vector<RangeValues> RangeProfiler::stop() {
+  State& s = *state_;
+  if (!s.running) throw std::logic_error("the profiler is not running");
+  {
+    DeviceGuard guard(s.device);
+    L2CTL_CHECK(cudaDeviceSynchronize(), "device " + std::to_string(s.device));
+  }
+  L2CTL_PARAMS(CUpti_RangeProfiler_Stop_Params, stop);
+  stop.pRangeProfilerObject = s.profiler;
+  L2CTL_CUPTI(cuptiRangeProfilerStop, stop);
+  s.running = false;
+  L2CTL_PARAMS(CUpti_RangeProfiler_DecodeData_Params, decode);
+  decode.pRangeProfilerObject = s.profiler;
+  L2CTL_CUPTI(cuptiRangeProfilerDecodeData, decode);
+
+  L2CTL_PARAMS(CUpti_RangeProfiler_GetCounterDataInfo_Params, info);
+  info.pCounterDataImage = s.counter_data.data();
+  info.counterDataImageSize = s.counter_data.size();
+  L2CTL_CUPTI(cuptiRangeProfilerGetCounterDataInfo, info);
+  std::vector<RangeValues> out;
+  for (std::size_t i = 0; i < info.numTotalRanges; ++i) {
+    RangeValues r;
+    L2CTL_PARAMS(CUpti_RangeProfiler_CounterData_GetRangeInfo_Params, range);
+    range.pCounterDataImage = s.counter_data.data();
+    range.counterDataImageSize = s.counter_data.size();
+    range.rangeIndex = i;
+    range.rangeDelimiter = "/";
+    L2CTL_CUPTI(cuptiRangeProfilerCounterDataGetRangeInfo, range);
+    r.name = range.rangeName != nullptr ? range.rangeName : "";
+    r.values.assign(s.names.size(), 0.0);
+    L2CTL_PARAMS(CUpti_Profiler_Host_EvaluateToGpuValues_Params, eval);
+    eval.pHostObject = s.host;
+    eval.pCounterDataImage = s.counter_data.data();
+    eval.counterDataImageSize = s.counter_data.size();
+    eval.rangeIndex = i;
+    eval.ppMetricNames = s.names.data();
+    eval.numMetrics = s.names.size();
+    eval.pMetricValues = r.values.data();
+    L2CTL_CUPTI(cuptiProfilerHostEvaluateToGpuValues, eval);
+    out.push_back(std::move(r));
+  }
+  if (decode.numOfRangeDropped > 0 && out.size() < s.max_ranges)
+    throw CuptiError("cuptiRangeProfilerDecodeData", -2,
+                     std::to_string(decode.numOfRangeDropped) + " kernel ranges were dropped");
+  return out;
+}
+
+}  // namespace l2ctl

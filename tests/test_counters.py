@@ -1,0 +1,68 @@
+"""Hardware counters: lazy loading and error paths without a GPU."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import l2ctl
+from l2ctl import _counters, _core
+from l2ctl._errors import CuptiError
+
+
+def test_import_does_not_load_cupti():
+    code = "import l2ctl, l2ctl._core as c; print(c.cupti_loaded())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_counters_is_the_context_manager():
+    assert l2ctl.counters is _counters.counters
+    assert issubclass(l2ctl.CountersUnavailableError, l2ctl.NotSupportedError)
+
+
+def test_bad_library_path_gives_an_actionable_error():
+    if _core.cupti_loaded():
+        pytest.skip("libcupti is already loaded in this process")
+    with pytest.raises(l2ctl.CountersUnavailableError, match="L2CTL_CUPTI"):
+        _counters.load_cupti("/nonexistent/libcupti.so")
+
+
+def test_find_cupti_honours_the_environment(monkeypatch):
+    monkeypatch.setenv("L2CTL_CUPTI", "/opt/custom/libcupti.so.13")
+    assert _counters.find_cupti()[0] == "/opt/custom/libcupti.so.13"
+    assert _counters.find_cupti()[-1] == "libcupti.so"
+
+
+@pytest.mark.parametrize("code,words", [(35, "NVreg_RestrictProfilingToAdminUsers"), (39, "another profiler"),
+                                        (27, "does not support"), (-1, "L2CTL_CUPTI")])
+def test_error_hints(code, words):
+    err = _counters._unavailable(CuptiError("cuptiProfilerInitialize", code, "boom"))
+    assert isinstance(err, l2ctl.CountersUnavailableError) and words in str(err) and "boom" in str(err)
+
+
+@pytest.mark.parametrize("kwargs", [{"metrics": []}, {"metrics": [""]}, {"metrics": [3]}, {"max_ranges": 0},
+                                    {"max_ranges": True}])
+def test_argument_validation(kwargs):
+    with pytest.raises(ValueError):
+        l2ctl.counters(**kwargs)
+
+
+@pytest.mark.skipif(_core.device_count() > 0, reason="checks the no-GPU error")
+def test_no_gpu_error():
+    with pytest.raises(l2ctl.NoDeviceError):
+        with l2ctl.counters():
+            pass
+
+
+def test_kernel_counters_helpers():
+    k = l2ctl.KernelCounters("k", {"l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum": 64.0,
+                                   "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum": 4.0})
+    assert k.sectors_per_request == 16.0
+    assert l2ctl.KernelCounters("k", {}).sectors_per_request is None
+    pickled = CuptiError("x", 35, "m")
+    import pickle
+
+    assert pickle.loads(pickle.dumps(pickled)).code == 35

@@ -1,0 +1,72 @@
+"""On the GPU: in-process counters, checked against l2ctl's models and against Nsight Compute."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import l2ctl
+from l2ctl import bench, kernels
+
+pytestmark = pytest.mark.gpu
+MiB = 1 << 20
+
+
+def _counters_or_skip():
+    try:
+        with l2ctl.counters(metrics=["gpu__time_duration.sum"]):
+            pass
+    except l2ctl.CountersUnavailableError as exc:
+        pytest.skip(str(exc))
+
+
+def test_window_cuts_dram_reads(gpu_state):
+    _counters_or_skip()
+    info = l2ctl.device_info()
+    with l2ctl.Stream() as s, l2ctl.DeviceBuffer(32 * MiB) as lut, l2ctl.DeviceBuffer(1 << 30) as out:
+        gpu_state.watch(s)
+        lut.fill_bytes(3, s)
+        reads = {}
+        for name, size, ratio in (("none", 0, None), ("window", info.persisting_l2_cache_max_size, 1.0)):
+            with bench.clean_state(s, set_aside=size):
+                kernels.reset_data(out, lut, s, variant="streaming")  # warm, as the steady state of a loop
+                if ratio is None:
+                    with l2ctl.counters() as c:
+                        kernels.reset_data(out, lut, s)
+                else:
+                    with l2ctl.persist(s, lut, ratio, set_aside=None), l2ctl.counters() as c:
+                        kernels.reset_data(out, lut, s)
+            assert len(c.results) == 1 and "reset_data" in c.results[0].name
+            k = c.results[0]
+            assert 0 <= k["lts__t_sector_hit_rate.pct"] <= 100
+            assert k["dram__bytes_write.sum"] == pytest.approx(out.nbytes, rel=0.05)
+            assert k.units["dram__bytes_read.sum"] == "byte" and c.passes >= 1
+            reads[name] = k["dram__bytes_read.sum"]
+        assert reads["window"] < reads["none"]
+
+
+def test_stride_sectors_per_request_match_the_model(gpu_state):
+    _counters_or_skip()
+    threads = 1 << 22
+    with l2ctl.Stream() as s, l2ctl.DeviceBuffer(threads * 32) as buf, l2ctl.DeviceBuffer(8 * (threads // 256)) as p:
+        kernels.write_index(buf, s)
+        for stride in (4, 8, 16, 32):
+            with l2ctl.counters(metrics=l2ctl.SECTOR_METRICS) as c:
+                kernels.stride_read(buf, stride, p, s, threads=threads)
+            assert c.results[0].sectors_per_request == kernels.sectors_per_request(stride)
+
+
+@pytest.mark.slow
+def test_agrees_with_nsight_compute(tmp_path):
+    _counters_or_skip()
+    if not (shutil.which("ncu") or os.path.exists("/usr/local/cuda/bin/ncu")):
+        pytest.skip("Nsight Compute (ncu) is not installed")
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "compare_ncu.py")
+    out_json = os.environ.get("L2CTL_NCU_JSON", str(tmp_path / "ncu.json"))
+    r = subprocess.run([sys.executable, script, "--json", out_json], capture_output=True, text=True, timeout=900)
+    print(r.stdout[-6000:])
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
