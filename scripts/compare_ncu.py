@@ -2,13 +2,15 @@
 
 The workload: reset-data with a 4 MiB and a 32 MiB LUT, each without and with a window, and stride_read
 at 4..64 B strides. Each profiled launch is preceded by an unprofiled warm-up of the same data (the
-`streaming` kernel variant, which ncu's kernel filter skips), so both tools see the same L2 state.
+`streaming` kernel variant, which ncu's kernel filter skips) and an L2 flush that leaves no dirty lines
+and keeps persisting ones, so both tools start from the same L2 state.
 
     python scripts/compare_ncu.py --json out.json      # runs both and compares (needs ncu on PATH)
     python scripts/compare_ncu.py --workload           # what ncu runs (no counters)
 
-Exit status 0 when every metric agrees: bytes and durations within 2%, hit rates within 1 percentage
-point, and stride_read's sectors per request equal to l2ctl's model at 4..32 B.
+Exit status 0 when every metric agrees: bytes within 2%, hit rates within 1 percentage
+point, and stride_read's sectors per request equal to l2ctl's model at 4..32 B. Durations are judged by
+2% or 8 us, whichever is larger: the range profiler's duration includes a constant offset of a few us.
 """
 
 from __future__ import annotations
@@ -74,6 +76,7 @@ def run_workload(collect: bool) -> list:
 
 def _one(cfg, warm, launch, stream, collect):
     warm()
+    bench.flush_l2(stream, persisting=False)  # clean L2 (persisting lines stay): no pending write-backs
     stream.synchronize()
     if not collect:
         launch()
@@ -109,6 +112,11 @@ def compare(inproc: list, ncu: list) -> list[dict]:
             a, b = ours["values"][m], theirs[m]
             if m.endswith(".pct"):
                 ok, diff = abs(a - b) <= 1.0, a - b
+            elif m == "gpu__time_duration.sum":
+                # Reported, not judged by 2%: the range profiler's duration carries a constant offset of a few
+                # microseconds (its range start/stop); judged by 2% or 8 us, whichever is larger.
+                diff = (a - b) / b if b else 0.0
+                ok = abs(a - b) <= max(0.02 * b, 8000.0)
             else:
                 diff = (a - b) / b if b else (0.0 if a == 0 else float("inf"))
                 ok = abs(diff) <= 0.02

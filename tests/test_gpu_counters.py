@@ -31,7 +31,8 @@ def test_window_cuts_dram_reads(gpu_state):
         gpu_state.watch(s)
         lut.fill_bytes(3, s)
         reads = {}
-        for name, size, ratio in (("none", 0, None), ("window", info.persisting_l2_cache_max_size, 1.0)):
+        fit = info.persisting_l2_cache_max_size / lut.nbytes
+        for name, size, ratio in (("none", 0, None), ("window", info.persisting_l2_cache_max_size, fit)):
             with bench.clean_state(s, set_aside=size):
                 kernels.reset_data(out, lut, s, variant="streaming")  # warm, as the steady state of a loop
                 if ratio is None:
@@ -42,7 +43,7 @@ def test_window_cuts_dram_reads(gpu_state):
                         kernels.reset_data(out, lut, s)
             assert len(c.results) == 1 and "reset_data" in c.results[0].name
             k = c.results[0]
-            assert 0 <= k["lts__t_sector_hit_rate.pct"] <= 100
+            assert 0 <= k["lts__t_sector_hit_rate.pct"] <= 100.5  # CUPTI rounding can pass 100 slightly
             assert k["dram__bytes_write.sum"] == pytest.approx(out.nbytes, rel=0.05)
             assert k.units["dram__bytes_read.sum"] == "byte" and c.passes >= 1
             reads[name] = k["dram__bytes_read.sum"]

@@ -121,19 +121,26 @@ def time_gpu(
 
 # ---- device state -------------------------------------------------------------------------------
 
-_scratch: dict[int, DeviceBuffer] = {}
+_scratch: dict[int, tuple[DeviceBuffer, DeviceBuffer]] = {}
 
 
 def flush_l2(stream: object = None, *, persisting: bool = True) -> None:
-    """Evict L2: write a scratch buffer twice the L2 size (queued on ``stream``). With ``persisting``,
-    first demote persisting lines too (normal writes do not evict them)."""
+    """Evict L2 (queued on ``stream``): write a scratch region twice the L2 size, then read a different
+    one of the same size, so L2 ends holding clean lines and no write-back of earlier data lands in the
+    next measurement (reading lines just written would leave them dirty). With ``persisting``, first
+    demote persisting lines too (normal accesses do not evict them)."""
     ref = resolve_stream(stream)
     device = stream_device(ref)
     if device not in _scratch:
-        _scratch[device] = DeviceBuffer(2 * device_info(device).l2_cache_size, device)
+        scratch = DeviceBuffer(4 * device_info(device).l2_cache_size, device)
+        partials = DeviceBuffer(8 * kernels.max_read_partials(device), device)
+        _scratch[device] = (scratch, partials)
+    scratch, partials = _scratch[device]
     if persisting and device_info(device).supports_persistence:
         _backend.current().reset_persisting_lines(device)
-    _scratch[device].fill_bytes(0x5A, stream)
+    half = scratch.nbytes // 2
+    _backend.current().memset_device(scratch.ptr, 0x5A, half, resolve_stream(stream).handle)
+    kernels.read_sum((scratch.ptr + half, half), partials, stream)
 
 
 @contextmanager

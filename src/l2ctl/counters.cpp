@@ -2,6 +2,7 @@
 
 #include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <cupti_callbacks.h>
 #include <cupti_profiler_host.h>
 #include <cupti_profiler_target.h>
 #include <cupti_range_profiler.h>
@@ -23,6 +24,9 @@ struct Cupti {
   void* handle = nullptr;
 #define L2CTL_CUPTI_FN(name) decltype(&::name) name = nullptr;
   L2CTL_CUPTI_FN(cuptiGetResultString)
+  L2CTL_CUPTI_FN(cuptiSubscribe)
+  L2CTL_CUPTI_FN(cuptiUnsubscribe)
+  L2CTL_CUPTI_FN(cuptiEnableDomain)
   L2CTL_CUPTI_FN(cuptiProfilerInitialize)
   L2CTL_CUPTI_FN(cuptiProfilerDeInitialize)
   L2CTL_CUPTI_FN(cuptiProfilerGetCounterAvailability)
@@ -65,6 +69,23 @@ void check_cupti(CUptiResult result, const char* call) {
 #define L2CTL_CUPTI(call, params) check_cupti(g_cupti.call(&params), #call)
 #define L2CTL_PARAMS(type, var) type var{}; var.structSize = type##_STRUCT_SIZE
 
+// Auto ranges are named by index; the kernel names come from the driver-API launch callbacks, one per
+// launch, in launch order (replays happen inside the call and add no callbacks).
+struct LaunchLog {
+  std::mutex mutex;  // launches may come from several threads
+  std::vector<std::string> names;
+};
+
+void CUPTIAPI on_driver_call(void* userdata, CUpti_CallbackDomain domain, CUpti_CallbackId, const void* data) {
+  if (domain != CUPTI_CB_DOMAIN_DRIVER_API || data == nullptr) return;
+  const auto* info = static_cast<const CUpti_CallbackData*>(data);
+  if (info->callbackSite != CUPTI_API_ENTER || info->functionName == nullptr) return;
+  if (std::string(info->functionName).rfind("cuLaunch", 0) != 0) return;
+  auto* log = static_cast<LaunchLog*>(userdata);
+  std::lock_guard<std::mutex> lock(log->mutex);
+  log->names.push_back(info->symbolName != nullptr ? info->symbolName : "");
+}
+
 }  // namespace
 
 void cupti_load(const std::string& path) {
@@ -79,6 +100,9 @@ void cupti_load(const std::string& path) {
   try {
 #define L2CTL_RESOLVE(name) resolve(lib, #name, reinterpret_cast<void**>(&c.name));
     L2CTL_RESOLVE(cuptiGetResultString)
+    L2CTL_RESOLVE(cuptiSubscribe)
+    L2CTL_RESOLVE(cuptiUnsubscribe)
+    L2CTL_RESOLVE(cuptiEnableDomain)
     L2CTL_RESOLVE(cuptiProfilerInitialize)
     L2CTL_RESOLVE(cuptiProfilerDeInitialize)
     L2CTL_RESOLVE(cuptiProfilerGetCounterAvailability)
@@ -122,6 +146,8 @@ struct RangeProfiler::State {
   CUpti_RangeProfiler_Object* profiler = nullptr;
   std::vector<uint8_t> availability, config, counter_data;
   bool running = false;
+  CUpti_SubscriberHandle subscriber = nullptr;
+  LaunchLog launches;
 };
 
 RangeProfiler::RangeProfiler(int device, std::vector<std::string> metrics, std::size_t max_ranges)
@@ -236,6 +262,10 @@ RangeProfiler::~RangeProfiler() { release(); }
 void RangeProfiler::release() noexcept {
   if (!state_) return;
   State& s = *state_;
+  if (s.subscriber != nullptr) {
+    (void)g_cupti.cuptiUnsubscribe(s.subscriber);
+    s.subscriber = nullptr;
+  }
   if (s.running) {
     L2CTL_PARAMS(CUpti_RangeProfiler_Stop_Params, stop);
     stop.pRangeProfilerObject = s.profiler;
@@ -264,6 +294,17 @@ void RangeProfiler::release() noexcept {
 void RangeProfiler::start() {
   State& s = *state_;
   if (s.running) throw std::logic_error("the profiler is already running");
+  s.launches.names.clear();
+  if (s.subscriber == nullptr &&
+      g_cupti.cuptiSubscribe(&s.subscriber, reinterpret_cast<CUpti_CallbackFunc>(on_driver_call), &s.launches) ==
+          CUPTI_SUCCESS) {
+    if (g_cupti.cuptiEnableDomain(1, s.subscriber, CUPTI_CB_DOMAIN_DRIVER_API) != CUPTI_SUCCESS) {
+      (void)g_cupti.cuptiUnsubscribe(s.subscriber);  // names fall back to range indices
+      s.subscriber = nullptr;
+    }
+  } else if (s.subscriber == nullptr) {
+    s.subscriber = nullptr;  // another subscriber holds the callbacks: names fall back to range indices
+  }
   L2CTL_PARAMS(CUpti_RangeProfiler_Start_Params, start);
   start.pRangeProfilerObject = s.profiler;
   L2CTL_CUPTI(cuptiRangeProfilerStart, start);
@@ -281,6 +322,10 @@ std::vector<RangeValues> RangeProfiler::stop() {
   stop.pRangeProfilerObject = s.profiler;
   L2CTL_CUPTI(cuptiRangeProfilerStop, stop);
   s.running = false;
+  if (s.subscriber != nullptr) {
+    (void)g_cupti.cuptiUnsubscribe(s.subscriber);
+    s.subscriber = nullptr;
+  }
   L2CTL_PARAMS(CUpti_RangeProfiler_DecodeData_Params, decode);
   decode.pRangeProfilerObject = s.profiler;
   L2CTL_CUPTI(cuptiRangeProfilerDecodeData, decode);
@@ -298,7 +343,8 @@ std::vector<RangeValues> RangeProfiler::stop() {
     range.rangeIndex = i;
     range.rangeDelimiter = "/";
     L2CTL_CUPTI(cuptiRangeProfilerCounterDataGetRangeInfo, range);
-    r.name = range.rangeName != nullptr ? range.rangeName : "";
+    r.name = info.numTotalRanges == s.launches.names.size() ? s.launches.names[i]
+                                                        : (range.rangeName != nullptr ? range.rangeName : "");
     r.values.assign(s.names.size(), 0.0);
     L2CTL_PARAMS(CUpti_Profiler_Host_EvaluateToGpuValues_Params, eval);
     eval.pHostObject = s.host;
