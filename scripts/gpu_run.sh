@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One batch on the GPU machine: build l2ctl there, run the whole test suite (GPU tests included), the
 # CUDA behaviour probe and the benchmarks; results go to $OUT (or ./.out when run by hand).
-# Usage: bash scripts/gpu_run.sh [quick]      (quick: smaller benchmarks)
+# Usage: bash scripts/gpu_run.sh [full|quick|sanitize]   (quick: fewer LUT sizes, no sweeps;
+#        sanitize: build, then compute-sanitizer over the kernels and GPU tests only)
 set -uo pipefail
 FINAL=${OUT:-$PWD/.out}
 OUT=$(mktemp -d)  # everything lands here, then travels back as one archive (8 files at most come back)
@@ -30,6 +31,12 @@ tail -3 "$OUT/build.log"
 cd /tmp  # import the installed package, not the source tree
 src=$OLDPWD
 
+if [ "$mode" = sanitize ]; then
+  step "compute-sanitizer"
+  bash "$src/scripts/sanitize.sh" "$src/tests" "$OUT" || status=1
+  exit $status
+fi
+
 step "probe CUDA behaviour"
 python3 "$src/scripts/probe_cuda.py" "$OUT/probe.json" > /dev/null || status=1
 python3 -m l2ctl info --probe | tee "$OUT/info.txt" || status=1
@@ -41,10 +48,6 @@ L2CTL_NCU_JSON="$OUT/ncu_compare.json" L2CTL_NOTEBOOK_OUT="$OUT/notebooks" pytho
   -k "not committed_with_gpu_outputs" --junitxml="$OUT/junit.xml" 2>&1 | tail -40 | tee "$OUT/pytest.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
-if [ "$mode" = sanitize ] || [ "$mode" = full ]; then
-  step "compute-sanitizer"
-  bash "$src/scripts/sanitize.sh" "$src/tests" "$OUT" || status=1
-fi
 
 step "benchmarks"
 if [ "$mode" = quick ]; then lut="--lut-sizes 1M,4M,8M,16M,32M,48M"; else lut=""; fi
