@@ -16,7 +16,10 @@ run() {
   grep -E "ERROR SUMMARY|passed|failed" "$out/sanitize_$tool.txt" | tail -3
   [ $rc -eq 0 ] || { echo "$tool: exit $rc"; tail -30 "$out/sanitize_$tool.txt"; status=1; }
 }
-run memcheck "$tests/test_gpu.py" "$tests/test_gpu_graph.py" -k "not torch and not cupy and not small_benchmarks"
+# test_cuda_rejects_what_l2ctl_refuses_first provokes cudaErrorInvalidValue on purpose (it proves CUDA refuses
+# a float32 hit ratio of 1.0000001), which memcheck reports as an API error; it is left out here.
+run memcheck "$tests/test_gpu.py" "$tests/test_gpu_graph.py" \
+  -k "not torch and not cupy and not small_benchmarks and not cuda_rejects"
 run racecheck "$tests/test_gpu.py" -k "$kernels"
 run initcheck "$tests/test_gpu.py" -k "$kernels"
 run synccheck "$tests/test_gpu.py" -k "$kernels"

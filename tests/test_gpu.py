@@ -186,6 +186,7 @@ def test_reset_data_matches_numpy(stream, variant, out_len, lut_len):
 def test_reset_data_unaligned_output_and_verifier_catches_errors(stream):
     lut = np.arange(5, 105, dtype=np.int32)
     with l2ctl.DeviceBuffer(4 * 10_000) as raw, l2ctl.DeviceBuffer.from_numpy(lut) as d_lut:
+        raw.fill_bytes(0xFF, stream)  # the 4 bytes at each end are read back but never written by the kernel
         out = (raw.ptr + 4, raw.nbytes - 8)  # not 16-byte aligned: the scalar path
         shape = kernels.reset_data(out, d_lut, stream, variant="hinted")
         assert not shape.vector_out
@@ -199,6 +200,7 @@ def test_reset_data_unaligned_output_and_verifier_catches_errors(stream):
 def test_ceiling_kernels_and_checksums(stream):
     n = (3 << 20) + 3
     with l2ctl.DeviceBuffer(4 * n + 12) as a, l2ctl.DeviceBuffer(4 * n + 12) as b:
+        a.fill_bytes(0, stream)  # the 12 bytes past the n words are copied back too
         a_ = (a.ptr, 4 * n)
         kernels.write_index(a_, stream)
         np.testing.assert_array_equal(a.to_numpy(stream).view(np.uint32)[:n], np.arange(n, dtype=np.uint32))
