@@ -10,10 +10,12 @@ and keeps persisting ones, so both tools start from the same L2 state.
 
 Two verdicts are printed. STRICT: every metric within the issue's tolerance (bytes 2%, hit rates 1
 percentage point, durations 2% or 8 us). CLAIMS: what l2ctl's README states and the exit status reports:
-sectors per request equal to Nsight Compute's and to l2ctl's model at 4..32 B; the L2 sector hit rate
-within 1 pp; DRAM bytes read within 2% where Nsight Compute counts at least 64 MB; DRAM bytes written
-within 2% or 16 MB (in-process collection adds a constant ~15 MB of writes, even to a read-only kernel
-on a clean L2).
+global-load sectors and requests equal to Nsight Compute's for every launch, and for the streaming
+kernel (stride_read) the L2 sector hit rate within 1 pp, DRAM bytes read within 2%, and sectors per
+request equal to l2ctl's model at 4..32 B. The reset-data rows, where persisting lines live across
+Nsight Compute's kernel replay, are reported but not claimed: on the H100 its DRAM reads for the same
+launch varied between runs (4 MiB LUT with a window: 24.4 MB once, 4.4 MB another time; l2ctl 4.5 MB
+both times). DRAM bytes written carry a constant ~15 MB extra when collected in-process.
 """
 
 from __future__ import annotations
@@ -126,14 +128,12 @@ def compare(inproc: list, ncu: list) -> list[dict]:
             row["metrics"][m] = {"l2ctl": a, "ncu": b, "diff": diff, "ok": ok}
             row["ok"] &= ok
         v = row["metrics"]
-        claims = [abs(v["lts__t_sector_hit_rate.pct"]["diff"]) <= 1.0,
-                  ours["values"][METRICS[5]] == theirs[METRICS[5]] and ours["values"][METRICS[6]] == theirs[METRICS[6]]]
-        if theirs["dram__bytes_read.sum"] >= 64e6:
-            claims.append(abs(v["dram__bytes_read.sum"]["diff"]) <= 0.02)
-        w = v["dram__bytes_write.sum"]
-        claims.append(abs(w["l2ctl"] - w["ncu"]) <= max(0.02 * w["ncu"], 16e6))
-        row["claims_ok"] = all(claims)
         cfg = ours["config"]
+        claims = [ours["values"][METRICS[5]] == theirs[METRICS[5]] and ours["values"][METRICS[6]] == theirs[METRICS[6]]]
+        if cfg["kind"] == "stride":
+            claims += [abs(v["lts__t_sector_hit_rate.pct"]["diff"]) <= 1.0,
+                       abs(v["dram__bytes_read.sum"]["diff"]) <= 0.02]
+        row["claims_ok"] = all(claims)
         if cfg["kind"] == "stride":
             s = ours["values"][METRICS[5]] / ours["values"][METRICS[6]]
             model = kernels.sectors_per_request(cfg["stride"])
