@@ -13,9 +13,10 @@ percentage point, durations 2% or 8 us). CLAIMS: what l2ctl's README states and 
 global-load sectors and requests equal to Nsight Compute's for every launch, and for the streaming
 kernel (stride_read) the L2 sector hit rate within 1 pp, DRAM bytes read within 2%, and sectors per
 request equal to l2ctl's model at 4..32 B. The reset-data rows, where persisting lines live across
-Nsight Compute's kernel replay, are reported but not claimed: on the H100 its DRAM reads for the same
-launch varied between runs (4 MiB LUT with a window: 24.4 MB once, 4.4 MB another time; l2ctl 4.5 MB
-both times). DRAM bytes written carry a constant ~15 MB extra when collected in-process.
+kernel replay, are reported but not claimed: on the H100 the DRAM reads of the same launch varied
+between runs for both tools (4 MiB LUT with a window: 4.4 to 24.6 MB, whichever tool ran it), so
+neither is a stable reference there. DRAM bytes written carry a constant ~15 MB extra when collected
+in-process.
 """
 
 from __future__ import annotations
