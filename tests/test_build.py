@@ -120,3 +120,17 @@ def test_public_header_compiles_everywhere(tmp_path, arch, has_policy):
         assert op in text, op
     assert ("createpolicy" in text) == has_policy
     assert ("L2::cache_hint" in text) == has_policy
+
+
+def test_stub_matches_the_extension():
+    """Every public name of l2ctl._core is in _core.pyi and the other way round."""
+    import ast
+    import pathlib
+
+    stub = pathlib.Path(l2ctl.__file__).with_name("_core.pyi")
+    tree = ast.parse(stub.read_text())
+    declared = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    declared |= {t.id for n in tree.body if isinstance(n, ast.AnnAssign) for t in [n.target]}
+    actual = {n for n in dir(_core) if not n.startswith("_")} | {"__version__"}
+    declared.add("__version__")
+    assert declared == actual, (sorted(actual - declared), sorted(declared - actual))
