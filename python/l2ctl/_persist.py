@@ -113,9 +113,36 @@ def budget(device: object = None) -> Budget:
 
 
 class Persist:
-    """The context manager returned by :func:`persist`; inside the block it describes what was applied.
+    """Keep ``buf`` (or ``num_bytes`` of it from ``offset``) in L2 for kernels launched on ``stream``
+    inside the ``with`` block.
 
-    Attributes (valid inside the block): ``window`` (the AccessPolicyWindow set on the stream),
+    >>> with l2ctl.persist(stream, lut, hit_ratio=0.75) as p:
+    ...     run_my_kernels(stream)
+
+    - ``hit_ratio``: fraction of the window's lines given ``hit_prop``. None: min(1, set-aside / window).
+      Values in (1, 1 + 1e-6] count as 1.0; NaN, negatives and larger values raise ValueError.
+    - ``set_aside="auto"`` grows the device's persisting limit just enough for hit_ratio x window bytes
+      (rounded up to the driver's granularity, capped at persistingL2CacheMaxSize), never shrinks it,
+      and restores it when the last l2ctl scope on the device ends. An int sets exactly that many bytes
+      (the driver rounds it to its granularity; p.set_aside is what it granted); None leaves the
+      limit alone.
+
+      The set-aside is a tax on everything else: L2 reserved for persisting lines is lost to every
+      other kernel on the GPU (an H100 at the max set-aside streams plain copies up to 2.5x slower).
+      That is why "auto" grows it no further than the window needs; measure with l2ctl.tune().
+    - A window larger than accessPolicyMaxWindowSize is clipped to it, with a WindowClippedWarning.
+    - ``share=True``: hit ratios of all shared scopes on the device are scaled so their total demand
+      fits the set-aside (two windows as large as the set-aside get half each).
+    - On exit (also when the block raises): the stream's previous window is restored (so nesting works),
+      the persisting lines are reset when no other l2ctl scope is live on the device (``reset_on_exit``),
+      and the limit is restored when the last scope on the device ends.
+
+    The window applies to kernels *launched* inside the block; it is a stream attribute, so work already
+    queued keeps the window it was launched with. Streams: l2ctl.Stream, torch/CuPy streams, anything
+    with ``__cuda_stream__``, an int handle, or None (the legacy default stream of the current device,
+    shared by every library that uses it).
+
+    Inside the block the object describes what was applied: ``window`` (the AccessPolicyWindow set),
     ``set_aside`` (the limit in force, bytes), ``previous_set_aside``, ``previous_window``,
     ``device``, ``stream`` (handle), ``clipped`` (the window was cut to accessPolicyMaxWindowSize).
     """
@@ -383,59 +410,5 @@ def _restore_all() -> None:
             state.baseline = None
 
 
-def persist(
-    stream: object,
-    buf: object,
-    hit_ratio: Optional[float] = None,
-    *,
-    num_bytes: Optional[int] = None,
-    offset: int = 0,
-    hit_prop: AccessProperty = AccessProperty.PERSISTING,
-    miss_prop: AccessProperty = AccessProperty.STREAMING,
-    set_aside: Union[int, str, None] = "auto",
-    reset_on_exit: bool = True,
-    share: bool = False,
-    policy: Optional[Any] = None,
-) -> Persist:
-    """Keep ``buf`` (or ``num_bytes`` of it from ``offset``) in L2 for kernels launched on ``stream``
-    inside the ``with`` block.
-
-    >>> with l2ctl.persist(stream, lut, hit_ratio=0.75) as p:
-    ...     run_my_kernels(stream)
-
-    - ``hit_ratio``: fraction of the window's lines given ``hit_prop``. None: min(1, set-aside / window).
-      Values in (1, 1 + 1e-6] count as 1.0; NaN, negatives and larger values raise ValueError.
-    - ``set_aside="auto"`` grows the device's persisting limit just enough for hit_ratio x window bytes
-      (rounded up to the driver's granularity, capped at persistingL2CacheMaxSize), never shrinks it,
-      and restores it when the last l2ctl scope on the device ends. An int sets exactly that many bytes
-      (the driver rounds it to its granularity; p.set_aside is what it granted); None leaves the
-      limit alone.
-
-      The set-aside is a tax on everything else: L2 reserved for persisting lines is lost to every
-      other kernel on the GPU (an H100 at the max set-aside streams plain copies up to 2.5x slower).
-      That is why "auto" grows it no further than the window needs; measure with l2ctl.tune().
-    - A window larger than accessPolicyMaxWindowSize is clipped to it, with a WindowClippedWarning.
-    - ``share=True``: hit ratios of all shared scopes on the device are scaled so their total demand
-      fits the set-aside (two windows as large as the set-aside get half each).
-    - On exit (also when the block raises): the stream's previous window is restored (so nesting works),
-      the persisting lines are reset when no other l2ctl scope is live on the device (``reset_on_exit``),
-      and the limit is restored when the last scope on the device ends.
-
-    The window applies to kernels *launched* inside the block; it is a stream attribute, so work already
-    queued keeps the window it was launched with. Streams: l2ctl.Stream, torch/CuPy streams, anything
-    with ``__cuda_stream__``, an int handle, or None (the legacy default stream of the current device,
-    shared by every library that uses it).
-    """
-    return Persist(
-        stream,
-        buf,
-        hit_ratio,
-        num_bytes=num_bytes,
-        offset=offset,
-        hit_prop=hit_prop,
-        miss_prop=miss_prop,
-        set_aside=set_aside,
-        reset_on_exit=reset_on_exit,
-        share=share,
-        policy=policy,
-    )
+#: ``persist(stream, buf, hit_ratio=None, ...)``: the scope itself (see Persist).
+persist = Persist

@@ -124,26 +124,14 @@ Window get_node_window(std::uintptr_t node) {
   cudaKernelNodeAttrValue value{};
   L2CTL_CHECK(cudaGraphKernelNodeGetAttribute(as_node(node), cudaKernelNodeAttributeAccessPolicyWindow, &value),
               on_node(node));
-  const cudaAccessPolicyWindow& w = value.accessPolicyWindow;
-  Window out;
-  out.base = reinterpret_cast<std::uintptr_t>(w.base_ptr);
-  out.num_bytes = w.num_bytes;
-  out.hit_ratio = w.hitRatio;
-  out.hit_prop = static_cast<int>(w.hitProp);
-  out.miss_prop = static_cast<int>(w.missProp);
-  return out;
+  return from_cuda(value.accessPolicyWindow);
 }
 
 void set_node_window(std::uintptr_t node, const Window& window) {
   cudaKernelNodeAttrValue value{};
-  value.accessPolicyWindow.base_ptr = reinterpret_cast<void*>(window.base);
-  value.accessPolicyWindow.num_bytes = window.num_bytes;
-  value.accessPolicyWindow.hitRatio = window.hit_ratio;
-  value.accessPolicyWindow.hitProp = static_cast<cudaAccessProperty>(window.hit_prop);
-  value.accessPolicyWindow.missProp = static_cast<cudaAccessProperty>(window.miss_prop);
+  value.accessPolicyWindow = to_cuda(window);
   L2CTL_CHECK(cudaGraphKernelNodeSetAttribute(as_node(node), cudaKernelNodeAttributeAccessPolicyWindow, &value),
-              on_node(node) + ", num_bytes " + std::to_string(window.num_bytes) + ", hitRatio " +
-                  std::to_string(window.hit_ratio));
+              on_node(node) + ", " + describe(window));
 }
 
 }  // namespace l2ctl

@@ -64,31 +64,24 @@ void stream_synchronize(std::uintptr_t handle) {
   L2CTL_CHECK(cudaStreamSynchronize(as_stream(handle)), on_stream(handle));
 }
 
+std::string describe(const Window& w) {
+  return "base " + hex(reinterpret_cast<void*>(w.base)) + ", num_bytes " + std::to_string(w.num_bytes) +
+         ", hitRatio " + std::to_string(w.hit_ratio) + ", hitProp " + std::to_string(w.hit_prop) + ", missProp " +
+         std::to_string(w.miss_prop);
+}
+
 Window get_stream_window(std::uintptr_t stream) {
   cudaStreamAttrValue value{};
   L2CTL_CHECK(cudaStreamGetAttribute(as_stream(stream), cudaStreamAttributeAccessPolicyWindow, &value),
               on_stream(stream));
-  const cudaAccessPolicyWindow& w = value.accessPolicyWindow;
-  Window out;
-  out.base = reinterpret_cast<std::uintptr_t>(w.base_ptr);
-  out.num_bytes = w.num_bytes;
-  out.hit_ratio = w.hitRatio;
-  out.hit_prop = static_cast<int>(w.hitProp);
-  out.miss_prop = static_cast<int>(w.missProp);
-  return out;
+  return from_cuda(value.accessPolicyWindow);
 }
 
 void set_stream_window(std::uintptr_t stream, const Window& window) {
   cudaStreamAttrValue value{};
-  value.accessPolicyWindow.base_ptr = reinterpret_cast<void*>(window.base);
-  value.accessPolicyWindow.num_bytes = window.num_bytes;
-  value.accessPolicyWindow.hitRatio = window.hit_ratio;
-  value.accessPolicyWindow.hitProp = static_cast<cudaAccessProperty>(window.hit_prop);
-  value.accessPolicyWindow.missProp = static_cast<cudaAccessProperty>(window.miss_prop);
+  value.accessPolicyWindow = to_cuda(window);
   L2CTL_CHECK(cudaStreamSetAttribute(as_stream(stream), cudaStreamAttributeAccessPolicyWindow, &value),
-              on_stream(stream) + ", base " + hex(value.accessPolicyWindow.base_ptr) + ", num_bytes " +
-                  std::to_string(window.num_bytes) + ", hitRatio " + std::to_string(window.hit_ratio) +
-                  ", hitProp " + std::to_string(window.hit_prop) + ", missProp " + std::to_string(window.miss_prop));
+              on_stream(stream) + ", " + describe(window));
 }
 
 EventPair::EventPair() {

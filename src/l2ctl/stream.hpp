@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace l2ctl {
@@ -16,6 +17,30 @@ struct Window {
   int hit_prop = cudaAccessPropertyNormal;
   int miss_prop = cudaAccessPropertyNormal;
 };
+
+// The one conversion between l2ctl's Window and CUDA's struct, for streams and graph nodes alike.
+inline cudaAccessPolicyWindow to_cuda(const Window& w) {
+  cudaAccessPolicyWindow out{};
+  out.base_ptr = reinterpret_cast<void*>(w.base);
+  out.num_bytes = w.num_bytes;
+  out.hitRatio = w.hit_ratio;
+  out.hitProp = static_cast<cudaAccessProperty>(w.hit_prop);
+  out.missProp = static_cast<cudaAccessProperty>(w.miss_prop);
+  return out;
+}
+
+inline Window from_cuda(const cudaAccessPolicyWindow& w) {
+  Window out;
+  out.base = reinterpret_cast<std::uintptr_t>(w.base_ptr);
+  out.num_bytes = w.num_bytes;
+  out.hit_ratio = w.hitRatio;
+  out.hit_prop = static_cast<int>(w.hitProp);
+  out.miss_prop = static_cast<int>(w.missProp);
+  return out;
+}
+
+// "base 0x..., num_bytes N, hitRatio R, hitProp P, missProp M" for error details.
+std::string describe(const Window& w);
 
 // An owned, non-blocking stream; destroyed with the object or by close().
 class Stream {
