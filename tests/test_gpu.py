@@ -331,3 +331,24 @@ def test_cupy_interop(gpu_state):
         kernels.reset_data(out, lut, s)
     s.synchronize()
     assert bool((out == cupy.resize(lut, out.size)).all())
+
+
+def test_long_calls_release_the_gil(stream):
+    """While one thread waits in Stream.synchronize, Python code in another thread keeps running."""
+    with l2ctl.DeviceBuffer(1 << 30) as buf:
+        for _ in range(40):  # ~15 ms of queued GPU work
+            kernels.write_index(buf, stream)
+        ticks = 0
+        done = threading.Event()
+
+        def spin():
+            nonlocal ticks
+            while not done.is_set():
+                ticks += 1
+
+        t = threading.Thread(target=spin)
+        t.start()
+        stream.synchronize()  # holds no GIL while it waits
+        done.set()
+        t.join()
+        assert ticks > 1000
