@@ -64,3 +64,11 @@ def gpu_state():
         if getattr(stream, "closed", False):
             continue
         assert l2ctl.get_window(stream) == window, "the test left a stream window changed"
+
+
+@pytest.fixture(autouse=True)
+def _every_gpu_test_restores_the_device(request):
+    """Every GPU test gets the gpu_state check (the limit, and the windows of the streams it watches)."""
+    if request.node.get_closest_marker("gpu") is not None and GPU_SKIP_REASON is None:
+        request.getfixturevalue("gpu_state")
+    yield
