@@ -55,6 +55,9 @@ def configs(info):
     return out
 
 
+REPLAY = {"mode": "application"}
+
+
 def run_workload(collect: bool) -> list:
     info = l2ctl.device_info()
     results = []
@@ -81,24 +84,32 @@ def run_workload(collect: bool) -> list:
 
 
 def _one(cfg, warm, launch, stream, collect):
-    warm()
-    bench.flush_l2(stream, persisting=False)  # clean L2 (persisting lines stay): no pending write-backs
-    stream.synchronize()
+    def setup():
+        warm()
+        bench.flush_l2(stream, persisting=False)  # clean L2 (persisting lines stay): no pending write-backs
+        stream.synchronize()
+
     if not collect:
+        setup()
         launch()
         stream.synchronize()
         return {"config": cfg}
-    with l2ctl.counters(metrics=METRICS) as c:
-        launch()
-    assert len(c.results) == 1, [k.name for k in c.results]
-    return {"config": cfg, "values": c.results[0].values, "kernel": c.results[0].name, "passes": c.passes}
+    if REPLAY["mode"] == "application":  # the same state before every pass, as ncu's application replay
+        results, passes = l2ctl.collect(launch, setup=setup, metrics=METRICS)
+    else:
+        setup()
+        with l2ctl.counters(metrics=METRICS) as c:
+            launch()
+        results, passes = c.results, c.passes
+    assert len(results) == 1, [k.name for k in results]
+    return {"config": cfg, "values": results[0].values, "kernel": results[0].name, "passes": passes}
 
 
 def run_ncu() -> list[dict]:
     ncu = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
-    cmd = [ncu, "--cache-control", "none", "--clock-control", "none", "--replay-mode", "kernel", "--metrics",
+    cmd = [ncu, "--cache-control", "none", "--clock-control", "none", "--replay-mode", REPLAY["mode"], "--metrics",
            ",".join(METRICS), "--csv", "--page", "raw", "--print-units", "base", "-k", KERNEL_FILTER,
-           sys.executable, os.path.abspath(__file__), "--workload"]
+           sys.executable, os.path.abspath(__file__), "--workload", "--replay", REPLAY["mode"]]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         raise RuntimeError(f"ncu failed ({out.returncode}): {out.stderr[-2000:]}")
@@ -151,7 +162,11 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workload", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--replay", choices=["application", "kernel"], default="application",
+                    help="application: l2ctl.collect (user replay) vs ncu --replay-mode application; kernel: "
+                         "l2ctl.counters vs ncu --replay-mode kernel")
     args = ap.parse_args()
+    REPLAY["mode"] = args.replay
     if args.workload:
         run_workload(collect=False)
         return 0
@@ -173,7 +188,8 @@ def main() -> int:
     print(f"CLAIMS: {'HOLD' if claims else 'FAIL: ' + ', '.join(r['name'] for r in rows if not r['claims_ok'])}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": l2ctl.device_info().name, "rows": rows, "passes": inproc[0].get("passes"),
+            json.dump({"device": l2ctl.device_info().name, "replay": REPLAY["mode"], "rows": rows,
+                       "passes": inproc[0].get("passes"),
                        "strict": strict, "claims": claims}, f, indent=2)
     return 0 if claims else 1
 

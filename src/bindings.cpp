@@ -210,8 +210,10 @@ PYBIND11_MODULE(_core, m) {
   m.def("cupti_load", &l2ctl::cupti_load, "path"_a, release());
   m.def("cupti_loaded", &l2ctl::cupti_loaded);
   py::class_<l2ctl::RangeProfiler>(m, "RangeProfiler")
-      .def(py::init<int, std::vector<std::string>, std::size_t>(), "device"_a, "metrics"_a, "max_ranges"_a, release())
+      .def(py::init<int, std::vector<std::string>, std::size_t, bool>(), "device"_a, "metrics"_a, "max_ranges"_a,
+           "user_replay"_a = false, release())
       .def("start", &l2ctl::RangeProfiler::start, release())
+      .def("end_pass", &l2ctl::RangeProfiler::end_pass, release())
       .def("stop",
            [](l2ctl::RangeProfiler& self) {
              std::vector<l2ctl::RangeValues> ranges;

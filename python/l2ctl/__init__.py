@@ -14,7 +14,7 @@ from __future__ import annotations
 import os as _os
 
 from . import _core, graph
-from ._counters import DEFAULT_METRICS, SECTOR_METRICS, KernelCounters, counters
+from ._counters import DEFAULT_METRICS, SECTOR_METRICS, KernelCounters, collect, counters
 from ._device import (
     DeviceInfo,
     SetAside,
@@ -68,6 +68,7 @@ __all__ = [
     "WindowClippedWarning",
     "budget",
     "clear_window",
+    "collect",
     "device_count",
     "device_info",
     "get_include",

@@ -18,14 +18,14 @@ import glob
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 from . import _core
 from ._device import resolve_device
 from ._errors import CountersUnavailableError, CuptiError
 
-__all__ = ["DEFAULT_METRICS", "SECTOR_METRICS", "METRIC_UNITS", "KernelCounters", "counters", "find_cupti",
-           "load_cupti"]
+__all__ = ["DEFAULT_METRICS", "SECTOR_METRICS", "METRIC_UNITS", "KernelCounters", "counters", "collect",
+           "find_cupti", "load_cupti"]
 
 #: name -> unit. The defaults: L2 sector hit rate (all and reads), DRAM bytes read and written, L2 and DRAM
 #: throughput, and the kernel's duration.
@@ -189,3 +189,47 @@ class counters:
 
     def total(self, metric: str, kernels: Optional[Iterable[KernelCounters]] = None) -> float:
         return float(sum(k.values[metric] for k in (self.results if kernels is None else kernels)))
+
+
+def collect(run: Callable[[], object], *, setup: Optional[Callable[[], object]] = None, device: object = None,
+            metrics: Sequence[str] = DEFAULT_METRICS, max_ranges: int = 64, max_passes: int = 64,
+            cupti_path: Optional[str] = None) -> tuple[list[KernelCounters], int]:
+    """Counters for the kernels ``run()`` launches, by *user replay*: ``run`` is called once per pass
+    the metrics need, each time after ``setup()`` (not profiled) and a device synchronize.
+
+    Unlike ``counters`` (kernel replay: CUPTI saves and restores memory between its passes, which
+    disturbs L2 state such as persisting lines), every pass here starts from the state ``setup``
+    makes, so measurements that depend on L2 contents are repeatable. ``run`` must launch the same
+    kernels every time. Returns (results of the last pass, number of passes).
+    """
+    from ._device import resolve_device
+
+    index = resolve_device(device)
+    names = list(metrics)
+    if not names or not all(isinstance(m, str) and m for m in names):
+        raise ValueError("metrics must be a non-empty sequence of metric names (Nsight Compute's)")
+    load_cupti(cupti_path)
+    try:
+        profiler = _core.RangeProfiler(index, names, max_ranges, True)
+    except CuptiError as exc:
+        raise _unavailable(exc, f"device {index}, metrics {names}") from exc
+    passes = 0
+    try:
+        while True:
+            if setup is not None:
+                setup()
+            _core.device_synchronize(index)
+            profiler.start()
+            run()
+            passes += 1
+            if profiler.end_pass():
+                break
+            if passes >= max_passes:
+                raise CountersUnavailableError(f"the metrics needed more than {max_passes} passes")
+        ranges = profiler.stop()
+    except CuptiError as exc:
+        raise _unavailable(exc) from exc
+    finally:
+        del profiler
+    units = {m: METRIC_UNITS.get(m, "") for m in names}
+    return [KernelCounters(name, dict(zip(names, values)), units) for name, values in ranges], passes

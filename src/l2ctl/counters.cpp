@@ -148,9 +148,14 @@ struct RangeProfiler::State {
   bool running = false;
   CUpti_SubscriberHandle subscriber = nullptr;
   LaunchLog launches;
+  bool user_replay = false;
+  bool all_passes = false;
+  std::size_t pass_index = 0;
+  std::size_t target_level = 1;
+  void set_config();
 };
 
-RangeProfiler::RangeProfiler(int device, std::vector<std::string> metrics, std::size_t max_ranges)
+RangeProfiler::RangeProfiler(int device, std::vector<std::string> metrics, std::size_t max_ranges, bool user_replay)
     : state_(std::make_unique<State>()) {
   if (!cupti_loaded()) throw CuptiError("RangeProfiler", -1, "libcupti is not loaded (call cupti_load first)");
   if (metrics.empty()) throw std::invalid_argument("at least one metric is needed");
@@ -159,6 +164,7 @@ RangeProfiler::RangeProfiler(int device, std::vector<std::string> metrics, std::
   s.metrics = std::move(metrics);
   for (const auto& m : s.metrics) s.names.push_back(m.c_str());
   s.max_ranges = max_ranges;
+  s.user_replay = user_replay;
 
   // The primary context of `device`, through the runtime (no link against libcuda).
   {
@@ -237,24 +243,28 @@ RangeProfiler::RangeProfiler(int device, std::vector<std::string> metrics, std::
     data_init.pCounterData = s.counter_data.data();
     L2CTL_CUPTI(cuptiRangeProfilerCounterDataImageInitialize, data_init);
 
-    L2CTL_PARAMS(CUpti_RangeProfiler_SetConfig_Params, config);
-    config.pRangeProfilerObject = s.profiler;
-    config.configSize = s.config.size();
-    config.pConfig = s.config.data();
-    config.counterDataImageSize = s.counter_data.size();
-    config.pCounterDataImage = s.counter_data.data();
-    config.range = CUPTI_AutoRange;
-    config.replayMode = CUPTI_KernelReplay;
-    config.maxRangesPerPass = max_ranges;
-    config.numNestingLevels = 1;
-    config.minNestingLevel = 1;
-    config.passIndex = 0;
-    config.targetNestingLevel = 1;
-    L2CTL_CUPTI(cuptiRangeProfilerSetConfig, config);
+    s.set_config();
   } catch (...) {
     release();  // the destructor does not run for a constructor that throws
     throw;
   }
+}
+
+void RangeProfiler::State::set_config() {
+  L2CTL_PARAMS(CUpti_RangeProfiler_SetConfig_Params, config);
+  config.pRangeProfilerObject = profiler;
+  config.configSize = this->config.size();
+  config.pConfig = this->config.data();
+  config.counterDataImageSize = counter_data.size();
+  config.pCounterDataImage = counter_data.data();
+  config.range = CUPTI_AutoRange;
+  config.replayMode = user_replay ? CUPTI_UserReplay : CUPTI_KernelReplay;
+  config.maxRangesPerPass = max_ranges;
+  config.numNestingLevels = 1;
+  config.minNestingLevel = 1;
+  config.passIndex = pass_index;
+  config.targetNestingLevel = static_cast<uint16_t>(target_level);
+  L2CTL_CUPTI(cuptiRangeProfilerSetConfig, config);
 }
 
 RangeProfiler::~RangeProfiler() { release(); }
@@ -294,6 +304,7 @@ void RangeProfiler::release() noexcept {
 void RangeProfiler::start() {
   State& s = *state_;
   if (s.running) throw std::logic_error("the profiler is already running");
+  if (s.user_replay && s.pass_index > 0) s.set_config();
   s.launches.names.clear();
   if (s.subscriber == nullptr &&
       g_cupti.cuptiSubscribe(&s.subscriber, reinterpret_cast<CUpti_CallbackFunc>(on_driver_call), &s.launches) ==
@@ -311,7 +322,7 @@ void RangeProfiler::start() {
   s.running = true;
 }
 
-std::vector<RangeValues> RangeProfiler::stop() {
+bool RangeProfiler::end_pass() {
   State& s = *state_;
   if (!s.running) throw std::logic_error("the profiler is not running");
   {
@@ -326,6 +337,16 @@ std::vector<RangeValues> RangeProfiler::stop() {
     (void)g_cupti.cuptiUnsubscribe(s.subscriber);
     s.subscriber = nullptr;
   }
+  s.pass_index = stop.passIndex;
+  s.target_level = stop.targetNestingLevel;
+  s.all_passes = stop.isAllPassSubmitted != 0;
+  return s.all_passes;
+}
+
+std::vector<RangeValues> RangeProfiler::stop() {
+  State& s = *state_;
+  if (s.running) end_pass();
+  if (s.user_replay && !s.all_passes) throw std::logic_error("user replay: not every pass has been run yet");
   L2CTL_PARAMS(CUpti_RangeProfiler_DecodeData_Params, decode);
   decode.pRangeProfilerObject = s.profiler;
   L2CTL_CUPTI(cuptiRangeProfilerDecodeData, decode);

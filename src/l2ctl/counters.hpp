@@ -36,12 +36,16 @@ struct RangeValues {
 
 class RangeProfiler {
  public:
-  RangeProfiler(int device, std::vector<std::string> metrics, std::size_t max_ranges);
+  // user_replay: the caller repeats its work once per pass (start, work, stop_pass until it returns
+  // true, then stop); otherwise CUPTI replays each kernel itself, saving and restoring memory.
+  RangeProfiler(int device, std::vector<std::string> metrics, std::size_t max_ranges, bool user_replay = false);
   ~RangeProfiler();
   RangeProfiler(const RangeProfiler&) = delete;
   RangeProfiler& operator=(const RangeProfiler&) = delete;
 
   void start();
+  // User replay: ends one pass; true when every pass has been submitted (then call stop()).
+  bool end_pass();
   // Stops collection and decodes it; returns one entry per profiled kernel launch.
   std::vector<RangeValues> stop();
   std::size_t passes() const { return passes_; }
