@@ -55,7 +55,7 @@ def configs(info):
     return out
 
 
-REPLAY = {"mode": "application"}
+REPLAY = {"mode": "kernel"}
 
 
 def run_workload(collect: bool) -> list:
@@ -162,7 +162,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workload", action="store_true")
     ap.add_argument("--json")
-    ap.add_argument("--replay", choices=["application", "kernel"], default="application",
+    ap.add_argument("--replay", choices=["application", "kernel"], default="kernel",
                     help="application: l2ctl.collect (user replay) vs ncu --replay-mode application; kernel: "
                          "l2ctl.counters vs ncu --replay-mode kernel")
     args = ap.parse_args()

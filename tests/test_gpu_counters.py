@@ -61,6 +61,26 @@ def test_stride_sectors_per_request_match_the_model(gpu_state):
             assert c.results[0].sectors_per_request == kernels.sectors_per_request(stride)
 
 
+def test_collect_repeats_the_work_per_pass(gpu_state):
+    _counters_or_skip()
+    threads = 1 << 20
+    calls = {"setup": 0, "run": 0}
+    with l2ctl.Stream() as s, l2ctl.DeviceBuffer(threads * 16) as buf, l2ctl.DeviceBuffer(8 * (threads // 256)) as p:
+        def setup():
+            calls["setup"] += 1
+            kernels.write_index(buf, s)  # not profiled: launched before the pass starts
+
+        def run():
+            calls["run"] += 1
+            kernels.stride_read(buf, 16, p, s, threads=threads)
+
+        results, passes = l2ctl.collect(run, setup=setup, metrics=list(l2ctl.SECTOR_METRICS) +
+                                        ["dram__bytes_read.sum"])
+    assert passes >= 1 and calls == {"setup": passes, "run": passes}
+    assert len(results) == 1 and "stride_read" in results[0].name
+    assert results[0].sectors_per_request == 16
+
+
 @pytest.mark.slow
 def test_agrees_with_nsight_compute(tmp_path):
     _counters_or_skip()
