@@ -66,3 +66,11 @@ def test_kernel_counters_helpers():
     import pickle
 
     assert pickle.loads(pickle.dumps(pickled)).code == 35
+
+
+def test_top_level_names():
+    from l2ctl import sweep
+
+    assert l2ctl.tune is sweep.tune and l2ctl.TunedPolicy is sweep.TunedPolicy
+    assert l2ctl.collect is _counters.collect
+    assert set(l2ctl.__all__) <= set(dir(l2ctl))

@@ -41,6 +41,8 @@ from ._persist import Budget, Persist, Policy, budget, persist
 from ._plan import HIT_RATIO_TOLERANCE, hit_ratio_grid, shared_hit_ratios
 from ._window import AccessPolicyWindow, AccessProperty, clear_window, get_window, set_window
 
+from .sweep import TunedPolicy, tune  # noqa: E402  (after the names sweep itself imports)
+
 __version__ = _core.__version__
 
 __all__ = [
@@ -65,6 +67,7 @@ __all__ = [
     "SetAside",
     "Stream",
     "Timer",
+    "TunedPolicy",
     "WindowClippedWarning",
     "budget",
     "clear_window",
@@ -83,6 +86,7 @@ __all__ = [
     "set_aside_rounding",
     "set_window",
     "shared_hit_ratios",
+    "tune",
     "versions",
 ]
 
