@@ -132,6 +132,18 @@ class KernelCounters:
         return None if s is None or not r else s / r
 
 
+def _check_metrics(metrics: Sequence[str]) -> list[str]:
+    names = list(metrics)
+    if not names or not all(isinstance(m, str) and m for m in names):
+        raise ValueError("metrics must be a non-empty sequence of metric names (Nsight Compute's)")
+    return names
+
+
+def _results(metrics: list[str], ranges: Iterable[tuple[str, list[float]]]) -> list[KernelCounters]:
+    units = {m: METRIC_UNITS.get(m, "") for m in metrics}
+    return [KernelCounters(name, dict(zip(metrics, values)), units) for name, values in ranges]
+
+
 class counters:
     """Collect ``metrics`` for every kernel launched on ``device`` inside the block.
 
@@ -142,9 +154,7 @@ class counters:
 
     def __init__(self, device: object = None, metrics: Sequence[str] = DEFAULT_METRICS, *, max_ranges: int = 64,
                  cupti_path: Optional[str] = None) -> None:
-        names = list(metrics)
-        if not names or not all(isinstance(m, str) and m for m in names):
-            raise ValueError("metrics must be a non-empty sequence of metric names (Nsight Compute's)")
+        names = _check_metrics(metrics)
         if isinstance(max_ranges, bool) or not isinstance(max_ranges, int) or max_ranges < 1:
             raise ValueError("max_ranges must be a positive int")
         self.metrics = names
@@ -180,8 +190,7 @@ class counters:
             return
         finally:
             del profiler  # disables the profiler and releases CUPTI
-        units = {m: METRIC_UNITS.get(m, "") for m in self.metrics}
-        self.results = [KernelCounters(name, dict(zip(self.metrics, values)), units) for name, values in ranges]
+        self.results = _results(self.metrics, ranges)
 
     def by_kernel(self, text: str) -> list[KernelCounters]:
         """Results whose kernel name contains ``text``."""
@@ -205,9 +214,7 @@ def collect(run: Callable[[], object], *, setup: Optional[Callable[[], object]] 
     from ._device import resolve_device
 
     index = resolve_device(device)
-    names = list(metrics)
-    if not names or not all(isinstance(m, str) and m for m in names):
-        raise ValueError("metrics must be a non-empty sequence of metric names (Nsight Compute's)")
+    names = _check_metrics(metrics)
     load_cupti(cupti_path)
     try:
         profiler = _core.RangeProfiler(index, names, max_ranges, True)
@@ -231,5 +238,4 @@ def collect(run: Callable[[], object], *, setup: Optional[Callable[[], object]] 
         raise _unavailable(exc) from exc
     finally:
         del profiler
-    units = {m: METRIC_UNITS.get(m, "") for m in names}
-    return [KernelCounters(name, dict(zip(names, values)), units) for name, values in ranges], passes
+    return _results(names, ranges), passes

@@ -61,16 +61,32 @@ class Graph:
     def __init__(self, handle: int, *, owned: bool = False, device: object = None, owner: Any = None) -> None:
         if isinstance(handle, bool) or not isinstance(handle, int) or handle <= 0:
             raise TypeError(f"a graph handle is a positive int cudaGraph_t, got {handle!r}")
+        self._setup(resolve_device(device), owner)
         self._impl = _backend.current().Graph(handle, owned)
-        self.device = resolve_device(device)
+
+    def _setup(self, device: int, owner: Any) -> None:
+        self.device = device
         self._owner = owner  # keeps a foreign graph's Python object alive
+        self._impl: Any = None
         self._exec: Any = None
         self._dirty = False
         self.reinstantiations = 0
         self.updates = 0
 
+    @classmethod
+    def _deferred(cls, device: int) -> "Graph":
+        """The object capture() yields before the capture has ended; _attach gives it its graph."""
+        graph = cls.__new__(cls)
+        graph._setup(device, None)
+        return graph
+
+    def _attach(self, handle: int) -> None:
+        self._impl = _backend.current().Graph(handle, True)
+
     @property
     def handle(self) -> int:
+        if self._impl is None:
+            raise RuntimeError("the capture has not ended yet; use the graph after the with block")
         return int(self._impl.handle)
 
     @property
@@ -207,9 +223,9 @@ def capture(stream: object, mode: CaptureMode = CaptureMode.THREAD_LOCAL) -> Ite
     device = stream_device(ref)
     backend = _backend.current()
     backend.begin_capture(ref.handle, int(mode))
-    holder = _PendingGraph(device)
+    graph = Graph._deferred(device)
     try:
-        yield holder  # type: ignore[misc]
+        yield graph
     except BaseException:
         try:
             handle = backend.end_capture(ref.handle)
@@ -218,31 +234,7 @@ def capture(stream: object, mode: CaptureMode = CaptureMode.THREAD_LOCAL) -> Ite
         except Exception:
             pass  # the capture may already be invalidated; the body's error matters
         raise
-    handle = backend.end_capture(ref.handle)
-    holder._become(Graph(int(handle), owned=True, device=device))
-
-
-class _PendingGraph(Graph):
-    """The object ``capture`` yields: a Graph once the block has ended."""
-
-    def __init__(self, device: int) -> None:  # noqa: D107 - filled in by _become
-        self.device = device
-        self._impl = None
-        self._exec = None
-        self._dirty = False
-        self.reinstantiations = 0
-        self.updates = 0
-        self._owner = None
-
-    def _become(self, graph: Graph) -> None:
-        self._impl = graph._impl
-        self.device = graph.device
-
-    @property
-    def handle(self) -> int:
-        if self._impl is None:
-            raise RuntimeError("the capture has not ended yet; use the graph after the with block")
-        return int(self._impl.handle)
+    graph._attach(int(backend.end_capture(ref.handle)))
 
 
 def as_graph(obj: object, device: object = None) -> Graph:
