@@ -225,6 +225,7 @@ PYBIND11_MODULE(_core, m) {
              for (const auto& r : ranges) out.append(py::make_tuple(r.name, r.values));
              return out;
            })
+      .def("launches", &l2ctl::RangeProfiler::launches)
       .def_property_readonly("passes", &l2ctl::RangeProfiler::passes)
       .def_property_readonly("chip", &l2ctl::RangeProfiler::chip);
 

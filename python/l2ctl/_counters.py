@@ -10,6 +10,12 @@ The metric names are Nsight Compute's. CUPTI's range profiler collects one range
 restoring the memory it writes), like ``ncu --replay-mode kernel --cache-control none
 --clock-control none``: launches inside the block are serialized and several times slower, so keep
 timing out of it. libcupti is loaded on first use; ``import l2ctl`` never needs it.
+
+Starting the profiler disturbs L2 (measured on an H100 with CUPTI 13.0): persisting lines are lost and
+megabytes of the profiler's own data are left dirty, to be written back during the first kernels (about
+12 MB with 64 ranges, less with fewer). Make the state a measurement depends on *inside* the block (a
+warm-up launch, an L2 flush) and read the last results, or use ``collect(run, setup=...)``, which runs
+``setup`` inside every pass and drops its kernels.
 """
 
 from __future__ import annotations
@@ -202,17 +208,20 @@ class counters:
 
 def collect(run: Callable[[], object], *, setup: Optional[Callable[[], object]] = None, device: object = None,
             metrics: Sequence[str] = DEFAULT_METRICS, max_ranges: int = 64, max_passes: int = 64,
-            cupti_path: Optional[str] = None) -> tuple[list[KernelCounters], int]:
+            setup_in_pass: bool = True, cupti_path: Optional[str] = None) -> tuple[list[KernelCounters], int]:
     """Counters for the kernels ``run()`` launches, by *user replay*: ``run`` is called once per pass
-    the metrics need, each time after ``setup()`` (not profiled) and a device synchronize.
+    the metrics need, each time after ``setup()`` and a device synchronize.
 
     Unlike ``counters`` (kernel replay: CUPTI saves and restores memory between its passes, which
     disturbs L2 state such as persisting lines), every pass here starts from the state ``setup``
     makes, so measurements that depend on L2 contents are repeatable. ``run`` must launch the same
-    kernels every time. Returns (results of the last pass, number of passes).
-    """
-    from ._device import resolve_device
+    kernels every time.
 
+    With ``setup_in_pass`` (the default) ``setup`` runs after the pass has started and its kernels'
+    ranges are dropped: starting a pass disturbs L2 (see the README's "Counters against Nsight
+    Compute"), so state that ``setup`` makes before the start would not reach ``run``. ``setup`` must
+    then launch the same kernels every pass. Returns (results of ``run``'s kernels, number of passes).
+    """
     index = resolve_device(device)
     names = _check_metrics(metrics)
     load_cupti(cupti_path)
@@ -221,21 +230,34 @@ def collect(run: Callable[[], object], *, setup: Optional[Callable[[], object]] 
     except CuptiError as exc:
         raise _unavailable(exc, f"device {index}, metrics {names}") from exc
     passes = 0
+    skipped: set[int] = set()
     try:
         while True:
-            if setup is not None:
+            if setup is not None and not setup_in_pass:
                 setup()
             _core.device_synchronize(index)
             profiler.start()
+            if setup is not None and setup_in_pass:
+                setup()
+                _core.device_synchronize(index)
+                skipped.add(profiler.launches())
             run()
             passes += 1
             if profiler.end_pass():
                 break
             if passes >= max_passes:
                 raise CountersUnavailableError(f"the metrics needed more than {max_passes} passes")
+        launched = profiler.launches()
         ranges = profiler.stop()
     except CuptiError as exc:
         raise _unavailable(exc) from exc
     finally:
         del profiler
-    return _results(names, ranges), passes
+    skip = 0
+    if skipped:
+        if len(skipped) != 1 or -1 in skipped or launched != len(ranges):
+            raise CountersUnavailableError(
+                "collect could not tell setup's kernels from run's (setup launched a different number of kernels "
+                "per pass, or the launch callbacks are held by another tool); pass setup_in_pass=False")
+        skip = skipped.pop()
+    return _results(names, ranges[skip:]), passes

@@ -464,12 +464,11 @@ def _measure_reset(stream: object, out: DeviceBuffer, lut: DeviceBuffer, lut_byt
 
     def measure() -> Timing:
         timing = time_gpu(run, stream, warmup=warmup, repeat=repeat)
-        if counters:  # one more launch, untimed, in the same state as the timed ones
-            from ._counters import DEFAULT_METRICS, counters as collect
+        if counters:  # one more launch, untimed, in the steady state of the timed ones: after another
+            from ._counters import DEFAULT_METRICS, collect
 
-            with collect(metrics=DEFAULT_METRICS) as c:
-                run(stream)
-            collected.update(c.results[-1].values)
+            results, _ = collect(lambda: run(stream), setup=lambda: run(stream), metrics=DEFAULT_METRICS)
+            collected.update(results[-1].values)
         return timing
 
     with clean_state(stream, set_aside=request) as granted:

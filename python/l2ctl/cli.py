@@ -120,7 +120,7 @@ def cmd_bench_reset(args: argparse.Namespace) -> int:
     print("ms and speedup over baseline; columns: " + "; ".join(f"{n} = {d}" for n, d in bench.RESET_COLUMNS
                                                                if n in names))
     if args.counters:
-        print("\nHardware counters (one extra launch per point, l2ctl.counters): DRAM MB read / L2 hit rate")
+        print("\nHardware counters (one extra launch per point, after another, by l2ctl.collect): DRAM MB read / L2 hit rate")
         print(f"{'LUT':>10} " + " ".join(f"{n:>17}" for n in names))
         for row in report.summary["table_ms"]:
             cells = []

@@ -152,6 +152,7 @@ struct RangeProfiler::State {
   bool all_passes = false;
   std::size_t pass_index = 0;
   std::size_t target_level = 1;
+  bool launch_log_active = false;  // the launch callbacks were subscribed for the current/last pass
   void set_config();
 };
 
@@ -305,7 +306,10 @@ void RangeProfiler::start() {
   State& s = *state_;
   if (s.running) throw std::logic_error("the profiler is already running");
   if (s.user_replay && s.pass_index > 0) s.set_config();
-  s.launches.names.clear();
+  {
+    std::lock_guard<std::mutex> lock(s.launches.mutex);
+    s.launches.names.clear();
+  }
   if (s.subscriber == nullptr &&
       g_cupti.cuptiSubscribe(&s.subscriber, reinterpret_cast<CUpti_CallbackFunc>(on_driver_call), &s.launches) ==
           CUPTI_SUCCESS) {
@@ -316,10 +320,18 @@ void RangeProfiler::start() {
   } else if (s.subscriber == nullptr) {
     s.subscriber = nullptr;  // another subscriber holds the callbacks: names fall back to range indices
   }
+  s.launch_log_active = s.subscriber != nullptr;
   L2CTL_PARAMS(CUpti_RangeProfiler_Start_Params, start);
   start.pRangeProfilerObject = s.profiler;
   L2CTL_CUPTI(cuptiRangeProfilerStart, start);
   s.running = true;
+}
+
+long long RangeProfiler::launches() const {
+  State& s = *state_;
+  if (!s.launch_log_active) return -1;
+  std::lock_guard<std::mutex> lock(s.launches.mutex);
+  return static_cast<long long>(s.launches.names.size());
 }
 
 bool RangeProfiler::end_pass() {

@@ -48,6 +48,9 @@ class RangeProfiler {
   bool end_pass();
   // Stops collection and decodes it; returns one entry per profiled kernel launch.
   std::vector<RangeValues> stop();
+  // Kernel launches seen so far in the current (or last) pass, from the driver-API callbacks; -1 when
+  // the callbacks are unavailable (another subscriber holds them).
+  long long launches() const;
   std::size_t passes() const { return passes_; }
   std::string chip() const { return chip_; }
 
