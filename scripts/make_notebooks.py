@@ -131,7 +131,7 @@ what the chosen set-aside costs a plain copy running elsewhere on the GPU."""),
 for fraction in (2, 8, 16, 32, 48):
     lut = (info.l2_cache_size * fraction // 50) // 16 * 16
     with sweep.ResetDataWorkload(lut) as w:
-        tuned = sweep.tune(w, stream, w.buf, bystander=True)
+        tuned = l2ctl.tune(w, stream, w.buf, bystander=True)
     rows.append((lut, tuned))
     print(f"LUT {lut / MiB:5.1f} MiB: {tuned}")
     if tuned.bystander:

@@ -31,7 +31,7 @@ def main() -> None:
                 grid = sweep.sweep_surface(w, s, w.buf, hit_ratios=hit_ratio_grid(10, 0.1, 1.0), warmup=2, repeat=7,
                                            progress=False)
                 best = min(grid.records, key=lambda r: r.median_ms)
-                tuned = sweep.tune(w, s, w.buf)
+                tuned = l2ctl.tune(w, s, w.buf)
                 # the chosen policy and the baseline measured again, side by side, after both searches
                 base = sweep.measure_point(w, s, w.buf, 0, None, warmup=2, repeat=9, label="baseline")
                 if tuned.persists:

@@ -4,31 +4,58 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <tuple>
+#include <vector>
+
 #include "l2ctl/counters.hpp"
 #include "l2ctl/device.hpp"
 #include "l2ctl/error.hpp"
 #include "l2ctl/graph.hpp"
 #include "l2ctl/kernels.hpp"
 #include "l2ctl/memory.hpp"
+#include "l2ctl/event.hpp"
+#include "l2ctl/state.hpp"
 #include "l2ctl/stream.hpp"
+#include "l2ctl/window.hpp"
 
 namespace py = pybind11;
 using namespace pybind11::literals;
 
 namespace {
 using release = py::call_guard<py::gil_scoped_release>;
+using WindowTuple = std::tuple<std::uintptr_t, std::size_t, float, int, int>;
 
-py::tuple window_tuple(const l2ctl::Window& w) {
-  return py::make_tuple(w.base, w.num_bytes, w.hit_ratio, w.hit_prop, w.miss_prop);
-}
-l2ctl::Window make_window(std::uintptr_t base, std::size_t num_bytes, float hit_ratio, int hit_prop, int miss_prop) {
+l2ctl::Window make_window(const WindowTuple& t) {
   l2ctl::Window w;
-  w.base = base;
-  w.num_bytes = num_bytes;
-  w.hit_ratio = hit_ratio;
-  w.hit_prop = hit_prop;
-  w.miss_prop = miss_prop;
+  std::tie(w.base, w.num_bytes, w.hit_ratio, w.hit_prop, w.miss_prop) = t;
   return w;
+}
+
+// get_<what>_window(handle) and set_<what>_window(handle, base, num_bytes, hit_ratio, hit_prop, miss_prop),
+// defined once for every holder of a window.
+void bind_window_accessors(py::module_& m, const std::string& what, l2ctl::WindowHolder holder) {
+  m.def(
+      ("get_" + what + "_window").c_str(),
+      [holder](std::uintptr_t handle) {
+        const l2ctl::Window w = l2ctl::get_window(holder, handle);
+        return WindowTuple(w.base, w.num_bytes, w.hit_ratio, w.hit_prop, w.miss_prop);
+      },
+      py::arg(what.c_str()), release());
+  m.def(
+      ("set_" + what + "_window").c_str(),
+      [holder](std::uintptr_t handle, std::uintptr_t base, std::size_t num_bytes, float hit_ratio, int hit_prop,
+               int miss_prop) {
+        l2ctl::set_window(holder, handle, make_window(WindowTuple(base, num_bytes, hit_ratio, hit_prop, miss_prop)));
+      },
+      py::arg(what.c_str()), "base"_a, "num_bytes"_a, "hit_ratio"_a, "hit_prop"_a, "miss_prop"_a, release());
+}
+
+std::vector<l2ctl::WindowChange> window_changes(const std::vector<std::tuple<std::uintptr_t, WindowTuple>>& items,
+                                                l2ctl::WindowHolder holder) {
+  std::vector<l2ctl::WindowChange> out;
+  out.reserve(items.size());
+  for (const auto& [handle, window] : items) out.push_back({holder, handle, make_window(window)});
+  return out;
 }
 }  // namespace
 
@@ -88,28 +115,7 @@ PYBIND11_MODULE(_core, m) {
       .def("close", &l2ctl::Stream::close, release());
   m.def("stream_device", &l2ctl::stream_device, "stream"_a, release());
   m.def("stream_synchronize", &l2ctl::stream_synchronize, "stream"_a, release());
-  m.def(
-      "get_stream_window",
-      [](std::uintptr_t stream) {
-        l2ctl::Window w;
-        {
-          py::gil_scoped_release unlocked;
-          w = l2ctl::get_stream_window(stream);
-        }
-        return window_tuple(w);
-      },
-      "stream"_a);
-  m.def(
-      "set_stream_window",
-      [](std::uintptr_t stream, std::uintptr_t base, std::size_t num_bytes, float hit_ratio, int hit_prop,
-         int miss_prop) { l2ctl::set_stream_window(stream, make_window(base, num_bytes, hit_ratio, hit_prop, miss_prop)); },
-      "stream"_a, "base"_a, "num_bytes"_a, "hit_ratio"_a, "hit_prop"_a, "miss_prop"_a, release());
-
-  py::class_<l2ctl::EventPair>(m, "EventPair")
-      .def(py::init<>(), release())
-      .def("record_start", &l2ctl::EventPair::record_start, "stream"_a, release())
-      .def("record_stop", &l2ctl::EventPair::record_stop, "stream"_a, release())
-      .def("elapsed_ms", &l2ctl::EventPair::elapsed_ms, release());
+  bind_window_accessors(m, "stream", l2ctl::WindowHolder::stream);
 
   py::class_<l2ctl::Event>(m, "Event")
       .def(py::init<>(), release())
@@ -134,7 +140,7 @@ PYBIND11_MODULE(_core, m) {
           py::gil_scoped_release unlocked;
           info = l2ctl::pointer_info(ptr);
         }
-        return py::make_tuple(info.memory_type, info.device);
+        return py::make_tuple(info.memory_type, info.device, info.range_base, info.range_size);
       },
       "ptr"_a);
   m.def(
@@ -189,22 +195,20 @@ PYBIND11_MODULE(_core, m) {
         return out;
       },
       "graph"_a);
+  bind_window_accessors(m, "node", l2ctl::WindowHolder::kernel_node);
+
+  // Device state in one crossing (see l2ctl/state.hpp).
   m.def(
-      "get_node_window",
-      [](std::uintptr_t node) {
-        l2ctl::Window w;
-        {
-          py::gil_scoped_release unlocked;
-          w = l2ctl::get_node_window(node);
-        }
-        return window_tuple(w);
+      "apply_state",
+      [](int device, long long limit, const std::vector<std::tuple<std::uintptr_t, WindowTuple>>& stream_windows,
+         const std::vector<std::tuple<std::uintptr_t, WindowTuple>>& node_windows, bool reset_lines) {
+        std::vector<l2ctl::WindowChange> changes = window_changes(stream_windows, l2ctl::WindowHolder::stream);
+        std::vector<l2ctl::WindowChange> nodes = window_changes(node_windows, l2ctl::WindowHolder::kernel_node);
+        changes.insert(changes.end(), nodes.begin(), nodes.end());
+        py::gil_scoped_release unlocked;
+        return l2ctl::apply_state(device, limit, changes, reset_lines);
       },
-      "node"_a);
-  m.def(
-      "set_node_window",
-      [](std::uintptr_t node, std::uintptr_t base, std::size_t num_bytes, float hit_ratio, int hit_prop,
-         int miss_prop) { l2ctl::set_node_window(node, make_window(base, num_bytes, hit_ratio, hit_prop, miss_prop)); },
-      "node"_a, "base"_a, "num_bytes"_a, "hit_ratio"_a, "hit_prop"_a, "miss_prop"_a, release());
+      "device"_a, "limit"_a, "stream_windows"_a, "node_windows"_a, "reset_lines"_a);
 
   // Hardware counters (CUPTI, loaded on first use).
   m.def("cupti_load", &l2ctl::cupti_load, "path"_a, release());

@@ -5,15 +5,19 @@
     with l2ctl.Stream() as s, l2ctl.persist(s, lut, hit_ratio=0.75):
         run_my_kernels(s)                            # window on s; limit, window, lines restored after
 
-Importing l2ctl never touches the GPU or the driver; calls that need a device raise NoDeviceError
-when there is none.
+Importing l2ctl loads the control core only (devices, windows, the registry, persist, graphs, memory,
+interop, kernels) and never touches the GPU or the driver; calls that need a device raise
+NoDeviceError when there is none. The measurement harness (``l2ctl.bench``, ``l2ctl.sweep``,
+``l2ctl.tune``, ``l2ctl.workloads``, ``l2ctl.plot``) is imported on first use.
 """
 
 from __future__ import annotations
 
+import importlib
 import os as _os
+from typing import TYPE_CHECKING, Any
 
-from . import _core, graph
+from . import _core, graph, kernels
 from ._counters import DEFAULT_METRICS, SECTOR_METRICS, KernelCounters, collect, counters
 from ._device import (
     DeviceInfo,
@@ -36,59 +40,48 @@ from ._errors import (
     NotSupportedError,
     WindowClippedWarning,
 )
-from ._memory import DeviceBuffer, Stream, Timer
+from ._memory import DeviceBuffer, Stream
 from ._persist import Budget, Persist, Policy, budget, persist
 from ._plan import HIT_RATIO_TOLERANCE, hit_ratio_grid, shared_hit_ratios
 from ._window import AccessPolicyWindow, AccessProperty, clear_window, get_window, set_window
 
-from .sweep import TunedPolicy, tune  # noqa: E402  (after the names sweep itself imports)
+if TYPE_CHECKING:  # the harness, imported lazily at run time (see __getattr__)
+    from . import bench as bench
+    from . import plot as plot
+    from . import sweep as sweep
+    from . import tuner as tuner
+    from . import workloads as workloads
+    from .bench.timing import Timer as Timer
+    from .tuner import TunedPolicy as TunedPolicy
+    from .tuner import tune as tune
 
 __version__ = _core.__version__
 
-__all__ = [
-    "AccessPolicyWindow",
-    "AccessProperty",
-    "Budget",
-    "CountersUnavailableError",
-    "DEFAULT_METRICS",
-    "KernelCounters",
-    "SECTOR_METRICS",
-    "counters",
-    "CudaError",
-    "DeviceBuffer",
-    "DeviceInfo",
-    "HIT_RATIO_TOLERANCE",
-    "L2BudgetWarning",
-    "L2ctlError",
-    "NoDeviceError",
-    "NotSupportedError",
-    "Persist",
-    "Policy",
-    "SetAside",
-    "Stream",
-    "Timer",
-    "TunedPolicy",
-    "WindowClippedWarning",
-    "budget",
-    "clear_window",
-    "collect",
-    "device_count",
-    "device_info",
-    "get_include",
-    "graph",
-    "get_set_aside",
-    "get_window",
-    "hit_ratio_grid",
-    "persist",
-    "reset_persisting_lines",
-    "set_aside",
-    "set_aside_granularity",
-    "set_aside_rounding",
-    "set_window",
-    "shared_hit_ratios",
-    "tune",
-    "versions",
-]
+# name -> (module, attribute or None for the module itself)
+_LAZY = {
+    "bench": ("l2ctl.bench", None),
+    "plot": ("l2ctl.plot", None),
+    "sweep": ("l2ctl.sweep", None),
+    "tuner": ("l2ctl.tuner", None),
+    "workloads": ("l2ctl.workloads", None),
+    "Timer": ("l2ctl.bench.timing", "Timer"),
+    "TunedPolicy": ("l2ctl.tuner", "TunedPolicy"),
+    "tune": ("l2ctl.tuner", "tune"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module_name, attribute = _LAZY[name]
+        module = importlib.import_module(module_name)
+        value = module if attribute is None else getattr(module, attribute)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'l2ctl' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def get_include() -> str:
@@ -96,5 +89,56 @@ def get_include() -> str:
     installed = _os.path.join(_os.path.dirname(__file__), "include")
     if _os.path.isfile(_os.path.join(installed, "l2ctl", "cache_hints.cuh")):
         return installed
-    source = _os.path.normpath(_os.path.join(_os.path.dirname(__file__), "..", "..", "src"))
-    return source
+    return _os.path.normpath(_os.path.join(_os.path.dirname(__file__), "..", "..", "src"))
+
+
+__all__ = [
+    "AccessPolicyWindow",
+    "AccessProperty",
+    "Budget",
+    "CountersUnavailableError",
+    "CudaError",
+    "DEFAULT_METRICS",
+    "DeviceBuffer",
+    "DeviceInfo",
+    "HIT_RATIO_TOLERANCE",
+    "KernelCounters",
+    "L2BudgetWarning",
+    "L2ctlError",
+    "NoDeviceError",
+    "NotSupportedError",
+    "Persist",
+    "Policy",
+    "SECTOR_METRICS",
+    "SetAside",
+    "Stream",
+    "Timer",
+    "TunedPolicy",
+    "WindowClippedWarning",
+    "bench",
+    "budget",
+    "clear_window",
+    "collect",
+    "counters",
+    "device_count",
+    "device_info",
+    "get_include",
+    "get_set_aside",
+    "get_window",
+    "graph",
+    "hit_ratio_grid",
+    "kernels",
+    "persist",
+    "plot",
+    "reset_persisting_lines",
+    "set_aside",
+    "set_aside_granularity",
+    "set_aside_rounding",
+    "set_window",
+    "shared_hit_ratios",
+    "sweep",
+    "tune",
+    "tuner",
+    "versions",
+    "workloads",
+]

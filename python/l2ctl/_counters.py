@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Sequence
 
-from . import _core
+from . import _backend
 from ._device import resolve_device
 from ._errors import CountersUnavailableError, CuptiError
 
@@ -109,12 +109,12 @@ def _unavailable(error: CuptiError, context: str = "") -> CountersUnavailableErr
 
 def load_cupti(path: Optional[str] = None) -> str:
     """Load libcupti (once per process) from ``path`` or the first candidate that loads; returns it."""
-    if _core.cupti_loaded():
+    if _backend.current().cupti_loaded():
         return "loaded"
     errors = []
     for candidate in [path] if path else find_cupti():
         try:
-            _core.cupti_load(candidate)
+            _backend.current().cupti_load(candidate)
             return candidate
         except CuptiError as exc:
             errors.append(f"{candidate}: {exc}")
@@ -176,7 +176,7 @@ class counters:
         device = resolve_device(self._device_arg)
         load_cupti(self._cupti_path)
         try:
-            self._profiler = _core.RangeProfiler(device, self.metrics, self.max_ranges)
+            self._profiler = _backend.current().RangeProfiler(device, self.metrics, self.max_ranges)
             self.passes, self.chip = int(self._profiler.passes), str(self._profiler.chip)
             self._profiler.start()
         except CuptiError as exc:
@@ -226,7 +226,7 @@ def collect(run: Callable[[], object], *, setup: Optional[Callable[[], object]] 
     names = _check_metrics(metrics)
     load_cupti(cupti_path)
     try:
-        profiler = _core.RangeProfiler(index, names, max_ranges, True)
+        profiler = _backend.current().RangeProfiler(index, names, max_ranges, True)
     except CuptiError as exc:
         raise _unavailable(exc, f"device {index}, metrics {names}") from exc
     passes = 0
@@ -235,11 +235,11 @@ def collect(run: Callable[[], object], *, setup: Optional[Callable[[], object]] 
         while True:
             if setup is not None and not setup_in_pass:
                 setup()
-            _core.device_synchronize(index)
+            _backend.current().device_synchronize(index)
             profiler.start()
             if setup is not None and setup_in_pass:
                 setup()
-                _core.device_synchronize(index)
+                _backend.current().device_synchronize(index)
                 skipped.add(profiler.launches())
             run()
             passes += 1

@@ -37,7 +37,7 @@ MPS_HINT = (
 # CUDA errors that mean "this process may not set the limit" rather than "bad value".
 _REFUSED_LIMIT = {"cudaErrorNotSupported", "cudaErrorNotPermitted", "cudaErrorUnsupportedLimit"}
 
-from ._state import device_state_lock as _granularity_lock
+from ._registry import lock as _granularity_lock
 _granularity: dict[tuple[int, str], int] = {}
 _rounding: dict[tuple[int, str], str] = {}
 
@@ -148,7 +148,7 @@ def get_set_aside(device: object = None) -> int:
     return int(_backend.current().get_persisting_limit(index))
 
 
-def _apply_limit(index: int, nbytes: int) -> int:
+def apply_limit(index: int, nbytes: int) -> int:
     try:
         return int(_backend.current().set_persisting_limit(index, nbytes))
     except CudaError as exc:
@@ -188,7 +188,7 @@ class SetAside(int):
         """Put the limit this call replaced back (once)."""
         if not self._restored:
             self._restored = True
-            _apply_limit(self.device, self.previous)
+            apply_limit(self.device, self.previous)
 
     def __repr__(self) -> str:
         return (
@@ -214,7 +214,7 @@ def set_aside(nbytes: Union[int, float, str], device: object = None) -> SetAside
     info = require_persistence(device)
     requested = parse_set_aside_request(nbytes, info.persisting_l2_cache_max_size)
     previous = info.persisting_l2_cache_size
-    granted = _apply_limit(info.index, requested)
+    granted = apply_limit(info.index, requested)
     return SetAside(granted, info.index, requested, previous)
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 __all__ = [
     "L2ctlError",
     "CudaError",
@@ -39,7 +37,7 @@ class CudaError(L2ctlError, RuntimeError):
             text += f" [{details}]"
         super().__init__(text)
 
-    def __reduce__(self):  # keep pickling (multiprocessing, pytest-xdist) working
+    def __reduce__(self) -> tuple[type[CudaError], tuple[str, int, str, str, str]]:  # pickling (multiprocessing)
         return (type(self), (self.call, self.code, self.name, self.description, self.details))
 
 
@@ -63,7 +61,7 @@ class CuptiError(CountersUnavailableError):
         self.call, self.code = call, int(code)
         super().__init__(message)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[CuptiError], tuple[str, int, str]]:
         return (type(self), (self.call, self.code, str(self)))
 
 
@@ -73,7 +71,3 @@ class L2BudgetWarning(UserWarning):
 
 class WindowClippedWarning(UserWarning):
     """A window was larger than ``accessPolicyMaxWindowSize`` and was clipped to it."""
-
-
-def warn(message: str, category: type[Warning], stacklevel: int = 3) -> None:
-    warnings.warn(message, category, stacklevel=stacklevel)

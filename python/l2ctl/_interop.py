@@ -69,10 +69,9 @@ def _module_of(obj: object) -> str:
 def resolve_stream(stream: object) -> StreamRef:
     """Accepts l2ctl.Stream, an int handle, None (the legacy default stream), torch.cuda.Stream,
     cupy.cuda.Stream and anything implementing ``__cuda_stream__``."""
-    from ._memory import Stream  # local: _memory imports this module
-
-    if isinstance(stream, Stream):
-        return StreamRef(stream.handle, stream.device, "l2ctl.Stream", stream)
+    own = getattr(type(stream), "_l2ctl_stream_ref", None)  # l2ctl's own streams know their device
+    if own is not None:
+        return own(stream)  # type: ignore[no-any-return]
     if stream is None:
         return StreamRef(LEGACY_DEFAULT_STREAM, None, "None (legacy default stream)")
     if isinstance(stream, (bool, np.bool_)):
@@ -259,10 +258,9 @@ def parse_dlpack_capsule(capsule: object, owner: Any = None) -> BufferRef:
 def resolve_buffer(buf: object) -> BufferRef:
     """Accepts l2ctl.DeviceBuffer, torch tensors, ``__cuda_array_interface__`` (CuPy, Numba, ...),
     ``__dlpack__`` producers, and ``(ptr, nbytes)`` tuples. Host memory is refused."""
-    from ._memory import DeviceBuffer
-
-    if isinstance(buf, DeviceBuffer):
-        return BufferRef(buf.ptr, buf.nbytes, buf.device, "l2ctl.DeviceBuffer", buf)
+    own = getattr(type(buf), "_l2ctl_buffer_ref", None)  # l2ctl's own buffers know their size and device
+    if own is not None:
+        return own(buf)  # type: ignore[no-any-return]
     if buf is None:
         raise TypeError("a buffer is required: pass a device array, tensor, l2ctl.DeviceBuffer or (ptr, nbytes)")
     if isinstance(buf, np.ndarray):

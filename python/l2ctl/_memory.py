@@ -8,8 +8,10 @@ import numpy as np
 
 from . import _backend
 from ._device import resolve_device
+from ._interop import BufferRef, StreamRef, resolve_stream
+from ._plan import check_nbytes
 
-__all__ = ["Stream", "DeviceBuffer", "Timer"]
+__all__ = ["Stream", "DeviceBuffer", "synchronize_stream"]
 
 
 class Stream:
@@ -39,6 +41,9 @@ class Stream:
     def __cuda_stream__(self) -> tuple[int, int]:
         return (0, self.handle)
 
+    def _l2ctl_stream_ref(self) -> StreamRef:
+        return StreamRef(self.handle, self.device, "l2ctl.Stream", self)
+
     def synchronize(self) -> None:
         """Wait until all work queued on the stream is done."""
         self._impl.synchronize()
@@ -63,6 +68,11 @@ class Stream:
         return f"<l2ctl.Stream handle=0x{self.handle:x} device={self.device}>"
 
 
+def synchronize_stream(stream: object = None) -> None:
+    """Wait until the work queued on ``stream`` (any accepted stream; None: the legacy default) is done."""
+    _backend.current().stream_synchronize(resolve_stream(stream).handle)
+
+
 class DeviceBuffer:
     """Device memory from cudaMalloc, with a dtype and shape for NumPy round trips.
 
@@ -78,8 +88,6 @@ class DeviceBuffer:
         dtype: Any = np.uint8,
         shape: Optional[Sequence[int]] = None,
     ) -> None:
-        from ._plan import check_nbytes
-
         nbytes = check_nbytes(nbytes, "nbytes")
         dt = np.dtype(dtype)
         if shape is None:
@@ -129,9 +137,10 @@ class DeviceBuffer:
         return int(np.prod(self.shape, dtype=np.int64))
 
     def _stream_handle(self, stream: object) -> int:
-        from ._interop import resolve_stream
-
         return resolve_stream(stream).handle
+
+    def _l2ctl_buffer_ref(self) -> BufferRef:
+        return BufferRef(self.ptr, self.nbytes, self.device, "l2ctl.DeviceBuffer", self)
 
     def copy_from(self, array: np.ndarray, stream: object = None) -> None:
         """Copy host data in (same byte size); waits until the copy is done."""
@@ -175,33 +184,3 @@ class DeviceBuffer:
         if self.freed:
             return f"<l2ctl.DeviceBuffer freed, {self.nbytes} bytes>"
         return f"<l2ctl.DeviceBuffer 0x{self.ptr:x} {self.nbytes} bytes {self.dtype}{list(self.shape)} device={self.device}>"
-
-
-class Timer:
-    """Times the GPU work queued on ``stream`` inside the block, with CUDA events.
-
-    >>> with l2ctl.Timer(stream) as t:
-    ...     run(stream)
-    >>> t.elapsed_ms   # waits for the stop event
-    """
-
-    def __init__(self, stream: object = None) -> None:
-        from ._interop import resolve_stream
-
-        self._stream = resolve_stream(stream)
-        self._events = _backend.current().EventPair()
-        self._stopped = False
-
-    def __enter__(self) -> "Timer":
-        self._events.record_start(self._stream.handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._events.record_stop(self._stream.handle)
-        self._stopped = True
-
-    @property
-    def elapsed_ms(self) -> float:
-        if not self._stopped:
-            raise RuntimeError("the timer is still running; read elapsed_ms after the with block")
-        return float(self._events.elapsed_ms())

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from . import _backend
-from ._device import _apply_limit, require_persistence, set_aside_granularity
+from ._device import apply_limit, require_persistence, set_aside_granularity
 from ._errors import L2BudgetWarning, WindowClippedWarning
 from ._interop import resolve_buffer, resolve_stream
 from ._plan import auto_set_aside, check_nbytes, clip_window, normalize_hit_ratio, shared_hit_ratios
@@ -88,7 +88,7 @@ class Budget:
         return self.demand > self.set_aside * (1 + 1e-9)
 
 
-from ._state import device_state_lock as _lock
+from ._registry import lock as _lock
 _devices: dict[int, _DeviceState] = {}
 _ids = itertools.count(1)
 
@@ -249,7 +249,7 @@ class Persist:
             baseline_taken = state.baseline is None and not state.scopes
             granted = current
             if target != current:
-                granted = _apply_limit(device, target)
+                granted = apply_limit(device, target)
             try:
                 # 2. the hit ratio
                 if self._requested_hit_ratio is None:
@@ -262,7 +262,7 @@ class Persist:
                 self._target.apply(window)
             except BaseException:
                 if granted != current:
-                    _apply_limit(device, current)
+                    apply_limit(device, current)
                 raise
             if baseline_taken:
                 state.baseline = current
@@ -334,7 +334,7 @@ class Persist:
 
 def _restore_limit(device: int, limit: int) -> None:
     if int(_backend.current().get_persisting_limit(device)) != limit:
-        _apply_limit(device, limit)
+        apply_limit(device, limit)
 
 
 def _limit_for_remaining(device: int, state: _DeviceState) -> None:

@@ -20,6 +20,7 @@ __all__ = [
     "clip_window",
     "shared_hit_ratios",
     "check_nbytes",
+    "check_count",
 ]
 
 #: Hit ratios in (1, 1 + HIT_RATIO_TOLERANCE] are taken as 1.0: they are rounding noise (0.1 added ten
@@ -70,6 +71,17 @@ def check_nbytes(value: object, name: str, *, allow_zero: bool = False) -> int:
     n = int(value)
     if n < 0 or (n == 0 and not allow_zero):
         raise ValueError(f"{name} must be {'>= 0' if allow_zero else 'positive'}, got {n}")
+    return n
+
+
+def check_count(value: object, name: str, *, minimum: int = 0, maximum: int | None = None) -> int:
+    """A count (repetitions, points, threads): an integer, not bool, within [minimum, maximum]."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, not {type(value).__name__}")
+    n = int(value)
+    if n < minimum or (maximum is not None and n > maximum):
+        bound = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
+        raise ValueError(f"{name} must be {bound}, got {n}")
     return n
 
 

@@ -8,7 +8,7 @@ from typing import Optional
 
 from . import _backend
 from ._device import require_persistence
-from ._interop import BufferRef, StreamRef, resolve_buffer, resolve_stream
+from ._interop import StreamRef, resolve_buffer, resolve_stream
 from ._plan import check_nbytes, normalize_hit_ratio
 
 __all__ = [
@@ -125,7 +125,7 @@ _HOST_UNREGISTERED, _HOST, _DEVICE, _MANAGED = 0, 1, 2, 3
 
 def check_device_pointer(ptr: int, nbytes: int, device: int, what: str = "the buffer") -> None:
     """Refuse host memory and memory of another device (asks CUDA what the pointer is)."""
-    memory_type, owner = _backend.current().pointer_info(ptr)
+    memory_type, owner, _, _ = _backend.current().pointer_info(ptr)
     if memory_type in (_HOST_UNREGISTERED, _HOST):
         raise ValueError(
             f"{what} at 0x{ptr:x} is host memory; l2ctl needs device memory (cudaMalloc, torch/CuPy CUDA arrays, "
@@ -166,7 +166,3 @@ def clear_window(stream: object) -> None:
     """Remove the window from ``stream`` (an empty window: no addresses, hit ratio 0, NORMAL)."""
     ref = resolve_stream(stream)
     _backend.current().set_stream_window(ref.handle, *AccessPolicyWindow().as_tuple())
-
-
-def resolve(stream: object, buf: object) -> tuple[StreamRef, BufferRef]:
-    return resolve_stream(stream), resolve_buffer(buf)

@@ -248,14 +248,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     import l2ctl
-    from . import sweep
+    from . import sweep, tuner
 
     sizes = args.lut_sizes or [4 << 20]
     rows = []
     with l2ctl.Stream(args.device) as s:
         for lut in sizes:
             with sweep.ResetDataWorkload(lut, args.out_bytes, variant=args.variant, device=args.device) as w:
-                tuned = sweep.tune(w, s, w.buf, bystander=args.bystander, progress=not args.quiet)
+                tuned = tuner.tune(w, s, w.buf, bystander=args.bystander, progress=not args.quiet)
             rows.append((lut, tuned))
             if args.json:
                 tuned.report().to_json(args.json if len(sizes) == 1 else f"{args.json.rsplit('.', 1)[0]}_{lut}.json")

@@ -17,6 +17,7 @@ from ._window import check_device_pointer, stream_device
 
 __all__ = [
     "ResetVariant",
+    "check_variant",
     "LaunchShape",
     "reset_data",
     "verify_reset_data",
@@ -58,7 +59,8 @@ class LaunchShape:
     vector_lut: bool
 
 
-def _variant(value: object) -> ResetVariant:
+def check_variant(value: object) -> ResetVariant:
+    """A ResetVariant from itself, its value or its name ("plain", "hinted", ...); ValueError otherwise."""
     if isinstance(value, str):
         try:
             return ResetVariant[value.strip().upper().replace("-", "_")]
@@ -97,7 +99,7 @@ def reset_data(
     The LUT need not divide the output; any lengths work. 16-byte stores are used when ``out`` is
     16-byte aligned, 16-byte LUT loads when the LUT is too and its length is a multiple of 4.
     """
-    variant = _variant(variant)
+    variant = check_variant(variant)
     if isinstance(blocks_per_sm, bool) or not isinstance(blocks_per_sm, int) or blocks_per_sm < 0:
         raise ValueError("blocks_per_sm must be an int >= 0 (0: from the occupancy calculator)")
     s, device, (o, l) = _prepare(stream, (out, "out"), (lut, "lut"))

@@ -15,10 +15,6 @@ __all__ = ["hit_ratio", "set_aside", "surface", "tax", "stride", "cache_streamin
 
 def _plt() -> Any:
     try:
-        import matplotlib
-
-        if matplotlib.get_backend().lower().startswith(("qt", "tk", "gtk", "wx", "macosx")):
-            pass
         import matplotlib.pyplot as plt
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError("l2ctl.plot needs matplotlib: pip install 'l2ctl[plot]'") from exc

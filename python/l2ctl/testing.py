@@ -155,14 +155,17 @@ class FakeBackend:
                     backend.allocations.pop(self._ptr, None)
                     self._ptr = None
 
-        class EventPair:
-            def record_start(self, stream: int) -> None:
+        class Event:
+            def record(self, stream: int) -> None:
                 backend._record("cudaEventRecord")
 
-            def record_stop(self, stream: int) -> None:
-                backend._record("cudaEventRecord")
+            def wait_on(self, stream: int) -> None:
+                pass
 
-            def elapsed_ms(self) -> float:
+            def synchronize(self) -> None:
+                pass
+
+            def elapsed_since(self, start: object) -> float:
                 return 0.0
 
         class Graph:
@@ -207,7 +210,7 @@ class FakeBackend:
         self.launched: list[tuple] = []
         self.Stream = Stream
         self.DeviceMemory = DeviceMemory
-        self.EventPair = EventPair
+        self.Event = Event
 
     # ---- helpers --------------------------------------------------------------------------------
     @classmethod
@@ -365,8 +368,8 @@ class FakeBackend:
         self._record("cudaPointerGetAttributes")
         for start, (device, nbytes, _) in self.allocations.items():
             if start <= ptr < start + nbytes:
-                return (2, device)
-        return (0, -2)
+                return (2, device, start, nbytes)
+        return (0, -2, 0, 0)
 
     def _span(self, ptr: int, nbytes: int) -> tuple[bytearray, int]:
         for start, (_, size, data) in self.allocations.items():

@@ -2,6 +2,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <dlfcn.h>
+
 #include <cstdio>
 
 #include "l2ctl/error.hpp"
@@ -34,12 +36,31 @@ int device_count() {
   return count;
 }
 
+namespace {
+bool driver_library_present() {
+  // The runtime reports "insufficient driver" both when no driver is installed and when it is too old;
+  // whether libcuda can be loaded at all tells the two apart.
+  void* handle = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (handle == nullptr) return false;
+  dlclose(handle);
+  return true;
+}
+}  // namespace
+
 std::string device_count_error() {
   int count = 0;
-  cudaError_t code = cudaGetDeviceCount(&count);
+  const cudaError_t code = cudaGetDeviceCount(&count);
   if (code == cudaSuccess) return count > 0 ? "" : "cudaGetDeviceCount reported 0 devices";
   clear_last_error();
-  return std::string(cudaGetErrorName(code)) + ": " + cudaGetErrorString(code);
+  const std::string cuda = std::string(cudaGetErrorName(code)) + ": " + cudaGetErrorString(code);
+  if (code == cudaErrorInsufficientDriver) {
+    int runtime = 0;
+    (void)cudaRuntimeGetVersion(&runtime);
+    if (!driver_library_present()) return "no NVIDIA driver is installed (libcuda.so.1 not found; " + cuda + ")";
+    return "the NVIDIA driver is older than the CUDA " + std::to_string(runtime / 1000) + "." +
+           std::to_string(runtime % 1000 / 10) + " runtime l2ctl was built with; update the driver (" + cuda + ")";
+  }
+  return cuda;
 }
 
 int current_device() {

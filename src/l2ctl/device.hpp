@@ -43,7 +43,8 @@ int current_device();
 
 // cudaLimitPersistingL2CacheSize, in bytes.
 std::size_t get_persisting_limit(int device);
-// Sets the limit and returns what the driver granted (it rounds down to its granularity).
+// Sets the limit and returns what the driver granted, read back: the driver rounds requests to its
+// granularity (up, to multiples of max/10, on the H100 and H200 with driver 580).
 std::size_t set_persisting_limit(int device, std::size_t bytes);
 // cudaCtxResetPersistingL2Cache on the primary context of `device`.
 void reset_persisting_lines(int device);

@@ -22,23 +22,22 @@ CudaError::CudaError(std::string call, cudaError_t code, std::string details)
       description_(cudaGetErrorString(code)),
       details_(std::move(details)) {}
 
-void check(cudaError_t code, const char* call, const std::string& details) {
-  if (code == cudaSuccess) return;
-  // A failed runtime call also records itself as the "last error"; consume it so that it does not
-  // surface again from an unrelated later launch check.
+void fail(cudaError_t code, const char* call, const std::string& details) {
   clear_last_error();
   throw CudaError(call, code, details);
 }
 
 void check_launch(const char* kernel, const std::string& details) {
-  cudaError_t code = cudaGetLastError();
+  const cudaError_t code = cudaGetLastError();
   if (code != cudaSuccess) throw CudaError(std::string("launch of ") + kernel, code, details);
 }
 
-std::string hex(const void* pointer) {
+std::string hex(std::uintptr_t address) {
   char text[32];
-  std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(pointer)));
+  std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(address));
   return text;
 }
+
+std::string hex(const void* pointer) { return hex(reinterpret_cast<std::uintptr_t>(pointer)); }
 
 }  // namespace l2ctl

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -27,18 +28,24 @@ class CudaError : public std::runtime_error {
   std::string details_;
 };
 
-// Throws CudaError when `code` is not cudaSuccess. `details` is only built on failure.
-void check(cudaError_t code, const char* call, const std::string& details = {});
+// Throws CudaError for a failed call (never returns). Clears CUDA's "last error" first, so that a later
+// launch check sees only its own error.
+[[noreturn]] void fail(cudaError_t code, const char* call, const std::string& details);
 
-// Clears the sticky-free "last error" left by a failed call so that later launch checks see only
-// their own error.
+// Clears the "last error" left by a failed call that l2ctl handles itself.
 inline void clear_last_error() noexcept { (void)cudaGetLastError(); }
 
 // Checks the launch of a kernel: the configuration error of this launch, if any.
 void check_launch(const char* kernel, const std::string& details = {});
 
 std::string hex(const void* pointer);
+std::string hex(std::uintptr_t address);
 
 }  // namespace l2ctl
 
-#define L2CTL_CHECK(expr, details) ::l2ctl::check((expr), #expr, (details))
+// `details` is an expression evaluated only when the call fails: successful calls build no strings.
+#define L2CTL_CHECK(expr, details)                                            \
+  do {                                                                        \
+    const cudaError_t l2ctl_status_ = (expr);                                 \
+    if (l2ctl_status_ != cudaSuccess) ::l2ctl::fail(l2ctl_status_, #expr, (details)); \
+  } while (0)

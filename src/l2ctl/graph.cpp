@@ -5,14 +5,14 @@
 #include <stdexcept>
 
 #include "l2ctl/error.hpp"
+#include "l2ctl/stream.hpp"
 
 namespace l2ctl {
 
 namespace {
 cudaGraph_t as_graph(std::uintptr_t h) { return reinterpret_cast<cudaGraph_t>(h); }
-cudaGraphNode_t as_node(std::uintptr_t h) { return reinterpret_cast<cudaGraphNode_t>(h); }
-std::string on_node(std::uintptr_t h) { return "node " + hex(reinterpret_cast<void*>(h)); }
-std::string on_graph(std::uintptr_t h) { return "graph " + hex(reinterpret_cast<void*>(h)); }
+std::string on_node(std::uintptr_t h) { return "node " + hex(h); }
+std::string on_graph(std::uintptr_t h) { return "graph " + hex(h); }
 }  // namespace
 
 Graph::~Graph() {
@@ -48,7 +48,7 @@ std::uintptr_t GraphExec::handle() const {
 
 void GraphExec::launch(std::uintptr_t stream) const {
   L2CTL_CHECK(cudaGraphLaunch(reinterpret_cast<cudaGraphExec_t>(handle()), as_stream(stream)),
-              "stream " + hex(reinterpret_cast<void*>(stream)));
+              "stream " + hex(stream));
 }
 
 bool GraphExec::update(std::uintptr_t graph) {
@@ -71,18 +71,18 @@ void GraphExec::destroy() {
 
 void begin_capture(std::uintptr_t stream, int mode) {
   L2CTL_CHECK(cudaStreamBeginCapture(as_stream(stream), static_cast<cudaStreamCaptureMode>(mode)),
-              "stream " + hex(reinterpret_cast<void*>(stream)) + ", mode " + std::to_string(mode));
+              "stream " + hex(stream) + ", mode " + std::to_string(mode));
 }
 
 std::uintptr_t end_capture(std::uintptr_t stream) {
   cudaGraph_t graph = nullptr;
-  L2CTL_CHECK(cudaStreamEndCapture(as_stream(stream), &graph), "stream " + hex(reinterpret_cast<void*>(stream)));
+  L2CTL_CHECK(cudaStreamEndCapture(as_stream(stream), &graph), "stream " + hex(stream));
   return reinterpret_cast<std::uintptr_t>(graph);
 }
 
 bool is_capturing(std::uintptr_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  L2CTL_CHECK(cudaStreamIsCapturing(as_stream(stream), &status), "stream " + hex(reinterpret_cast<void*>(stream)));
+  L2CTL_CHECK(cudaStreamIsCapturing(as_stream(stream), &status), "stream " + hex(stream));
   return status != cudaStreamCaptureStatusNone;
 }
 
@@ -118,20 +118,6 @@ std::vector<KernelNode> graph_kernel_nodes(std::uintptr_t graph) {
     out.push_back(k);
   }
   return out;
-}
-
-Window get_node_window(std::uintptr_t node) {
-  cudaKernelNodeAttrValue value{};
-  L2CTL_CHECK(cudaGraphKernelNodeGetAttribute(as_node(node), cudaKernelNodeAttributeAccessPolicyWindow, &value),
-              on_node(node));
-  return from_cuda(value.accessPolicyWindow);
-}
-
-void set_node_window(std::uintptr_t node, const Window& window) {
-  cudaKernelNodeAttrValue value{};
-  value.accessPolicyWindow = to_cuda(window);
-  L2CTL_CHECK(cudaGraphKernelNodeSetAttribute(as_node(node), cudaKernelNodeAttributeAccessPolicyWindow, &value),
-              on_node(node) + ", " + describe(window));
 }
 
 }  // namespace l2ctl

@@ -1,11 +1,10 @@
-// CUDA graphs: capture, kernel nodes and their access-policy windows, instantiation and replay.
+// CUDA graphs: capture, kernel nodes, instantiation and replay (node windows: window.hpp).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "l2ctl/stream.hpp"
 
 namespace l2ctl {
 
@@ -54,7 +53,5 @@ bool is_capturing(std::uintptr_t stream);
 
 std::size_t graph_node_count(std::uintptr_t graph);
 std::vector<KernelNode> graph_kernel_nodes(std::uintptr_t graph);
-Window get_node_window(std::uintptr_t node);
-void set_node_window(std::uintptr_t node, const Window& window);
 
 }  // namespace l2ctl

@@ -32,19 +32,51 @@ void DeviceMemory::free() {
   L2CTL_CHECK(cudaFree(p), "pointer " + hex(p) + ", " + std::to_string(bytes_) + " bytes");
 }
 
+namespace {
+// cuMemGetAddressRange from the driver through the runtime's entry-point query, so the extension still
+// links no libcuda (it loads on machines without a driver).
+using AddressRangeFn = int (*)(unsigned long long* base, std::size_t* size, unsigned long long ptr);
+
+AddressRangeFn address_range_fn() {
+  static AddressRangeFn fn = [] {
+    void* found = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &found, 12000, cudaEnableDefault, &status) !=
+            cudaSuccess ||
+        status != cudaDriverEntryPointSuccess) {
+      clear_last_error();
+      found = nullptr;
+    }
+    return reinterpret_cast<AddressRangeFn>(found);
+  }();
+  return fn;
+}
+}  // namespace
+
 PointerInfo pointer_info(std::uintptr_t ptr) {
   cudaPointerAttributes attributes{};
-  L2CTL_CHECK(cudaPointerGetAttributes(&attributes, reinterpret_cast<const void*>(ptr)),
-              "pointer " + hex(reinterpret_cast<void*>(ptr)));
+  L2CTL_CHECK(cudaPointerGetAttributes(&attributes, reinterpret_cast<const void*>(ptr)), "pointer " + hex(ptr));
   PointerInfo info;
   info.memory_type = static_cast<int>(attributes.type);
   info.device = attributes.device;
+  const bool on_device = attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+  if (on_device && attributes.device >= 0) {
+    if (AddressRangeFn fn = address_range_fn()) {
+      DeviceGuard guard(attributes.device);
+      unsigned long long base = 0;
+      std::size_t size = 0;
+      if (fn(&base, &size, ptr) == 0) {
+        info.range_base = static_cast<std::uintptr_t>(base);
+        info.range_size = size;
+      }
+    }
+  }
   return info;
 }
 
 namespace {
 std::string copy_details(std::uintptr_t dst, std::uintptr_t src, std::size_t bytes) {
-  return "dst " + hex(reinterpret_cast<void*>(dst)) + ", src " + hex(reinterpret_cast<void*>(src)) + ", " +
+  return "dst " + hex(dst) + ", src " + hex(src) + ", " +
          std::to_string(bytes) + " bytes";
 }
 }  // namespace
@@ -69,7 +101,7 @@ void copy_device_to_device(std::uintptr_t dst, std::uintptr_t src, std::size_t b
 
 void memset_device(std::uintptr_t dst, int value, std::size_t bytes, std::uintptr_t stream) {
   L2CTL_CHECK(cudaMemsetAsync(reinterpret_cast<void*>(dst), value, bytes, as_stream(stream)),
-              "dst " + hex(reinterpret_cast<void*>(dst)) + ", " + std::to_string(bytes) + " bytes");
+              "dst " + hex(dst) + ", " + std::to_string(bytes) + " bytes");
 }
 
 }  // namespace l2ctl

@@ -29,8 +29,14 @@ class DeviceMemory {
 struct PointerInfo {
   int memory_type = 0;  // cudaMemoryType: 0 unregistered host, 1 host, 2 device, 3 managed
   int device = -1;
+  // The allocation that holds the pointer (cuMemGetAddressRange); 0, 0 where the driver knows none
+  // (host memory) or cannot tell.
+  std::uintptr_t range_base = 0;
+  std::size_t range_size = 0;
 };
 
+// What the pointer is, on which device, and the allocation around it: one call for the checks a
+// window or a kernel argument needs.
 PointerInfo pointer_info(std::uintptr_t ptr);
 
 void copy_host_to_device(std::uintptr_t dst, const void* src, std::size_t bytes, std::uintptr_t stream);

@@ -1,7 +1,0 @@
-"""The one lock that orders every read-modify-write of device-wide L2 state in this process
-(the set-aside limit, the granularity probe, the persist registry). A Python lock: CUDA calls made
-under it release the GIL, and no C++ lock is ever taken while it is held."""
-
-import threading
-
-device_state_lock = threading.RLock()

@@ -1,0 +1,86 @@
+"""The cache-streaming document's two scenarios, normal loads against ld.global.cs, no set-aside."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import kernels
+from .._device import resolve_device
+from .._memory import DeviceBuffer
+from .._plan import check_count
+from .progress import Progress
+from .records import Record, Report, environment
+from .state import clean_state, owned_stream
+from .timing import time_gpu
+from .verify import check
+
+__all__ = ["bench_cache_streaming"]
+
+
+def bench_cache_streaming(
+    n: int = 10_000_000,
+    *,
+    stream: object = None,
+    device: object = None,
+    warmup: int = 3,
+    repeat: int = 15,
+    seed: int = 0,
+    progress: bool = True,
+) -> Report:
+    """Outputs of both versions must be bit-identical and match a float64 NumPy reference."""
+    n = check_count(n, "n", minimum=1, maximum=1 << 28)
+    index = resolve_device(device)
+    rng = np.random.default_rng(seed)
+    records: list[Record] = []
+    values = rng.random(n, dtype=np.float32)
+    indices = rng.integers(0, 1024, size=n, dtype=np.int32)
+    dense = rng.random(1024, dtype=np.float32)
+    ref_sparse = values * dense[indices].astype(np.float64) + np.sin(values.astype(np.float64) * 0.1)
+    data = rng.random(8 * n, dtype=np.float32)
+    cats = rng.integers(0, 32, size=8 * n, dtype=np.int32)
+    weights = rng.random(32, dtype=np.float32)
+    x = data.astype(np.float64).reshape(n, 8)
+    ref_stream = (x * weights[cats.reshape(n, 8)] + np.cos(x * 0.01)).sum(axis=1)
+    with Progress(4, "cache-streaming", progress) as bar, owned_stream(stream, index) as s, \
+            clean_state(s, set_aside=0):
+        bufs = [DeviceBuffer.from_numpy(a, index, s) for a in (values, indices, dense, data, cats, weights)]
+        dv, di, dd, dx, dc, dw = bufs
+        outs = {k: DeviceBuffer(4 * n, index, dtype=np.float32) for k in ("sn", "sc", "an", "ac")}
+        try:
+            results = {}
+            for scenario, key, streaming in (("sparse_vector", "sn", False), ("sparse_vector", "sc", True),
+                                             ("stream_analysis", "an", False), ("stream_analysis", "ac", True)):
+                o = outs[key]
+                o.fill_bytes(0xFF, s)  # NaN poison
+                fn: Callable[[Any], None]
+                if scenario == "sparse_vector":
+                    fn = lambda st, o=o, c=streaming: kernels.sparse_vector(dv, di, dd, o, st, streaming=c)  # noqa: E731
+                    moved = n * 12
+                    ref = ref_sparse
+                else:
+                    fn = lambda st, o=o, c=streaming: kernels.stream_analysis(dx, dc, dw, o, st, streaming=c)  # noqa: E731
+                    moved = n * 8 * 8 + n * 4
+                    ref = ref_stream
+                timing = time_gpu(fn, s, warmup=warmup, repeat=repeat)
+                got = o.to_numpy(s)
+                results[key] = got
+                err = float(np.max(np.abs(got - ref) / np.maximum(1.0, np.abs(ref))))
+                check(bool(np.all(np.isfinite(got))) and err < 1e-5, f"{scenario} {key} max error {err:g}")
+                rec = Record.from_timing("cache-streaming", f"{scenario}/{'cs' if streaming else 'normal'}",
+                                         {"n": n, "scenario": scenario, "streaming_loads": streaming}, timing,
+                                         {"max_rel_error_vs_float64": err, "gbps": moved / timing.median_ms / 1e6})
+                records.append(rec)
+                bar.step(f"{scenario} {'cs' if streaming else 'normal'}")
+            check(np.array_equal(results["sn"], results["sc"]), "sparse_vector normal and .cs outputs differ")
+            check(np.array_equal(results["an"], results["ac"]), "stream_analysis normal and .cs outputs differ")
+        finally:
+            for b in list(bufs) + list(outs.values()):
+                b.free()
+    report = Report("cache-streaming", environment(index), records)
+    for scenario in ("sparse_vector", "stream_analysis"):
+        normal = report.find(f"{scenario}/normal").median_ms
+        cs = report.find(f"{scenario}/cs").median_ms
+        report.summary[f"{scenario}_speedup_cs"] = normal / cs
+    return report

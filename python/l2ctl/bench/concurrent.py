@@ -1,0 +1,100 @@
+"""Two reset-data kernels at once on two streams sharing one set-aside: no windows, hit ratio 1.0 each
+(twice the set-aside asked for), and share=True (scaled to fit)."""
+
+from __future__ import annotations
+
+import warnings
+from contextlib import ExitStack
+from typing import Any, Optional
+
+import numpy as np
+
+from .. import _backend, kernels
+from .._device import require_persistence, set_aside_granularity
+from .._errors import L2BudgetWarning
+from .._memory import DeviceBuffer, Stream
+from .._persist import persist
+from .._plan import check_count, check_nbytes, round_up
+from .._window import get_window
+from .progress import Progress
+from .records import Record, Report, environment
+from .state import clean_state
+from .timing import MAX_REPEAT, Timing
+from .verify import check
+
+__all__ = ["bench_concurrent"]
+
+VARIANTS = ("no_window", "hit_ratio_1_each", "shared")
+
+
+def bench_concurrent(
+    *,
+    set_aside: Optional[int] = None,
+    out_bytes: int = 512 << 20,
+    device: object = None,
+    warmup: int = 3,
+    repeat: int = 15,
+    progress: bool = True,
+) -> Report:
+    """Each stream has its own LUT and a window as large as the set-aside. Reports each kernel's time and
+    the time for both (from one start event to the later of the two end events)."""
+    if set_aside is not None:
+        check_nbytes(set_aside, "set_aside")
+    out_bytes = check_nbytes(out_bytes, "out_bytes")
+    warmup = check_count(warmup, "warmup", minimum=0, maximum=MAX_REPEAT)
+    repeat = check_count(repeat, "repeat", minimum=1, maximum=MAX_REPEAT)
+    info = require_persistence(device)
+    granularity = set_aside_granularity(info.index)
+    request = set_aside or min(info.persisting_l2_cache_max_size, round_up(info.l2_cache_size * 6 // 50, granularity))
+    backend = _backend.current()
+    rng = np.random.default_rng(2)
+    records = []
+    with Progress(len(VARIANTS), "concurrent", progress) as bar, Stream(info.index) as s1, Stream(info.index) as s2, \
+            clean_state(s1, set_aside=request) as granted, ExitStack() as buffers:
+        lut_bytes = round_up(granted, 16)
+        luts = [buffers.enter_context(DeviceBuffer.from_numpy(
+            rng.integers(0, 2**31 - 1, size=lut_bytes // 4, dtype=np.int32), info.index, s1)) for _ in range(2)]
+        outs = [buffers.enter_context(DeviceBuffer(round_up(out_bytes, 16), info.index)) for _ in range(2)]
+
+        def run_pair() -> tuple[Timing, Timing, Timing]:
+            times = []
+            for _ in range(warmup + repeat):
+                start, end1, end2 = backend.Event(), backend.Event(), backend.Event()
+                start.record(s1.handle)
+                start.wait_on(s2.handle)
+                kernels.reset_data(outs[0], luts[0], s1)
+                kernels.reset_data(outs[1], luts[1], s2)
+                end1.record(s1.handle)
+                end2.record(s2.handle)
+                times.append((start, end1, end2))
+            result = [(e1.elapsed_since(st), e2.elapsed_since(st)) for st, e1, e2 in times[warmup:]]
+            return (Timing(tuple(a for a, _ in result)), Timing(tuple(b for _, b in result)),
+                    Timing(tuple(max(a, b) for a, b in result)))
+
+        for variant in VARIANTS:
+            for o in outs:
+                o.fill_bytes(0xFF, s1)
+            s1.synchronize()
+            ratios: tuple[Optional[float], Optional[float]] = (None, None)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", L2BudgetWarning)
+                if variant == "no_window":
+                    k1, k2, both = run_pair()
+                else:
+                    share = variant == "shared"
+                    with persist(s1, luts[0], 1.0, set_aside=None, share=share), \
+                            persist(s2, luts[1], 1.0, set_aside=None, share=share):
+                        ratios = (get_window(s1).hit_ratio, get_window(s2).hit_ratio)
+                        k1, k2, both = run_pair()
+            for o, lut, name in zip(outs, luts, ("stream 1", "stream 2")):
+                check(kernels.verify_reset_data(o, lut, s1) == 0, f"concurrent {variant} {name}")
+            config: dict[str, Any] = {"set_aside_granted": granted, "lut_bytes_each": lut_bytes,
+                                      "out_bytes_each": out_bytes, "hit_ratios": ratios}
+            records.append(Record.from_timing("concurrent", variant, config, both,
+                                              {"kernel1_median_ms": k1.median_ms, "kernel2_median_ms": k2.median_ms}))
+            bar.step(variant)
+    report = Report("concurrent", environment(info.index), records)
+    base = records[0].median_ms
+    report.summary = {r.variant: {"both_ms": r.median_ms, "speedup_vs_no_window": base / r.median_ms,
+                                  "hit_ratios": r.config["hit_ratios"]} for r in records}
+    return report

@@ -1,0 +1,125 @@
+"""Benchmark records: one verified measurement (Record), a run's records with its environment (Report),
+and their JSON and CSV forms."""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import json
+import platform
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+
+from .._device import device_info, versions
+from .ceilings import Ceilings
+from .timing import Timing
+
+__all__ = ["Record", "Report", "environment"]
+
+
+def environment(device: object = None) -> dict[str, Any]:
+    """Device, driver, runtime and package versions for a benchmark record."""
+    from .. import __version__
+
+    info = device_info(device)
+    v = versions()
+    return {
+        "device": {
+            "index": info.index,
+            "name": info.name,
+            "compute_capability": f"{info.compute_capability[0]}.{info.compute_capability[1]}",
+            "multiprocessor_count": info.multiprocessor_count,
+            "l2_cache_size": info.l2_cache_size,
+            "persisting_l2_cache_max_size": info.persisting_l2_cache_max_size,
+            "access_policy_max_window_size": info.access_policy_max_window_size,
+            "persisting_limit_at_start": info.persisting_l2_cache_size,
+            "set_aside_granularity": info.set_aside_granularity,
+            "total_memory": info.total_memory,
+            "pci_bus_id": info.pci_bus_id,
+            "uuid": info.uuid,
+        },
+        "driver_version": v["driver"],
+        "runtime_version": v["runtime"],
+        "l2ctl_version": __version__,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "host": platform.node(),
+        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+@dataclass
+class Record:
+    """One verified measurement."""
+
+    benchmark: str
+    variant: str
+    config: dict[str, Any]
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    spread: float
+    repeat: int
+    verified: bool
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_timing(cls, benchmark: str, variant: str, config: dict[str, Any], timing: Timing,
+                    metrics: dict[str, Any]) -> "Record":
+        return cls(benchmark, variant, config, timing.median_ms, timing.min_ms, timing.max_ms, timing.spread,
+                   len(timing.times_ms), True, metrics)
+
+    def flat(self) -> dict[str, Any]:
+        row = {k: v for k, v in asdict(self).items() if k not in ("config", "metrics")}
+        row.update({f"config.{k}": v for k, v in self.config.items()})
+        row.update({f"metrics.{k}": v for k, v in self.metrics.items()})
+        return row
+
+
+@dataclass
+class Report:
+    benchmark: str
+    environment: dict[str, Any]
+    records: list[Record]
+    ceilings: Optional[Ceilings] = None
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "benchmark": self.benchmark,
+            "environment": self.environment,
+            "ceilings": None if self.ceilings is None else asdict(self.ceilings),
+            "summary": self.summary,
+            "records": [asdict(r) for r in self.records],
+        }
+
+    def to_json(self, path: str) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f, indent=2, default=_json_default)
+            f.write("\n")
+
+    def to_csv(self, path: str) -> None:
+        rows = [r.flat() for r in self.records]
+        columns: list[str] = []
+        for row in rows:
+            columns.extend(k for k in row if k not in columns)
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(rows)
+
+    def find(self, variant: str, **config: Any) -> Record:
+        for r in self.records:
+            if r.variant == variant and all(r.config.get(k) == v for k, v in config.items()):
+                return r
+        raise KeyError(f"no record {variant} {config}")
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    raise TypeError(f"cannot serialise {type(value).__name__}")

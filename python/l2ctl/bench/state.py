@@ -1,0 +1,79 @@
+"""Device-state hygiene between measurements: a declared starting state (limit, no window, no persisting
+lines, a flushed L2), and streams the harness owns when the caller gives none.
+
+Every change goes through l2ctl's public controls (and so through its registry and lock): the harness
+has no private way to the device.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator, Optional
+
+from .. import kernels
+from .._device import device_info, get_set_aside, reset_persisting_lines, set_aside as set_limit
+from .._interop import resolve_stream
+from .._memory import DeviceBuffer, Stream, synchronize_stream
+from .._window import clear_window, get_window, set_window, stream_device
+
+__all__ = ["flush_l2", "clean_state", "owned_stream"]
+
+_scratch: dict[int, tuple[DeviceBuffer, DeviceBuffer, DeviceBuffer]] = {}
+
+
+@contextmanager
+def owned_stream(stream: object, device: object = None) -> Iterator[object]:
+    """``stream`` itself, or (when it is None) a new l2ctl.Stream on ``device``, closed afterwards."""
+    if stream is not None:
+        yield stream
+        return
+    with Stream(device) as own:
+        yield own
+
+
+def flush_l2(stream: object = None, *, persisting: bool = True) -> None:
+    """Evict L2 (queued on ``stream``): write a scratch region twice the L2 size, then read a different
+    one of the same size, so L2 ends holding clean lines and no write-back of earlier data lands in the
+    next measurement (reading lines just written would leave them dirty). With ``persisting``, first
+    demote persisting lines too (normal accesses do not evict them)."""
+    device = stream_device(resolve_stream(stream))
+    info = device_info(device)
+    if device not in _scratch:
+        _scratch[device] = (DeviceBuffer(2 * info.l2_cache_size, device), DeviceBuffer(2 * info.l2_cache_size, device),
+                            DeviceBuffer(8 * kernels.max_read_partials(device), device))
+    written, read, partials = _scratch[device]
+    if persisting and info.supports_persistence:
+        reset_persisting_lines(device)
+    written.fill_bytes(0x5A, stream)
+    kernels.read_sum(read, partials, stream)
+
+
+@contextmanager
+def clean_state(stream: object = None, *, set_aside: Optional[int] = 0, flush: bool = True) -> Iterator[int]:
+    """A declared starting state for measuring work on ``stream``: no window on the stream, the limit
+    set to ``set_aside`` bytes (None: unchanged), persisting lines reset, L2 flushed. Yields the limit in
+    force. Afterwards the stream's window and the device's limit are put back and lines reset.
+    """
+    ref = resolve_stream(stream)
+    device = stream_device(ref)
+    info = device_info(device)
+    previous_window = get_window(ref.handle)
+    previous_limit = get_set_aside(device)
+    clear_window(ref.handle)
+    try:
+        granted = previous_limit
+        if info.supports_persistence:
+            if set_aside is not None and set_aside != previous_limit:
+                granted = int(set_limit(set_aside, device))
+            reset_persisting_lines(device)
+        if flush:
+            flush_l2(stream)
+        synchronize_stream(ref.handle)
+        yield granted
+    finally:
+        synchronize_stream(ref.handle)
+        set_window(ref.handle, previous_window)
+        if info.supports_persistence:
+            reset_persisting_lines(device)
+            if get_set_aside(device) != previous_limit:
+                set_limit(previous_limit, device)

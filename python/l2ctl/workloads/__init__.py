@@ -1,0 +1,42 @@
+"""Workloads: what the sweeps and the tuner measure.
+
+A workload is a plain callable ``f(stream)`` that queues its work on ``stream``, or an object with
+``enqueue(stream)`` and, optionally, ``verify(stream) -> bool`` (the last run's output is right),
+``poison(stream)`` (make the output wrong before a measurement, so a run that wrote nothing fails
+verification) and ``describe() -> dict`` (its configuration, for records). Measurements of a workload
+without ``verify`` are recorded as unverified.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol, runtime_checkable
+
+from .reset_data import ResetDataWorkload
+
+__all__ = ["Workload", "VerifiedWorkload", "enqueue_of", "describe", "ResetDataWorkload"]
+
+
+@runtime_checkable
+class Workload(Protocol):
+    def enqueue(self, stream: Any) -> Any: ...
+
+
+@runtime_checkable
+class VerifiedWorkload(Workload, Protocol):
+    def verify(self, stream: Any) -> bool: ...
+
+
+def enqueue_of(workload: object) -> Callable[[Any], Any]:
+    """The callable that queues one run of ``workload`` on a stream."""
+    if isinstance(workload, Workload):
+        return workload.enqueue
+    if callable(workload):
+        return workload
+    raise TypeError(f"a workload is a callable f(stream) or an object with enqueue(stream), not "
+                    f"{type(workload).__name__}")
+
+
+def describe(workload: object) -> dict[str, Any]:
+    """The workload's own description for records ({} when it has none)."""
+    method = getattr(workload, "describe", None)
+    return dict(method()) if callable(method) else {}

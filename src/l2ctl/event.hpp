@@ -1,0 +1,25 @@
+// CUDA events: recorded on a stream, waited on by another stream, timed against another event.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace l2ctl {
+
+class Event {
+ public:
+  Event();
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void record(std::uintptr_t stream);
+  void wait_on(std::uintptr_t stream) const;  // work queued on `stream` after this waits for the event
+  void synchronize() const;
+  float elapsed_since(const Event& start) const;  // ms from `start` to this event; waits for this event
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+}  // namespace l2ctl
