@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Sequence
 
 from . import _backend
+from ._backend import RangeProfilerImpl
 from ._device import resolve_device
 from ._errors import CountersUnavailableError, CuptiError
 
@@ -167,7 +168,7 @@ class counters:
         self.max_ranges = max_ranges
         self._device_arg = device
         self._cupti_path = cupti_path
-        self._profiler = None
+        self._profiler: Optional[RangeProfilerImpl] = None
         self.results: list[KernelCounters] = []
         self.passes = 0
         self.chip = ""
@@ -176,9 +177,10 @@ class counters:
         device = resolve_device(self._device_arg)
         load_cupti(self._cupti_path)
         try:
-            self._profiler = _backend.current().RangeProfiler(device, self.metrics, self.max_ranges)
-            self.passes, self.chip = int(self._profiler.passes), str(self._profiler.chip)
-            self._profiler.start()
+            profiler = _backend.current().RangeProfiler(device, self.metrics, self.max_ranges)
+            self.passes, self.chip = int(profiler.passes), str(profiler.chip)
+            profiler.start()
+            self._profiler = profiler
         except CuptiError as exc:
             self._profiler = None
             raise _unavailable(exc, f"device {device}, metrics {self.metrics}") from exc

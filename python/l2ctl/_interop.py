@@ -10,7 +10,7 @@ from __future__ import annotations
 import ctypes
 import numbers
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, TypeGuard
 
 import numpy as np
 
@@ -55,7 +55,7 @@ _HOST_HINT = (
 )
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[numbers.Integral]:
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
@@ -83,7 +83,7 @@ def resolve_stream(stream: object) -> StreamRef:
         return StreamRef(handle, None, "int")
     protocol = getattr(type(stream), "__cuda_stream__", None)
     if protocol is not None:
-        value = stream.__cuda_stream__()  # type: ignore[attr-defined]
+        value = protocol(stream)
         if not (isinstance(value, tuple) and len(value) == 2 and all(_is_int(v) for v in value)):
             raise TypeError(f"__cuda_stream__ must return (version, handle) integers, got {value!r}")
         version, handle = (int(v) for v in value)
@@ -93,12 +93,14 @@ def resolve_stream(stream: object) -> StreamRef:
             raise ValueError(f"__cuda_stream__ returned a negative handle {handle}")
         return StreamRef(handle, _stream_device_attr(stream), f"{_module_of(stream)}.__cuda_stream__", stream)
     module = _module_of(stream)
-    if module.startswith("torch") and hasattr(stream, "cuda_stream"):
-        device = getattr(getattr(stream, "device", None), "index", None)
-        return StreamRef(int(stream.cuda_stream), device, "torch.cuda.Stream", stream)
-    if module.startswith("cupy") and hasattr(stream, "ptr"):
+    handle_attr = getattr(stream, "cuda_stream", None)
+    if module.startswith("torch") and _is_int(handle_attr):
+        index = getattr(getattr(stream, "device", None), "index", None)
+        return StreamRef(int(handle_attr), int(index) if _is_int(index) else None, "torch.cuda.Stream", stream)
+    ptr_attr = getattr(stream, "ptr", None)
+    if module.startswith("cupy") and _is_int(ptr_attr):
         device = getattr(stream, "device_id", None)
-        return StreamRef(int(stream.ptr), int(device) if _is_int(device) else None, "cupy.cuda.Stream", stream)
+        return StreamRef(int(ptr_attr), int(device) if _is_int(device) else None, "cupy.cuda.Stream", stream)
     raise TypeError(
         f"cannot use a {type(stream).__name__} as a stream; pass an l2ctl.Stream, torch.cuda.Stream, "
         "cupy.cuda.Stream, an object with __cuda_stream__, an int cudaStream_t, or None for the default stream"

@@ -170,7 +170,7 @@ class DeviceBuffer:
         self.free()
 
     @property
-    def __cuda_array_interface__(self) -> dict:
+    def __cuda_array_interface__(self) -> dict[str, Any]:
         return {
             "version": 3,
             "shape": self.shape,

@@ -27,6 +27,8 @@ __all__ = [
 #: times in float32 gives 1.0000001, which CUDA rejects with cudaErrorInvalidValue). Anything larger
 #: is an error.
 HIT_RATIO_TOLERANCE = 1e-6
+#: The most points a hit-ratio grid may have (a bound, so a typo cannot hang the process).
+MAX_GRID_POINTS = 100_000
 
 
 def normalize_hit_ratio(value: object, name: str = "hit_ratio") -> float:
@@ -54,13 +56,12 @@ def normalize_hit_ratio(value: object, name: str = "hit_ratio") -> float:
 
 def hit_ratio_grid(points: int, start: float = 0.0, stop: float = 1.0) -> list[float]:
     """An exact grid of hit ratios (i / (points - 1) scaled), never accumulated, ends included."""
-    if isinstance(points, bool) or not isinstance(points, numbers.Integral) or points < 2:
-        raise ValueError(f"points must be an integer >= 2, got {points!r}")
+    points = check_count(points, "points", minimum=2, maximum=MAX_GRID_POINTS)
     a = normalize_hit_ratio(start, "start")
     b = normalize_hit_ratio(stop, "stop")
     if b < a:
         raise ValueError(f"stop ({b}) must not be below start ({a})")
-    n = int(points) - 1
+    n = points - 1
     return [normalize_hit_ratio(a + (b - a) * i / n) for i in range(n)] + [b]
 
 

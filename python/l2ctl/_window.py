@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import enum
+import numbers
 from dataclasses import dataclass, replace
 from typing import Optional
+
+import numpy as np
 
 from . import _backend
 from ._device import require_persistence
@@ -55,7 +58,7 @@ class AccessPolicyWindow:
         return (self.base_ptr, self.num_bytes, self.hit_ratio, int(self.hit_prop), int(self.miss_prop))
 
     @classmethod
-    def from_tuple(cls, raw: tuple) -> "AccessPolicyWindow":
+    def from_tuple(cls, raw: tuple[int, int, float, int, int]) -> "AccessPolicyWindow":
         base, nbytes, hit_ratio, hit_prop, miss_prop = raw
         return cls(int(base), int(nbytes), float(hit_ratio), AccessProperty(int(hit_prop)), AccessProperty(int(miss_prop)))
 
@@ -82,10 +85,10 @@ class AccessPolicyWindow:
 
 
 def _property(value: object, name: str) -> AccessProperty:
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an AccessProperty, not bool")
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an AccessProperty (or its int value), not {type(value).__name__}")
     try:
-        return AccessProperty(value)
+        return AccessProperty(int(value))
     except ValueError:
         raise ValueError(f"{name} must be one of {[p.name for p in AccessProperty]}, got {value!r}") from None
 

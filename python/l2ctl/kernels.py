@@ -7,8 +7,11 @@ All launches are asynchronous on ``stream`` (None: the legacy default stream). B
 from __future__ import annotations
 
 import enum
+import numbers
 from dataclasses import dataclass
 from typing import Optional
+
+import numpy as np
 
 from . import _backend
 from ._interop import BufferRef, StreamRef, resolve_buffer, resolve_stream
@@ -66,10 +69,10 @@ def check_variant(value: object) -> ResetVariant:
             return ResetVariant[value.strip().upper().replace("-", "_")]
         except KeyError:
             raise ValueError(f"unknown variant {value!r}; one of {[v.name.lower() for v in ResetVariant]}") from None
-    if isinstance(value, bool):
-        raise TypeError("variant must be a ResetVariant or its name")
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"variant must be a ResetVariant or its name, not {type(value).__name__}")
     try:
-        return ResetVariant(value)
+        return ResetVariant(int(value))
     except ValueError:
         raise ValueError(f"unknown variant {value!r}") from None
 
@@ -218,7 +221,7 @@ def sectors_per_request(stride_bytes: int, element_bytes: int = 4, warp: int = W
     """32-byte sectors one warp request touches when thread t reads ``element_bytes`` at t * stride_bytes
     (aligned base): 4 at 4 B, 8 at 8 B, 16 at 16 B, 32 at 32 B and above."""
     stride_bytes = check_nbytes(stride_bytes, "stride_bytes")
-    sectors = set()
+    sectors: set[int] = set()
     for t in range(warp):
         first = t * stride_bytes
         sectors.update(range(first // sector_bytes, (first + element_bytes - 1) // sector_bytes + 1))
@@ -230,7 +233,7 @@ def dram_bytes_per_request(stride_bytes: int, element_bytes: int = 4, warp: int 
     """Bytes DRAM delivers for one warp request when it reads whole ``dram_granularity`` chunks
     (64 B, two sectors, as measured on an H100: at 64 B strides half of what DRAM moves is unused)."""
     stride_bytes = check_nbytes(stride_bytes, "stride_bytes")
-    chunks = set()
+    chunks: set[int] = set()
     for t in range(warp):
         first = t * stride_bytes
         chunks.update(range(first // dram_granularity, (first + element_bytes - 1) // dram_granularity + 1))

@@ -28,8 +28,8 @@ def _axes(ax: Any, figsize: tuple[float, float] = (7, 4)) -> Any:
     return ax
 
 
-def _gpu(env: dict) -> str:
-    return env.get("device", {}).get("name", "GPU")
+def _gpu(env: dict[str, Any]) -> str:
+    return str(env.get("device", {}).get("name", "GPU"))
 
 
 def hit_ratio(result: Any, ax: Any = None) -> Any:

@@ -82,7 +82,7 @@ class SweepResult:
     kind: str
     records: list[Record]
     baseline: Record
-    environment: dict
+    environment: dict[str, Any]
 
     def report(self) -> Report:
         r = Report(f"sweep-{self.kind}", self.environment, [self.baseline] + self.records)

@@ -141,7 +141,7 @@ def tune(workload: Any, stream: object, buf: object, *, warmup: int = 2, repeat:
     bar.close()
     tax = None
     if bystander:
-        tax = _bystander(stream, policy.set_aside if policy.enabled else 0)
+        tax = _bystander(stream, int(policy.set_aside) if policy.enabled and isinstance(policy.set_aside, int) else 0)
     return TunedPolicy(policy, baseline_ms, best_ms, noise, table, time.monotonic() - start, tax, environment(device))
 
 

@@ -19,6 +19,16 @@ from .verify import check
 __all__ = ["bench_cache_streaming"]
 
 
+def _launcher(scenario: str, inputs: tuple[DeviceBuffer, DeviceBuffer, DeviceBuffer], out: DeviceBuffer,
+              streaming: bool) -> Callable[[Any], None]:
+    kernel = kernels.sparse_vector if scenario == "sparse_vector" else kernels.stream_analysis
+
+    def run(stream: Any) -> None:
+        kernel(*inputs, out, stream, streaming=streaming)
+
+    return run
+
+
 def bench_cache_streaming(
     n: int = 10_000_000,
     *,
@@ -54,15 +64,9 @@ def bench_cache_streaming(
                                              ("stream_analysis", "an", False), ("stream_analysis", "ac", True)):
                 o = outs[key]
                 o.fill_bytes(0xFF, s)  # NaN poison
-                fn: Callable[[Any], None]
-                if scenario == "sparse_vector":
-                    fn = lambda st, o=o, c=streaming: kernels.sparse_vector(dv, di, dd, o, st, streaming=c)  # noqa: E731
-                    moved = n * 12
-                    ref = ref_sparse
-                else:
-                    fn = lambda st, o=o, c=streaming: kernels.stream_analysis(dx, dc, dw, o, st, streaming=c)  # noqa: E731
-                    moved = n * 8 * 8 + n * 4
-                    ref = ref_stream
+                fn = _launcher(scenario, (dv, di, dd) if scenario == "sparse_vector" else (dx, dc, dw), o, streaming)
+                moved = n * 12 if scenario == "sparse_vector" else n * 8 * 8 + n * 4
+                ref = ref_sparse if scenario == "sparse_vector" else ref_stream
                 timing = time_gpu(fn, s, warmup=warmup, repeat=repeat)
                 got = o.to_numpy(s)
                 results[key] = got
