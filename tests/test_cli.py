@@ -1,24 +1,43 @@
-"""The command line without a GPU: argument parsing, exit codes, messages (never a traceback)."""
+"""The command line without a GPU: argument parsing, validation, exit codes, messages (never a traceback),
+and that every option of every command reaches the function the command runs (the bench, sweep and tune
+functions are replaced by recorders that return made-up reports) or is refused."""
 
 from __future__ import annotations
 
+import inspect
+import json
+import os
 import subprocess
 import sys
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
-from l2ctl import _core, cli
+import l2ctl
+from l2ctl import _core, bench, cli, plot, sweep, tuner
+from l2ctl._errors import CudaError, NotSupportedError
+from l2ctl.bench import Ceilings, Record, Report, VerificationError
+from l2ctl.cli import options, parsing
 
 NO_GPU = _core.device_count() == 0
+MiB = 1 << 20
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "l2ctl", *args], capture_output=True, text=True, timeout=120)
+    env = dict(os.environ, COLUMNS="100")
+    return subprocess.run([sys.executable, "-m", "l2ctl", *args], capture_output=True, text=True, timeout=120,
+                          env=env)
+
+
+# ------------------------------------------------------------------------------------ existing behaviour
 
 
 @pytest.mark.skipif(not NO_GPU, reason="checks the no-GPU behaviour; this machine has a GPU")
 @pytest.mark.parametrize("args", [["info"], ["bench"], ["bench", "reset-data"], ["bench", "stride"],
-                                  ["bench", "cache-streaming"], ["bench", "graph"], ["bench", "concurrent"]])
+                                  ["bench", "cache-streaming"], ["bench", "graph"], ["bench", "concurrent"],
+                                  ["sweep", "tax"], ["sweep", "hit-ratio"], ["tune"],
+                                  ["bench", "--device", "7"], ["info", "--device", "7"]])
 def test_no_gpu_gives_a_message_and_exit_3(args):
     r = run(*args)
     assert r.returncode == cli.EXIT_UNSUPPORTED
@@ -35,7 +54,7 @@ def test_bad_arguments_exit_2():
 def test_help_lists_commands_and_exit_codes():
     r = run("--help")
     assert r.returncode == 0
-    for word in ("info", "bench", "exit codes"):
+    for word in ("info", "bench", "sweep", "tune", "exit codes"):
         assert word in r.stdout
 
 
@@ -45,8 +64,506 @@ def test_sizes(text, value):
     assert cli._size(text) == value
 
 
+@pytest.mark.parametrize("text", ["4x", "", "-1", "0", "0.5", "inf", "nan", "1e30G"])
+def test_bad_sizes(text):
+    with pytest.raises(Exception, match="size"):
+        cli._size(text)
+
+
 def test_parser_defaults():
-    args = cli.build_parser().parse_args(["bench"])
+    args = cli.parse_args(["bench"])
     assert args.func is cli.cmd_bench_reset and args.repeat == 15 and args.out_bytes == 1 << 30
-    args = cli.build_parser().parse_args(["bench", "stride", "--strides", "4,8", "--json", "x.json"])
-    assert args.strides == [4, 8] and args.json == "x.json"
+    assert args.command == "bench reset-data" and args.lut_sizes is None and args.quiet is False
+    args = cli.parse_args(["bench", "stride", "--strides", "4,8", "--json", "x.json"])
+    assert args.strides == [4, 8] and args.json == "x.json" and args.threads == 1 << 25
+    args = cli.parse_args(["tune"])
+    assert args.func is cli.cmd_tune and (args.repeat, args.warmup, args.lut_sizes) == (7, 2, [4 << 20])
+    args = cli.parse_args(["sweep", "tax"])
+    assert args.func is cli.cmd_sweep_tax and not hasattr(args, "lut_bytes")
+
+
+def test_entry_points():
+    assert callable(cli.main)  # pyproject: l2ctl = "l2ctl.cli:main"
+    r = run("--version")
+    assert r.returncode == 0 and l2ctl.__version__ in r.stdout
+
+
+# ------------------------------------------------------------------------------------ fakes
+
+ENV = {"device": {"name": "Fake GPU", "compute_capability": "9.0", "l2_cache_size": 50 * MiB,
+                  "persisting_l2_cache_max_size": 30 * MiB},
+       "driver_version": 13000, "runtime_version": 13000}
+COUNTERS = {"dram__bytes_read.sum": 1e6, "lts__t_sector_hit_rate.pct": 90.0}
+
+
+def _rec(benchmark: str, variant: str, config: dict, ms: float = 1.0, **metrics: Any) -> Record:
+    return Record(benchmark, variant, config, ms, ms, ms, 0.0, 3, True, metrics)
+
+
+def fake_reset_data(lut_sizes=None, *, out_bytes=1 << 30, columns=None, counters=False, **_):
+    names = columns or [c for c, _ in bench.RESET_COLUMNS]
+    sizes = lut_sizes or [MiB, 4 * MiB]
+    extra = {"counters": COUNTERS} if counters else {}
+    records = [_rec("reset-data", n, {"lut_bytes": s, "out_bytes": out_bytes}, 1.0 + 0.1 * i, **extra)
+               for s in sizes for i, n in enumerate(names)]
+    table = [dict({"lut_bytes": s}, **{n: 1.0 + 0.1 * i for i, n in enumerate(names)}) for s in sizes]
+    return Report("reset-data", ENV, records, Ceilings(out_bytes, 3000.0, 2500.0, 3200.0, 0.3, 0.8, 0.3),
+                  {"table_ms": table, "verdict": "Fake GPU: made up."})
+
+
+def fake_stride(strides=(4, 8), *, threads=1 << 25, **_):
+    metrics = {"useful_gbps": 1.0, "sectors_per_request_model": 4, "sector_gbps": 2.0,
+               "sector_fraction_of_read_ceiling": 0.5, "dram_model_gbps": 3.0}
+    records = [_rec("stride", f"{s}B", {"stride_bytes": s, "threads": threads}, **metrics) for s in strides]
+    return Report("stride", ENV, records, summary={"read_ceiling_gbps": 3000.0})
+
+
+def fake_cache_streaming(n=10, **_):
+    records = [_rec("cache-streaming", f"{sc}/{k}", {"n": n}, 2.0 if k == "normal" else 1.0)
+               for sc in ("sparse_vector", "stream_analysis") for k in ("normal", "cs")]
+    return Report("cache-streaming", ENV, records)
+
+
+def fake_graph(lut_bytes=None, **_):
+    config = {"kernels_per_graph": 4, "lut_bytes": lut_bytes or 4 * MiB, "out_bytes": 1 << 30}
+    records = [_rec("graph", "replay_no_window", config, 2.0)] + [
+        _rec("graph", f"replay_window_{how}", dict(config, set_aside_granted=4 * MiB, hit_ratio=1.0), 1.0,
+             speedup_vs_no_window=2.0) for how in ("update", "reinstantiate")]
+    return Report("graph", ENV, records)
+
+
+def fake_concurrent(*, set_aside=None, **_):
+    records = [_rec("concurrent", v, {"set_aside_granted": set_aside or 6 * MiB, "lut_bytes_each": 6 * MiB,
+                                      "hit_ratios": hr}, 2.0, kernel1_median_ms=1.0, kernel2_median_ms=1.0)
+               for v, hr in (("no_window", (None, None)), ("hit_ratio_1_each", (1.0, 1.0)), ("shared", (0.5, 0.5)))]
+    return Report("concurrent", ENV, records)
+
+
+def fake_sweep(*_, **__):
+    base = _rec("sweep", "baseline", {"set_aside_granted": 0, "hit_ratio": None}, 2.0)
+    records = [_rec("sweep", "point", {"set_aside_granted": 4 * MiB, "hit_ratio": h}, 1.0, speedup_vs_baseline=2.0)
+               for h in (0.5, 1.0)]
+    return sweep.SweepResult("fake", records, base, ENV)
+
+
+def fake_tax(*_, **__):
+    records = [_rec("tax", "ceilings", {"set_aside_granted": s}, 1.0, write_gbps=3000.0, copy_gbps=2500.0)
+               for s in (0, 4 * MiB)]
+    return Report("sweep-tax", ENV, records)
+
+
+def fake_tune(*_, bystander=False, **__):
+    by = {"copy_gbps_without": 2500.0, "copy_gbps_with": 2400.0, "copy_slowdown": 1.04} if bystander else None
+    return tuner.TunedPolicy(l2ctl.Policy(set_aside=4 * MiB, hit_ratio=1.0), 2.0, 1.0, 0.01,
+                             [_rec("tune", "baseline", {"set_aside_granted": 0}, 2.0)], 0.5, by, ENV)
+
+
+class FakeStream:
+    def __init__(self, device: object = None) -> None:
+        self.device = device
+
+    def __enter__(self) -> "FakeStream":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+class FakeWorkload:
+    def __init__(self, lut_bytes: int, out_bytes: int = 1 << 30, *, variant: str = "plain", device: object = None,
+                 seed: int = 0) -> None:
+        self.buf = object()
+
+    def __enter__(self) -> "FakeWorkload":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+def fake_device_info(d=None):
+    return SimpleNamespace(index=d, name=f"Fake GPU {d}", compute_capability=(9, 0), multiprocessor_count=132,
+                           pci_bus_id=f"0000:0{d}:00.0", l2_cache_size=50 * MiB, persisting_l2_cache_max_size=30 * MiB,
+                           access_policy_max_window_size=128 * MiB, persisting_l2_cache_size=0,
+                           set_aside_granularity=0, supports_persistence=True, unsupported_reason=None)
+
+
+class Calls:
+    """What the commands called: name -> list of {parameter: value} (bound to the real signature)."""
+
+    def __init__(self) -> None:
+        self.log: dict[str, list[dict[str, Any]]] = {}
+
+    def recorder(self, name: str, real: Any, result: Any) -> Any:
+        signature = inspect.signature(real)
+
+        def record(*args: Any, **kwargs: Any) -> Any:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            self.log.setdefault(name, []).append(dict(bound.arguments))
+            return result(*args, **kwargs)
+
+        return record
+
+    def one(self, name: str) -> dict[str, Any]:
+        assert len(self.log.get(name, [])) == 1, f"{name}: {self.log.get(name)}"
+        return self.log[name][0]
+
+    @property
+    def measured(self) -> bool:
+        return any(n not in ("device_info", "plot", "save") for n in self.log)
+
+
+@pytest.fixture
+def calls(monkeypatch) -> Calls:
+    """The functions the commands run, replaced by recorders; two devices visible."""
+    c = Calls()
+    for name, fake in (("bench_reset_data", fake_reset_data), ("bench_stride", fake_stride),
+                       ("bench_cache_streaming", fake_cache_streaming), ("bench_graph", fake_graph),
+                       ("bench_concurrent", fake_concurrent)):
+        monkeypatch.setattr(bench, name, c.recorder(name, getattr(bench, name), fake))
+    for name in ("sweep_hit_ratio", "sweep_set_aside", "sweep_surface"):
+        monkeypatch.setattr(sweep, name, c.recorder(name, getattr(sweep, name), fake_sweep))
+    monkeypatch.setattr(sweep, "sweep_tax", c.recorder("sweep_tax", sweep.sweep_tax, fake_tax))
+    monkeypatch.setattr(sweep, "ResetDataWorkload", c.recorder("ResetDataWorkload", FakeWorkload, FakeWorkload))
+    monkeypatch.setattr(tuner, "tune", c.recorder("tune", tuner.tune, fake_tune))
+    monkeypatch.setattr(l2ctl, "Stream", c.recorder("Stream", FakeStream, FakeStream))
+    for name in ("reset_data", "stride", "cache_streaming", "hit_ratio", "set_aside", "surface", "tax"):
+        monkeypatch.setattr(plot, name, c.recorder("plot", getattr(plot, name), lambda *a, **k: "axes"))
+
+    def save(ax: Any, path: str) -> str:
+        with open(path, "w") as f:
+            f.write("fake plot")
+        return path
+
+    monkeypatch.setattr(plot, "save", c.recorder("save", plot.save, save))
+    monkeypatch.setattr(l2ctl, "device_count", lambda: 2)
+    monkeypatch.setattr(l2ctl, "versions", lambda: {"driver": 13000, "runtime": 13000})
+    monkeypatch.setattr(l2ctl, "device_info", c.recorder("device_info", l2ctl.device_info, fake_device_info))
+    monkeypatch.setattr(l2ctl, "set_aside_granularity",
+                        c.recorder("set_aside_granularity", l2ctl.set_aside_granularity, lambda d=None: 2 * MiB))
+    monkeypatch.setattr(l2ctl, "set_aside_rounding", lambda d=None: "up")
+    return c
+
+
+def main(*argv: str) -> int:
+    return cli.main(list(argv))
+
+
+# ------------------------------------------------------------------------------------ every option
+
+FILE = "file"  # the option writes a file
+# command -> [(option tokens, {function: {parameter: value}} or FILE)]; {tmp} is a temporary directory
+COMMON = [
+    (["--device", "1"], {"*": {"device": 1}}),
+    (["--repeat", "5"], {"*": {"repeat": 5}}),
+    (["--warmup", "0"], {"*": {"warmup": 0}}),
+    (["--quiet"], {"*": {"progress": False}}),
+    (["--json", "{tmp}/out.json"], FILE),
+    (["--csv", "{tmp}/out.csv"], FILE),
+]
+PLOT = [(["--plot", "{tmp}/out.png"], FILE)]
+WORKLOAD = [
+    (["--lut-bytes", "8M"], {"ResetDataWorkload": {"lut_bytes": 8 * MiB}}),
+    (["--out-bytes", "256M"], {"ResetDataWorkload": {"out_bytes": 256 * MiB}}),
+    (["--variant", "Hinted"], {"ResetDataWorkload": {"variant": "hinted"}}),
+]
+SWEEP_DEVICE = (["--device", "1"], {"Stream": {"device": 1}, "ResetDataWorkload": {"device": 1}})
+CASES: dict[str, tuple[str, list[tuple[list[str], Any]]]] = {
+    # command: (the function it runs, its cases)
+    "info": ("device_info", [(["--device", "1"], {"device_info": {"device": 1}}),
+                             (["--probe"], {"set_aside_granularity": {"device": 1}})]),  # the last of both
+    "bench reset-data": ("bench_reset_data", COMMON + PLOT + [
+        (["--lut-sizes", "1M,2M"], {"*": {"lut_sizes": [MiB, 2 * MiB]}}),
+        (["--out-bytes", "256M"], {"*": {"out_bytes": 256 * MiB}}),
+        (["--columns", "baseline,hints"], {"*": {"columns": ["baseline", "hints"]}}),
+        (["--counters"], {"*": {"counters": True}}),
+    ]),
+    "bench stride": ("bench_stride", COMMON + PLOT + [
+        (["--strides", "8,16"], {"*": {"strides": [8, 16]}}),
+        (["--threads", "64"], {"*": {"threads": 64}}),
+    ]),
+    "bench cache-streaming": ("bench_cache_streaming", COMMON + PLOT + [(["--n", "1000"], {"*": {"n": 1000}})]),
+    "bench graph": ("bench_graph", COMMON + [(["--lut-bytes", "2M"], {"*": {"lut_bytes": 2 * MiB}})]),
+    "bench concurrent": ("bench_concurrent", COMMON + [(["--set-aside", "8M"], {"*": {"set_aside": 8 * MiB}})]),
+    "sweep hit-ratio": ("sweep_hit_ratio", COMMON[1:] + [SWEEP_DEVICE] + PLOT + WORKLOAD + [
+        (["--set-aside", "8M"], {"*": {"set_aside": 8 * MiB}})]),
+    "sweep set-aside": ("sweep_set_aside", COMMON[1:] + [SWEEP_DEVICE] + PLOT + WORKLOAD),
+    "sweep surface": ("sweep_surface", COMMON[1:] + [SWEEP_DEVICE] + PLOT + WORKLOAD),
+    "sweep tax": ("sweep_tax", COMMON[1:] + [(["--device", "1"], {"Stream": {"device": 1}})] + PLOT),
+    "tune": ("tune", COMMON[1:] + [SWEEP_DEVICE] + WORKLOAD[1:] + [
+        (["--lut-sizes", "8M"], {"ResetDataWorkload": {"lut_bytes": 8 * MiB}}),
+        (["--bystander"], {"*": {"bystander": True}})]),
+}
+
+
+def _commands() -> dict[str, tuple[parsing.Command, tuple[options.Option, ...]]]:
+    """command words -> (the command, the options shown where the command's options may come first)."""
+    out = {}
+    for entry in cli.COMMANDS:
+        if isinstance(entry, parsing.Group):
+            for command in entry.commands:
+                out[f"{entry.name} {command.name}"] = (command, entry.options)
+        else:
+            out[entry.name] = (entry, ())
+    return out
+
+
+COMMANDS = _commands()
+
+
+def test_every_option_of_every_command_has_a_case():
+    assert set(CASES) == set(COMMANDS)
+    for words, (command, _) in COMMANDS.items():
+        tested = {tokens[0] for tokens, _ in CASES[words][1]}
+        assert tested == {o.flag for o in command.options}, words
+
+
+def _placements(words: str, tokens: list[str]) -> list[list[str]]:
+    """The command line with the option after the command's name and, in a group, before it."""
+    head = words.split()
+    lines = [head + tokens]
+    if len(head) == 2:
+        lines.append(head[:1] + tokens + head[1:])
+        if words == "bench reset-data":
+            lines.append(head[:1] + tokens)  # bench with no name runs reset-data
+    return lines
+
+
+@pytest.mark.parametrize("words,tokens,expected", [
+    (words, tokens, expected) for words, (_, cases) in CASES.items() for tokens, expected in cases],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else v if isinstance(v, str) else "")
+def test_every_option_is_passed_through(calls, capsys, tmp_path, words, tokens, expected):
+    function = CASES[words][0]
+    for argv in _placements(words, [t.format(tmp=tmp_path) for t in tokens]):
+        calls.log.clear()
+        for f in tmp_path.iterdir():
+            f.unlink()
+        assert main(*argv) == cli.EXIT_OK, argv
+        out = capsys.readouterr().out
+        assert "Fake GPU" in out
+        if expected == FILE:
+            written = tmp_path / os.path.basename(tokens[1])
+            assert written.stat().st_size > 0, argv
+            if tokens[0] == "--json":
+                assert json.loads(written.read_text())["records"]
+        else:
+            for name, params in expected.items():
+                got = calls.log[function if name == "*" else name][-1]
+                for param, value in params.items():
+                    assert got[param] == value, (argv, name, param)
+
+
+@pytest.mark.parametrize("argv", [["bench", "--json", "{tmp}/x.json", "--device", "1", "reset-data"],
+                                  ["bench", "reset-data", "--json", "{tmp}/x.json", "--device", "1"],
+                                  ["bench", "--json", "{tmp}/x.json", "reset-data", "--device", "1"],
+                                  ["bench", "--device", "1", "--json", "{tmp}/x.json"]])
+def test_options_before_and_after_the_benchmark_name(calls, capsys, tmp_path, argv):
+    assert main(*[a.format(tmp=tmp_path) for a in argv]) == 0
+    assert calls.one("bench_reset_data")["device"] == 1
+    assert (tmp_path / "x.json").exists()
+
+
+def test_a_later_value_wins(calls, capsys):
+    assert main("bench", "--repeat", "3", "stride", "--repeat", "5") == 0
+    assert calls.one("bench_stride")["repeat"] == 5
+
+
+def test_defaults_reach_the_functions(calls, capsys):
+    assert main("bench") == 0
+    got = calls.one("bench_reset_data")
+    assert got["lut_sizes"] is None and got["columns"] is None and got["device"] is None
+    assert (got["out_bytes"], got["repeat"], got["warmup"], got["progress"], got["counters"]) == (1 << 30, 15, 3,
+                                                                                                  True, False)
+    assert main("bench", "graph") == 0 and calls.one("bench_graph")["progress"] is True
+    assert main("bench", "concurrent") == 0 and calls.one("bench_concurrent")["progress"] is True
+    assert main("sweep", "hit-ratio") == 0
+    assert calls.one("ResetDataWorkload")["lut_bytes"] == 4 * MiB and calls.one("sweep_hit_ratio")["set_aside"] is None
+    calls.log.clear()
+    assert main("tune") == 0
+    assert (calls.one("tune")["repeat"], calls.one("tune")["warmup"], calls.one("tune")["progress"]) == (7, 2, True)
+
+
+def test_tune_writes_one_file_per_lut_size(calls, capsys, tmp_path):
+    assert main("tune", "--lut-sizes", "1M,2M", "--json", f"{tmp_path}/t.json", "--csv", f"{tmp_path}/t.csv") == 0
+    assert [c["lut_bytes"] for c in calls.log["ResetDataWorkload"]] == [MiB, 2 * MiB]
+    assert sorted(os.listdir(tmp_path)) == ["t_1048576.csv", "t_1048576.json", "t_2097152.csv", "t_2097152.json"]
+
+
+def test_tables(calls, capsys):
+    assert main("bench", "--counters", "--columns", "baseline,right_sized") == 0
+    out = capsys.readouterr().out
+    assert "right_sized" in out and "Hardware counters" in out and "Verdict" in out
+    assert main("tune", "--bystander") == 0
+    assert "bystander copy" in capsys.readouterr().out
+    assert main("info", "--probe") == 0
+    out = capsys.readouterr().out
+    assert "device 0: Fake GPU 0" in out and "device 1: Fake GPU 1" in out and "granularity" in out
+
+
+# ------------------------------------------------------------------------------------ refusals
+
+SAMPLE = {"--lut-sizes": ["1M"], "--out-bytes": ["1M"], "--columns": ["baseline"], "--counters": [],
+          "--plot": ["{tmp}/x.png"], "--device": ["1"], "--repeat": ["2"], "--warmup": ["1"],
+          "--json": ["{tmp}/x.json"], "--csv": ["{tmp}/x.csv"], "--quiet": [], "--strides": ["8"],
+          "--threads": ["64"], "--n": ["100"], "--lut-bytes": ["1M"], "--set-aside": ["1M"],
+          "--variant": ["plain"], "--bystander": [], "--probe": []}
+
+
+def test_samples_cover_every_option():
+    assert set(SAMPLE) == {o.flag for o in parsing.known_options(cli.COMMANDS)}
+
+
+REFUSALS = [(words, flag) for words, (command, _) in COMMANDS.items() for flag in SAMPLE
+            if flag not in {o.flag for o in command.options}]
+
+
+@pytest.mark.parametrize("words,flag", REFUSALS, ids=[f"{w} {f}" for w, f in REFUSALS])
+def test_an_option_a_command_does_not_take_is_refused(calls, capsys, tmp_path, words, flag):
+    tokens = [flag] + [t.format(tmp=tmp_path) for t in SAMPLE[flag]]
+    for argv in _placements(words, tokens):
+        assert main(*argv) == cli.EXIT_USAGE, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{flag} does not apply to '{words}'" in err, err
+        assert not calls.measured and not os.listdir(tmp_path)
+
+
+# ------------------------------------------------------------------------------------ validation
+
+BAD = [
+    (["bench", "--repeat", "-3"], "--repeat: must be at least 1"),
+    (["bench", "--repeat", "0"], "must be at least 1"),
+    (["bench", "--repeat", "1000001"], "must be at most"),
+    (["bench", "--repeat", "x"], "not an integer"),
+    (["bench", "stride", "--warmup", "-1"], "--warmup: must be at least 0"),
+    (["bench", "--device", "2"], "device 2 does not exist; 2 device(s)"),
+    (["bench", "--device", "-1"], "--device: must be at least 0"),
+    (["info", "--device", "5"], "device 5 does not exist"),
+    (["bench", "stride", "--threads", "0"], "--threads: must be at least 32"),
+    (["bench", "cache-streaming", "--n", "0"], "--n: must be at least 1"),
+    (["bench", "stride", "--strides", "6"], "multiples of 4"),
+    (["bench", "stride", "--strides", "0"], "must be at least 4"),
+    (["bench", "stride", "--strides", ","], "no stride"),
+    (["bench", "--lut-sizes", "4x"], "not a size"),
+    (["bench", "--lut-sizes", "6"], "multiple of 4"),
+    (["bench", "--lut-sizes", "0"], "size must be positive"),
+    (["bench", "--out-bytes", "-1M"], "unknown option -1M"),
+    (["bench", "graph", "--lut-bytes", "0.5"], "size must be positive"),
+    (["bench", "concurrent", "--set-aside", "0"], "size must be positive"),
+    (["bench", "--columns", "baseline,nope"], "unknown column(s) 'nope'"),
+    (["sweep", "surface", "--variant", "fast"], "unknown variant 'fast'"),
+    (["tune", "--variant", "fast"], "unknown variant"),
+    (["bench", "--json", "/nonexistent/dir/x.json"], "does not exist"),
+    (["bench", "stride", "--csv", "/nonexistent/dir/x.csv"], "does not exist"),
+    (["sweep", "tax", "--plot", "/nonexistent/dir/x.png"], "does not exist"),
+    (["bench", "--json", "{tmp}"], "is a directory"),
+    (["bench", "--plot", "{tmp}/x.unknownformat"], "extensions matplotlib writes"),
+    (["bench", "--rep", "3"], "unknown option --rep; did you mean --repeat?"),
+    (["bench", "stride", "--frobnicate"], "unknown option --frobnicate"),
+    (["bench", "--lut-sizes"], "expected one argument"),
+    (["bench", "nope"], "invalid choice: 'nope'"),
+    (["sweep"], "required"),
+    (["sweep", "--json", "{tmp}/x.json"], "required"),
+    ([], "required"),
+]
+
+
+@pytest.mark.parametrize("argv,message", BAD, ids=[" ".join(a) for a, _ in BAD])
+def test_bad_arguments_exit_2_with_one_line(calls, capsys, tmp_path, argv, message):
+    assert main(*[a.format(tmp=tmp_path) for a in argv]) == cli.EXIT_USAGE
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and message in captured.err, captured.err
+    assert "Traceback" not in captured.err and not calls.measured and not os.listdir(tmp_path)
+
+
+@pytest.mark.parametrize("argv", [["bench", "--repeat", "-3"], ["bench", "--json", "/nonexistent/dir/x.json"],
+                                  ["sweep", "--lut-bytes", "4M", "tax"], ["bench", "--lut-sizes", "4M", "stride"],
+                                  ["bench", "stride", "--strides", "5"], ["sweep", "set-aside", "--variant", "x"],
+                                  ["tune", "--warmup", "-2"], ["bench", "--columns", "x"],
+                                  ["bench", "--plot", "/nonexistent/x.png", "graph"]])
+def test_no_traceback_from_the_command_line(argv):
+    r = run(*argv)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr and r.stderr.startswith("python -m l2ctl")
+
+
+def test_plot_without_matplotlib(calls, capsys, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    for argv in (["bench", "--plot", f"{tmp_path}/r.png"], ["sweep", "--plot", f"{tmp_path}/r.png", "tax"]):
+        assert main(*argv) == cli.EXIT_USAGE
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--plot needs matplotlib: pip install 'l2ctl[plot]'" in err
+    assert not calls.measured and not os.listdir(tmp_path)
+    assert main("bench") == 0  # no --plot: matplotlib is not needed
+
+
+@pytest.mark.parametrize("error,code", [(VerificationError("verification failed: x"), cli.EXIT_VERIFY),
+                                        (NotSupportedError("no persistence here"), cli.EXIT_UNSUPPORTED),
+                                        (CudaError("cudaMalloc", 2, "cudaErrorMemoryAllocation", "out of memory"),
+                                         cli.EXIT_ERROR),
+                                        (ValueError("bad"), cli.EXIT_USAGE),
+                                        (KeyboardInterrupt(), cli.EXIT_INTERRUPTED)])
+def test_exit_codes(monkeypatch, capsys, error, code):
+    def fail(*_, **__):
+        raise error
+
+    monkeypatch.setattr(bench, "bench_stride", fail)
+    assert main("bench", "stride") == code
+    err = capsys.readouterr().err
+    assert err.startswith("l2ctl: ") and err.count("\n") == 1
+
+
+def test_output_write_failure_exits_2(calls, capsys, tmp_path, monkeypatch):
+    def fail(self, path):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Report, "to_json", fail)
+    assert main("bench", "stride", "--json", f"{tmp_path}/x.json") == cli.EXIT_USAGE
+    captured = capsys.readouterr()
+    assert "stride" in captured.out  # the table was printed first
+    assert "cannot write" in captured.err and "Permission denied" in captured.err
+
+
+# ------------------------------------------------------------------------------------ help
+
+
+def _help_entries(text: str) -> dict[str, str]:
+    """flag -> its help text, from --help output."""
+    entries: dict[str, str] = {}
+    current = None
+    for line in text.splitlines():
+        stripped = line.strip()
+        if line.startswith("  -") and not line.startswith("    "):
+            current = stripped.split()[0].rstrip(",")
+            entries[current] = stripped
+        elif current and line.startswith("   ") and stripped:
+            entries[current] += " " + stripped
+        else:
+            current = None
+    return entries
+
+
+HELP = ["info", "bench", "sweep", "tune"] + [w for w in COMMANDS if " " in w]
+
+
+@pytest.mark.parametrize("words", HELP)
+def test_help_shows_every_option_with_its_default(capsys, words):
+    assert main(*words.split(), "--help") == 0
+    text = capsys.readouterr().out
+    entries = _help_entries(text)
+    if words in COMMANDS:
+        shown = COMMANDS[words][0].options
+    else:
+        shown = next(e for e in cli.COMMANDS if e.name == words).options
+    assert {o.flag for o in shown} == set(entries) - {"-h"}
+    for flag, entry in entries.items():
+        if flag != "-h":
+            assert "(default: " in entry, entry
+
+
+def test_help_in_a_subprocess():
+    r = run("bench", "stride", "--help")
+    text = " ".join(r.stdout.split())  # as wrapped for the terminal's width
+    assert r.returncode == 0 and "(default: 4,8,16,32,64,128)" in text and "(default: 15)" in text
+    text = " ".join(run("tune", "--help").stdout.split())
+    assert "(default: 7)" in text and "(default: 4M)" in text

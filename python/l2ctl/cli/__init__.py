@@ -1,0 +1,140 @@
+"""``l2ctl`` / ``python -m l2ctl``: device info, the benchmarks, the sweeps and the tuner.
+
+    l2ctl info [--probe]
+    l2ctl bench [reset-data|stride|cache-streaming|graph|concurrent] [options]
+    l2ctl sweep hit-ratio|set-aside|surface|tax [options]
+    l2ctl tune [options]
+
+Every argument is checked before anything runs (bad values, output files that cannot be written, a
+--plot without matplotlib: one line on stderr, exit 2). Tables go to stdout; progress and "wrote PATH"
+to stderr.
+
+Exit codes: 0 success; 1 a CUDA error; 2 bad arguments; 3 no GPU, or a GPU that cannot persist L2; 4 a
+benchmark's output failed verification (no numbers are printed for it); 130 interrupted.
+
+Layout: ``options`` (argument types, shared options), ``parsing`` (commands to parsers, defaults,
+refusals), ``output`` (formatting, files), one ``*_cmd`` module per command family (info, bench,
+sweep, tune).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from .._errors import CudaError, NotSupportedError
+from . import bench_cmd, info_cmd, options, sweep_cmd, tune_cmd
+from .bench_cmd import (
+    cmd_bench_concurrent,
+    cmd_bench_cs,
+    cmd_bench_graph,
+    cmd_bench_reset,
+    cmd_bench_stride,
+)
+from .info_cmd import cmd_info
+from .sweep_cmd import cmd_sweep_hit_ratio, cmd_sweep_set_aside, cmd_sweep_surface, cmd_sweep_tax
+from .exitcodes import (
+    EXIT_CODES_HELP,
+    EXIT_ERROR,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_UNSUPPORTED,
+    EXIT_USAGE,
+    EXIT_VERIFY,
+)
+from .output import OutputError
+from .parsing import Entry, Parser, add_entries, check_flags, finish
+from .tune_cmd import cmd_tune
+
+__all__ = [
+    "main",
+    "build_parser",
+    "parse_args",
+    "run",
+    "COMMANDS",
+    "EXIT_OK",
+    "EXIT_ERROR",
+    "EXIT_USAGE",
+    "EXIT_UNSUPPORTED",
+    "EXIT_VERIFY",
+    "EXIT_INTERRUPTED",
+    "cmd_info",
+    "cmd_tune",
+    "cmd_bench_reset",
+    "cmd_bench_stride",
+    "cmd_bench_cs",
+    "cmd_bench_graph",
+    "cmd_bench_concurrent",
+    "cmd_sweep_hit_ratio",
+    "cmd_sweep_set_aside",
+    "cmd_sweep_surface",
+    "cmd_sweep_tax",
+]
+
+#: The top-level commands, in the order ``--help`` lists them.
+COMMANDS: tuple[Entry, ...] = (info_cmd.INFO, bench_cmd.BENCH, sweep_cmd.SWEEP, tune_cmd.TUNE)
+
+#: The byte-size parser (4096, 4K, 8M, 1.5MiB, 1G), under its historical name.
+_size = options.parse_size
+
+PROG = "l2ctl"
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The parser of the whole command line. Options are parsed with no defaults (only what was typed);
+    :func:`parse_args` adds the chosen command's defaults."""
+    import l2ctl
+
+    parser = Parser(prog=prog, description="NVIDIA L2 persistence controls and benchmarks",
+                    epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
+                    allow_abbrev=False)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {l2ctl.__version__}")
+    add_entries(parser, COMMANDS)
+    return parser
+
+
+def parse_args(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> argparse.Namespace:
+    """The chosen command's options (given or default), ``func`` and ``command``; SystemExit(2) with one
+    line on stderr for anything wrong, SystemExit(0) after --help."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(prog)
+    check_flags(parser, args, COMMANDS)
+    return finish(parser.parse_args(args))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run a parsed command; errors become one line on stderr and an exit code."""
+    from ..bench import VerificationError
+
+    try:
+        code: int = args.func(args)
+        return code
+    except VerificationError as exc:
+        print(f"l2ctl: {exc}", file=sys.stderr)
+        return EXIT_VERIFY
+    except NotSupportedError as exc:
+        print(f"l2ctl: {exc}", file=sys.stderr)
+        return EXIT_UNSUPPORTED
+    except (ValueError, OutputError) as exc:
+        print(f"l2ctl: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except CudaError as exc:
+        print(f"l2ctl: CUDA error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("l2ctl: interrupted; device state restored", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
+    """The console script (``l2ctl``) and ``python -m l2ctl``: parse ``argv`` (default sys.argv[1:]), run,
+    return the exit code."""
+    try:
+        args = parse_args(argv, prog)
+    except SystemExit as exc:  # --help / --version (0), or bad arguments (2, the line already printed)
+        if exc.code is None:
+            return EXIT_OK
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    return run(args)
+

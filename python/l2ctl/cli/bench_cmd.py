@@ -1,0 +1,183 @@
+"""``l2ctl bench [NAME]``: the benchmarks of l2ctl.bench, one command each, with their tables.
+
+A new benchmark is a function ``cmd_bench_x(args) -> int`` and a :class:`Command` naming its options,
+added to ``BENCHMARKS``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from .exitcodes import EXIT_OK
+from .options import (COLUMN_NAMES, COMMON, LUT_BYTES, LUT_SIZES, OUT_BYTES, PLOT, SET_ASIDE, Option, columns, count,
+                      strides)
+from .output import fmt_bytes, header, save_plot, write_report
+from .parsing import Command, Group
+
+__all__ = ["cmd_bench_reset", "cmd_bench_stride", "cmd_bench_cs", "cmd_bench_graph", "cmd_bench_concurrent",
+           "RESET_DATA", "STRIDE", "CACHE_STREAMING", "GRAPH", "CONCURRENT", "BENCHMARKS", "BENCH"]
+
+
+def cmd_bench_reset(args: argparse.Namespace) -> int:
+    from .. import bench, plot
+
+    report = bench.bench_reset_data(args.lut_sizes, out_bytes=args.out_bytes, columns=args.columns,
+                                    device=args.device, repeat=args.repeat, warmup=args.warmup,
+                                    progress=not args.quiet, counters=args.counters)
+    c = report.ceilings
+    print(header(report))
+    ceilings = ("" if c is None else f"; write-only ceiling {c.write_ms:.3f} ms ({c.write_gbps:,.0f} GB/s), "
+                f"copy {c.copy_gbps:,.0f} GB/s, read {c.read_gbps:,.0f} GB/s")
+    print(f"reset-data: {fmt_bytes(report.records[0].config['out_bytes'])} output, median of {args.repeat} "
+          f"(CUDA events), every output verified{ceilings}")
+    names = [r.variant for r in report.records if r.config["lut_bytes"] == report.records[0].config["lut_bytes"]]
+    print(f"{'LUT':>10} " + " ".join(f"{n:>17}" for n in names))
+    for row in report.summary["table_ms"]:
+        cells = []
+        for n in names:
+            ms = row[n]
+            cells.append(f"{ms:8.3f} {row['baseline'] / ms:6.2f}x" if "baseline" in row else f"{ms:8.3f}        ")
+        print(f"{fmt_bytes(row['lut_bytes']):>10} " + " ".join(f"{cell:>17}" for cell in cells))
+    print("ms and speedup over baseline; columns: " + "; ".join(f"{n} = {d}" for n, d in bench.RESET_COLUMNS
+                                                               if n in names))
+    if args.counters:
+        print("\nHardware counters (one extra launch per point, after another, by l2ctl.collect): "
+              "DRAM MB read / L2 hit rate")
+        print(f"{'LUT':>10} " + " ".join(f"{n:>17}" for n in names))
+        for row in report.summary["table_ms"]:
+            cells = []
+            for n in names:
+                k = report.find(n, lut_bytes=row["lut_bytes"]).metrics["counters"]
+                cells.append(f"{k['dram__bytes_read.sum'] / 1e6:7.1f} {k['lts__t_sector_hit_rate.pct']:5.1f}%")
+            print(f"{fmt_bytes(row['lut_bytes']):>10} " + " ".join(f"{cell:>17}" for cell in cells))
+    if "verdict" in report.summary:
+        print("Verdict: " + report.summary["verdict"])
+    write_report(report, args.json, args.csv)
+    save_plot(args.plot, plot.reset_data, report)
+    return EXIT_OK
+
+
+def cmd_bench_stride(args: argparse.Namespace) -> int:
+    from .. import bench, plot
+
+    report = bench.bench_stride(args.strides, threads=args.threads, device=args.device, repeat=args.repeat,
+                                warmup=args.warmup, progress=not args.quiet)
+    print(header(report))
+    print(f"strided 4-byte loads, {args.threads:,} threads, "
+          f"read ceiling {report.summary['read_ceiling_gbps']:,.0f} GB/s")
+    print(f"{'stride':>7} {'ms':>8} {'useful GB/s':>12} {'sectors/req':>12} {'sector GB/s':>12} {'of ceiling':>11} "
+          f"{'DRAM model GB/s':>16}")
+    for r in report.records:
+        m = r.metrics
+        print(f"{r.config['stride_bytes']:>6}B {r.median_ms:8.3f} {m['useful_gbps']:12,.0f} "
+              f"{m['sectors_per_request_model']:12d} {m['sector_gbps']:12,.0f} "
+              f"{m['sector_fraction_of_read_ceiling']:10.0%} {m['dram_model_gbps']:16,.0f}")
+    write_report(report, args.json, args.csv)
+    save_plot(args.plot, plot.stride, report)
+    return EXIT_OK
+
+
+def cmd_bench_cs(args: argparse.Namespace) -> int:
+    from .. import bench, plot
+
+    report = bench.bench_cache_streaming(args.n, device=args.device, repeat=args.repeat, warmup=args.warmup,
+                                         progress=not args.quiet)
+    print(header(report))
+    print(f"cache-streaming loads, {args.n:,} elements; outputs of both versions identical and within 1e-5 of float64")
+    print(f"{'scenario':>16} {'normal ms':>10} {'.cs ms':>10} {'speedup':>8}")
+    for scenario in ("sparse_vector", "stream_analysis"):
+        normal = report.find(f"{scenario}/normal").median_ms
+        cs = report.find(f"{scenario}/cs").median_ms
+        print(f"{scenario:>16} {normal:10.4f} {cs:10.4f} {normal / cs:7.2f}x")
+    write_report(report, args.json, args.csv)
+    save_plot(args.plot, plot.cache_streaming, report)
+    return EXIT_OK
+
+
+def cmd_bench_graph(args: argparse.Namespace) -> int:
+    from .. import bench
+
+    report = bench.bench_graph(args.lut_bytes, device=args.device, repeat=args.repeat, warmup=args.warmup,
+                               progress=not args.quiet)
+    print(header(report))
+    plain = report.records[0]
+    print(f"graph of {plain.config['kernels_per_graph']} reset-data kernels, "
+          f"LUT {fmt_bytes(plain.config['lut_bytes'])}, "
+          f"output {fmt_bytes(plain.config['out_bytes'])}; outputs verified")
+    print(f"  replay, no window:                                 {plain.median_ms:8.3f} ms")
+    for r in report.records[1:]:
+        how = r.variant.replace("replay_window_", "")
+        print(f"  replay, window on nodes, instance refreshed by {how:<11} {r.median_ms:8.3f} ms  "
+              f"({r.metrics['speedup_vs_no_window']:.2f}x; set-aside {fmt_bytes(r.config['set_aside_granted'])}, "
+              f"hit ratio {r.config['hit_ratio']:.3f})")
+    write_report(report, args.json, args.csv)
+    return EXIT_OK
+
+
+def cmd_bench_concurrent(args: argparse.Namespace) -> int:
+    from .. import bench
+
+    report = bench.bench_concurrent(set_aside=args.set_aside, device=args.device, repeat=args.repeat,
+                                    warmup=args.warmup, progress=not args.quiet)
+    print(header(report))
+    r0 = report.records[0]
+    print(f"two reset-data kernels on two streams at once, set-aside {fmt_bytes(r0.config['set_aside_granted'])}, "
+          f"each LUT {fmt_bytes(r0.config['lut_bytes_each'])}; outputs verified")
+    print(f"{'variant':>18} {'hit ratios':>14} {'kernel 1 ms':>12} {'kernel 2 ms':>12} {'both ms':>9} {'speedup':>8}")
+    for r in report.records:
+        hr = r.config["hit_ratios"]
+        hrs = "-" if hr[0] is None else f"{hr[0]:.2f}/{hr[1]:.2f}"
+        print(f"{r.variant:>18} {hrs:>14} {r.metrics['kernel1_median_ms']:12.3f} "
+              f"{r.metrics['kernel2_median_ms']:12.3f} {r.median_ms:9.3f} {r0.median_ms / r.median_ms:7.2f}x")
+    write_report(report, args.json, args.csv)
+    return EXIT_OK
+
+
+RESET_OPTIONS = (
+    LUT_SIZES,
+    OUT_BYTES,
+    Option("--columns", f"policies to run, comma-separated, from: {', '.join(COLUMN_NAMES)}", None, "all", columns,
+           "NAMES"),
+    Option("--counters", "add DRAM bytes and L2 hit rate from CUPTI (one extra untimed launch per point)", False,
+           switch=True),
+    PLOT,
+)
+RESET_DATA = Command(
+    "reset-data", "a LUT repeated into a large buffer, per persistence policy and LUT size (the main job)",
+    RESET_OPTIONS + COMMON, cmd_bench_reset,
+    "reset-data: a random LUT repeated into a large output, for LUT sizes from well inside the set-aside to\n"
+    "past its max, under each persistence policy (the columns); every output verified on the device.")
+STRIDE = Command(
+    "stride", "4-byte loads at growing strides: sectors per request against the read ceiling",
+    (Option("--strides", "strides between threads in bytes, comma-separated, multiples of 4 up to 1M",
+            [4, 8, 16, 32, 64, 128], "4,8,16,32,64,128", strides, "BYTES"),
+     Option("--threads", "threads, one 4-byte load each (32 to 2**31)", 1 << 25, f"{1 << 25} (32M)",
+            count(32, 1 << 31, "threads"), "N"),
+     PLOT) + COMMON,
+    cmd_bench_stride)
+CACHE_STREAMING = Command(
+    "cache-streaming", "normal vs .cs (evict-first) loads in the cache-streaming document's two scenarios",
+    (Option("--n", "elements per scenario (1 to 2**28)", 10_000_000, type=count(1, 1 << 28, "n"), metavar="N"),
+     PLOT) + COMMON,
+    cmd_bench_cs)
+GRAPH = Command(
+    "graph", "graph replay with and without a window on its kernel nodes",
+    (LUT_BYTES.but(help="LUT size of the reset-data kernels in the graph (a multiple of 4)", default=None,
+                   shown_default="4/50 of the L2: 4 MiB on a 50 MiB L2"),) + COMMON,
+    cmd_bench_graph)
+CONCURRENT = Command(
+    "concurrent", "two streams sharing one set-aside",
+    (SET_ASIDE.but(help="set-aside limit both streams share; each LUT is as large",
+                   shown_default="6/50 of the L2 rounded up to the granularity, capped at the max"),) + COMMON,
+    cmd_bench_concurrent)
+
+#: The benchmarks, in the order ``bench --help`` lists them.
+BENCHMARKS: tuple[Command, ...] = (RESET_DATA, STRIDE, CACHE_STREAMING, GRAPH, CONCURRENT)
+
+BENCH = Group(
+    "bench", "benchmarks (no name: reset-data, the main job)", BENCHMARKS, RESET_DATA.options, RESET_DATA,
+    "Benchmarks; every output is verified on the device before its time is kept.\n"
+    "With no benchmark named, runs reset-data (the main job); the options shown here are reset-data's and\n"
+    "may come before or after the name (bench --json x.json stride): an option the chosen benchmark does\n"
+    "not take is refused.",
+    "BENCHMARK")

@@ -1,0 +1,253 @@
+"""Argument types and the options the commands share.
+
+Every value is checked while the command line is parsed (an ``argparse.ArgumentTypeError``: one line,
+exit 2), before any device is touched. An :class:`Option` is declared once, with its default; parsers
+get it with ``default=SUPPRESS`` (so a copy of it in a sub-command never overwrites a value given
+earlier on the line), and the command's defaults are filled in after parsing (``parsing.finish``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Optional
+
+import l2ctl
+
+from ..bench import MAX_REPEAT, RESET_COLUMNS
+from ..kernels import ResetVariant, check_variant
+
+__all__ = [
+    "Option",
+    "COLUMN_NAMES",
+    "VARIANT_NAMES",
+    "parse_size",
+    "lut_size",
+    "lut_sizes",
+    "count",
+    "repeat_count",
+    "warmup_count",
+    "strides",
+    "columns",
+    "variant",
+    "device_index",
+    "output_path",
+    "DEVICE",
+    "REPEAT",
+    "WARMUP",
+    "JSON",
+    "CSV",
+    "PLOT",
+    "QUIET",
+    "COMMON",
+    "LUT_SIZES",
+    "LUT_BYTES",
+    "OUT_BYTES",
+    "VARIANT",
+    "SET_ASIDE",
+]
+
+MAX_BYTES = 1 << 62  # far above any device's memory; keeps a typo from overflowing the C++ side
+COLUMN_NAMES = tuple(name for name, _ in RESET_COLUMNS)
+VARIANT_NAMES = tuple(v.name.lower() for v in ResetVariant)
+
+
+def _bad(message: str) -> argparse.ArgumentTypeError:
+    return argparse.ArgumentTypeError(message)
+
+
+# ----------------------------------------------------------------------------------------------- types
+
+
+def parse_size(text: str) -> int:
+    """A byte size: 4096, 4K, 8M, 1.5MiB, 1G (powers of 1024; a fraction of a byte is dropped)."""
+    t = text.strip().upper().replace("IB", "").replace("B", "")
+    scale = 1
+    for suffix, factor in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
+        if t.endswith(suffix):
+            t, scale = t[:-1], factor
+            break
+    try:
+        value = float(t) * scale
+    except ValueError:
+        raise _bad(f"not a size: {text!r} (use e.g. 4096, 8M, 1.5MiB, 1G)") from None
+    if not math.isfinite(value) or int(value) < 1:
+        raise _bad(f"size must be positive: {text!r}")
+    if value > MAX_BYTES:
+        raise _bad(f"size too large: {text!r}")
+    return int(value)
+
+
+def lut_size(text: str) -> int:
+    """A LUT size: a byte size that is a multiple of 4 (the LUT holds 4-byte words)."""
+    value = parse_size(text)
+    if value % 4:
+        raise _bad(f"a LUT size must be a multiple of 4 bytes: {text!r} is {value} B")
+    return value
+
+
+def lut_sizes(text: str) -> list[int]:
+    """Comma-separated LUT sizes: 1M,4M,8M."""
+    values = [lut_size(part) for part in text.split(",") if part.strip()]
+    if not values:
+        raise _bad(f"no size given: {text!r} (use e.g. 1M,4M,8M)")
+    return values
+
+
+def count(minimum: int, maximum: Optional[int] = None, what: str = "count") -> Callable[[str], int]:
+    """An integer in [minimum, maximum] (``1_000_000`` accepted)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip(), 10)
+        except ValueError:
+            raise _bad(f"not an integer: {text!r}") from None
+        if value < minimum:
+            raise _bad(f"must be at least {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise _bad(f"must be at most {maximum:_}, got {value:_}")
+        return value
+
+    parse.__name__ = what
+    return parse
+
+
+repeat_count = count(1, MAX_REPEAT, "repeat")
+warmup_count = count(0, MAX_REPEAT, "warmup")
+
+
+def strides(text: str) -> list[int]:
+    """Comma-separated strides in bytes, each a positive multiple of 4 up to 1 MiB."""
+    parse = count(4, 1 << 20, "stride")
+    values = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            value = parse(part)
+        except argparse.ArgumentTypeError as exc:
+            raise _bad(f"stride {part!r}: {exc}") from None
+        if value % 4:
+            raise _bad(f"strides must be positive multiples of 4 bytes, got {value}")
+        values.append(value)
+    if not values:
+        raise _bad(f"no stride given: {text!r} (use e.g. 4,8,16)")
+    return values
+
+
+def columns(text: str) -> list[str]:
+    """Comma-separated reset-data columns, names from l2ctl.bench.RESET_COLUMNS."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise _bad(f"no column given: {text!r}; choose from {', '.join(COLUMN_NAMES)}")
+    unknown = [n for n in names if n not in COLUMN_NAMES]
+    if unknown:
+        raise _bad(f"unknown column(s) {', '.join(map(repr, unknown))}; choose from {', '.join(COLUMN_NAMES)}")
+    return names
+
+
+def variant(text: str) -> str:
+    """A reset-data kernel variant (l2ctl.kernels.ResetVariant), by name; returned in lower case."""
+    try:
+        return check_variant(text).name.lower()
+    except ValueError:
+        raise _bad(f"unknown variant {text!r}; choose from {', '.join(VARIANT_NAMES)}") from None
+
+
+def device_index(text: str) -> int:
+    """A CUDA device index, below l2ctl.device_count() when a device is visible (with none, the command
+    itself reports that there is no device)."""
+    value = count(0, None, "device")(text)
+    try:
+        visible = int(l2ctl.device_count())
+    except l2ctl.L2ctlError:  # the command will say what is wrong
+        return value
+    if visible and value >= visible:
+        raise _bad(f"device {value} does not exist; {visible} device(s) are visible (0 to {visible - 1})")
+    return value
+
+
+def output_path(text: str) -> str:
+    """A file to write: its directory must exist and be writable; an existing file must be writable."""
+    if not text.strip():
+        raise _bad("empty path")
+    if os.path.isdir(text):
+        raise _bad(f"{text} is a directory; give a file name")
+    directory = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(directory):
+        raise _bad(f"cannot write {text}: directory {directory} does not exist")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise _bad(f"cannot write {text}: directory {directory} is not writable")
+    if os.path.exists(text) and not os.access(text, os.W_OK):
+        raise _bad(f"cannot write {text}: the file is not writable")
+    return text
+
+
+# ----------------------------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class Option:
+    """One command-line option: its flag, help, default (and how the help shows it) and type."""
+
+    flag: str
+    help: str
+    default: Any = None
+    shown_default: Optional[str] = None  #: None: derived from ``default``
+    type: Callable[[str], Any] = str  #: parses and checks the value (ArgumentTypeError: exit 2)
+    metavar: Optional[str] = None
+    switch: bool = False  #: a flag without a value (store_true)
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+    @property
+    def help_text(self) -> str:
+        shown = self.shown_default
+        if shown is None:
+            shown = "off" if self.switch else "none" if self.default is None else str(self.default)
+        return f"{self.help} (default: {shown})"
+
+    def but(self, **changes: Any) -> "Option":
+        """A copy with other fields (a command's own default, say)."""
+        return replace(self, **changes)
+
+    def add_to(self, parser: argparse.ArgumentParser, hidden: bool = False) -> None:
+        """Added with ``default=SUPPRESS`` (only a value typed lands in the namespace); ``hidden``: not in
+        the help (parsed, then refused: see parsing.finish)."""
+        text = argparse.SUPPRESS if hidden else self.help_text.replace("%", "%%")
+        if self.switch:
+            parser.add_argument(self.flag, dest=self.dest, action="store_true", default=argparse.SUPPRESS, help=text)
+        else:
+            parser.add_argument(self.flag, dest=self.dest, type=self.type, metavar=self.metavar,
+                                default=argparse.SUPPRESS, help=text)
+
+
+DEVICE = Option("--device", "CUDA device index", None, "the current device", device_index, "N")
+REPEAT = Option("--repeat", f"timed repetitions per point, the median is reported (1 to {MAX_REPEAT:_})", 15,
+                type=repeat_count, metavar="N")
+WARMUP = Option("--warmup", "untimed runs before the timed ones, per point", 3, type=warmup_count, metavar="N")
+JSON = Option("--json", "write the full report (environment, configuration, every record) as JSON",
+              type=output_path, metavar="PATH")
+CSV = Option("--csv", "write one CSV row per measurement", type=output_path, metavar="PATH")
+PLOT = Option("--plot", "save a plot, format by extension (.png, .svg, .pdf); needs matplotlib",
+              type=output_path, metavar="PATH")
+QUIET = Option("--quiet", "no progress on stderr", False, switch=True)
+
+#: What every benchmark, sweep and the tuner takes.
+COMMON = (DEVICE, REPEAT, WARMUP, JSON, CSV, QUIET)
+
+SIZE_HELP = "e.g. 4096, 8M, 1.5MiB, 1G"
+LUT_SIZES = Option("--lut-sizes", f"LUT sizes, comma-separated ({SIZE_HELP}; multiples of 4)", None,
+                   "1,4,8,12,16,24,32,48 x L2/50: 1 to 48 MiB on a 50 MiB L2", lut_sizes, "SIZES")
+LUT_BYTES = Option("--lut-bytes", f"LUT size of the reset-data workload ({SIZE_HELP}; a multiple of 4)", 4 << 20,
+                   "4M", lut_size, "SIZE")
+OUT_BYTES = Option("--out-bytes", f"output size of the reset-data workload ({SIZE_HELP})", 1 << 30, "1G",
+                   parse_size, "SIZE")
+VARIANT = Option("--variant", f"reset-data kernel variant: {', '.join(VARIANT_NAMES)}", "plain", type=variant,
+                 metavar="NAME")
+SET_ASIDE = Option("--set-aside", f"persisting-L2 set-aside limit to request ({SIZE_HELP})", None, type=parse_size,
+                   metavar="SIZE")

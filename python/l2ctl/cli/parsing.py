@@ -1,0 +1,172 @@
+"""How commands become parsers, and what happens after parsing.
+
+A :class:`Command` declares its options (``options.Option``) and the function that runs it. A
+:class:`Group` (``bench``, ``sweep``) holds several; the options it shows may be given before the
+command's name as well as after it, and reach the command either way. Every option is added with
+``default=SUPPRESS``, so only what was typed lands in the namespace (a sub-command's copy of an option
+never overwrites a value given before its name). Every parser also knows, hidden, the options of every
+other command, so that :func:`finish` can refuse one by name ("--lut-sizes does not apply to 'bench
+stride'") instead of argparse taking its value for a command name; :func:`finish` then fills in the
+chosen command's own defaults and checks optional dependencies (--plot), all before anything runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import difflib
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, NoReturn, Optional, Sequence, Union
+
+from .exitcodes import EXIT_USAGE
+from .options import Option
+from .output import plot_problem
+
+__all__ = ["Parser", "Command", "Group", "Entry", "add_entries", "known_options", "check_flags", "finish"]
+
+Run = Callable[[argparse.Namespace], int]
+_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse's negative numbers: values, not flags
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with a one-line error (no usage block): ``prog: error: message (see 'prog --help')``."""
+
+    def error(self, message: str) -> NoReturn:
+        line = " ".join(message.split())
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {line} (see '{self.prog} --help')\n")
+
+
+def _formatter(prog: str) -> argparse.HelpFormatter:
+    return argparse.RawDescriptionHelpFormatter(prog, max_help_position=30)
+
+
+def _add_parser(subparsers: Any, name: str, summary: str, description: str) -> Parser:
+    parser: Parser = subparsers.add_parser(name, help=summary, description=description or summary,
+                                           formatter_class=_formatter, allow_abbrev=False)
+    return parser
+
+
+def _add_options(parser: Parser, shown: Sequence[Option], known: Sequence[Option]) -> None:
+    """``shown`` in the help; every other option in ``known`` hidden, so that it is parsed and then refused
+    by name (``finish``) rather than misread (its value taken for a command name)."""
+    for option in shown:
+        option.add_to(parser)
+    dests = {o.dest for o in shown}
+    for option in known:
+        if option.dest not in dests:
+            option.add_to(parser, hidden=True)
+
+
+@dataclass(frozen=True)
+class Command:
+    """A runnable command: ``name`` is its word (``stride``), ``summary`` its line in the parent's help."""
+
+    name: str
+    summary: str
+    options: tuple[Option, ...]
+    run: Run
+    description: str = ""
+
+    @property
+    def dests(self) -> frozenset[str]:
+        return frozenset(o.dest for o in self.options)
+
+    def all_options(self) -> tuple[Option, ...]:
+        return self.options
+
+    def add_to(self, subparsers: Any, known: Sequence[Option], parent: str = "") -> Parser:
+        parser = _add_parser(subparsers, self.name, self.summary, self.description)
+        _add_options(parser, self.options, known)
+        parser.set_defaults(_command=(self, parser, f"{parent} {self.name}".strip()))
+        return parser
+
+
+@dataclass(frozen=True)
+class Group:
+    """Commands under one word (``bench stride``). ``default`` runs when no command is named; ``options``
+    are those shown before the command's name (any option of a command is accepted there)."""
+
+    name: str
+    summary: str
+    commands: tuple[Command, ...]
+    options: tuple[Option, ...]
+    default: Optional[Command] = None
+    description: str = ""
+    metavar: str = "COMMAND"
+
+    def all_options(self) -> tuple[Option, ...]:
+        return self.options + tuple(o for c in self.commands for o in c.options)
+
+    def add_to(self, subparsers: Any, known: Sequence[Option], parent: str = "") -> Parser:
+        path = f"{parent} {self.name}".strip()
+        parser = _add_parser(subparsers, self.name, self.summary, self.description)
+        _add_options(parser, self.options, known)
+        names = ",".join(c.name for c in self.commands)
+        sub = parser.add_subparsers(title=self.metavar.lower() + "s", metavar=f"{{{names}}}",
+                                    required=self.default is None)
+        for command in self.commands:
+            command.add_to(sub, known, path)
+        if self.default is not None:  # its own key: a command named after it sets _command
+            parser.set_defaults(_default=(self.default, parser, f"{path} {self.default.name}"))
+        return parser
+
+
+Entry = Union[Command, Group]
+
+
+def known_options(entries: Sequence[Entry]) -> tuple[Option, ...]:
+    """Every option of every command, once per flag; one flag has one meaning (type) everywhere."""
+    seen: dict[str, Option] = {}
+    for entry in entries:
+        for option in entry.all_options():
+            first = seen.setdefault(option.flag, option)
+            if (first.type, first.switch) != (option.type, option.switch):
+                raise TypeError(f"{option.flag} is declared with two types")
+    return tuple(seen.values())
+
+
+def add_entries(parser: argparse.ArgumentParser, entries: Sequence[Entry]) -> None:
+    """The commands (and groups of commands) under ``parser``."""
+    known = known_options(entries)
+    names = ",".join(e.name for e in entries)
+    sub = parser.add_subparsers(title="commands", metavar=f"{{{names}}}", required=True)
+    for entry in entries:
+        entry.add_to(sub, known)
+
+
+def check_flags(parser: argparse.ArgumentParser, argv: Sequence[str], entries: Sequence[Entry]) -> None:
+    """Refuse a flag no command has (exit 2, one line) before argparse takes its value for a command name."""
+    known = {o.flag for o in known_options(entries)} | {"-h", "--help", "--version"}
+    for token in argv:
+        if token == "--":
+            break
+        flag = token.split("=", 1)[0]
+        if flag.startswith("-") and len(flag) > 1 and not _NUMBER.match(flag) and flag not in known:
+            close = difflib.get_close_matches(flag, sorted(known), n=1)
+            parser.error(f"unknown option {flag}" + (f"; did you mean {close[0]}?" if close else ""))
+
+
+def finish(ns: argparse.Namespace) -> argparse.Namespace:
+    """The namespace the command runs with: only its own options, each given or at its default, plus
+    ``func`` (the function to run) and ``command`` (its words, e.g. "bench stride"). Exits 2 with one
+    line for an option the command does not take, or a ``--plot`` that cannot be drawn."""
+    given = dict(vars(ns))
+    chosen = given.pop("_command", None)
+    default = given.pop("_default", None)
+    command: Command
+    parser: Parser
+    path: str
+    command, parser, path = chosen if chosen is not None else default
+    own = {o.dest: o for o in command.options}
+    foreign = ["--" + dest.replace("_", "-") for dest in given if dest not in own]
+    if foreign:
+        parser.error(f"{', '.join(foreign)} {'does' if len(foreign) == 1 else 'do'} not apply to '{path}'")
+    values: dict[str, Any] = {dest: given.get(dest, copy.copy(option.default)) for dest, option in own.items()}
+    plot: Optional[str] = values.get("plot")
+    if plot:
+        problem = plot_problem(plot)
+        if problem:
+            parser.error(problem)
+    return argparse.Namespace(**values, func=command.run, command=path)
+
