@@ -1,0 +1,39 @@
+"""A simulated CUDA machine for running code that uses l2ctl without a GPU.
+
+``FakeBackend`` implements the whole backend contract (``l2ctl._backend.Backend``, the same names and
+signatures as the compiled ``l2ctl._core``): devices and the set-aside limit, streams and windows,
+events, lazy device memory, graphs, a CUPTI range profiler, and every kernel, executed functionally
+with NumPy and timed by a model of DRAM, L2 and persistence calibrated to an H100 and an H200::
+
+    import numpy as np
+    import l2ctl
+    from l2ctl.testing import FakeBackend, FakeDevice
+
+    with FakeBackend.installed(FakeDevice.h100()) as fake:
+        lut = l2ctl.DeviceBuffer.from_numpy(np.arange(1 << 20, dtype=np.int32))   # 4 MiB
+        out = l2ctl.DeviceBuffer(1 << 30)                                          # lazy: no host RAM
+        with l2ctl.Stream() as s:
+            with l2ctl.persist(s, lut, hit_ratio=1.0), l2ctl.Timer(s) as t:
+                l2ctl.kernels.reset_data(out, lut, s)
+            assert l2ctl.kernels.verify_reset_data(out, lut, s) == 0
+            print(f"{t.elapsed_ms:.3f} ms")                                         # about 0.34 ms
+        assert fake.device(0).limit == fake.device(0).initial_limit                 # restored
+
+Presets: ``FakeDevice.h100()``, ``.h200()``, ``.a100()`` (approximate), ``.turing()`` (no persistence),
+``.mig()`` (persisting max 0), ``.mps_client()`` (setting the limit fails); ``FakeBackend.without_devices()``
+is a machine with no GPU. Tests read the state through ``fake.device(i).limit``, ``fake.state()``,
+``fake.calls``, ``fake.windows``, ``fake.node_windows``, ``fake.launched`` and ``fake.kernel_log``;
+``fake.launch_fake_kernel(stream)`` and ``fake.launch_modeled_kernel(stream, ...)`` launch stand-in
+kernels. Modules: devices (presets), memory (lazy memory), kernels (functional kernels), model (timing),
+profiler (CUPTI), backend (the contract).
+"""
+
+from __future__ import annotations
+
+from .backend import FakeBackend, FakeDeviceMemory, FakeEvent, FakeGraph, FakeGraphExec, FakeStream, LaunchRecord
+from .devices import FakeDevice
+from .model import DeviceModel, Estimate, Traffic
+from .profiler import FakeRangeProfiler
+
+__all__ = ["FakeBackend", "FakeDevice", "FakeStream", "FakeEvent", "FakeDeviceMemory", "FakeGraph", "FakeGraphExec",
+           "FakeRangeProfiler", "LaunchRecord", "DeviceModel", "Estimate", "Traffic"]

@@ -1,0 +1,138 @@
+"""Simulated GPUs: what CUDA reports about them, and the measured numbers the timing model uses.
+
+A ``FakeDevice`` holds the properties ``cudaGetDeviceProperties`` returns, the set-aside limit the
+simulated driver keeps (``limit``, starting at ``initial_limit``), how often persisting lines were reset
+(``resets``), and the calibration of the timing model (see ``l2ctl.testing.model``): the measured
+bandwidth ceilings of 1 GiB write-only, copy and read kernels, the L2 bandwidth, the set-aside tax
+(bandwidth multipliers against the limit as a fraction of ``persisting_l2_cache_max_size``) and the
+relative noise of a kernel's duration.
+
+The H100 and H200 presets use the measurements in the repository's reference notes
+(``h100-findings.md``, ``h200-findings.md`` and the README's H100 tables). The A100 preset is
+approximate: its properties are the published ones, its bandwidths are scaled from its memory's peak,
+and its tax curve is the H100's; no A100 was measured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Tuple
+
+__all__ = ["FakeDevice", "TaxCurve", "H100_TAX_WRITE", "H100_TAX_COPY", "tax_at"]
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+#: (limit as a fraction of persistingL2CacheMaxSize, bandwidth multiplier), increasing fractions.
+TaxCurve = Tuple[Tuple[float, float], ...]
+
+# Write-only and copy bandwidth of plain kernels (no window anywhere) against the set-aside on an H100,
+# over the same bandwidth at no set-aside (README "The set-aside tax": 3,150 / 2,808 GB/s at 0-9.38 MiB).
+H100_TAX_WRITE: TaxCurve = ((0.0, 1.0), (0.3, 1.0), (0.4, 0.957), (0.5, 0.723), (0.6, 0.737), (0.7, 0.734),
+                            (0.8, 0.727), (0.9, 0.426), (1.0, 0.396))
+H100_TAX_COPY: TaxCurve = ((0.0, 1.0), (0.3, 1.0), (0.4, 0.962), (0.5, 0.863), (0.6, 0.819), (0.7, 0.777),
+                           (0.8, 0.742), (0.9, 0.495), (1.0, 0.431))
+
+
+def tax_at(curve: TaxCurve, fraction: float) -> float:
+    """The curve's multiplier at ``fraction`` (linear between points, flat outside them)."""
+    if fraction <= curve[0][0]:
+        return curve[0][1]
+    for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
+        if fraction <= x1:
+            return y0 + (y1 - y0) * (fraction - x0) / (x1 - x0) if x1 > x0 else y1
+    return curve[-1][1]
+
+
+@dataclass
+class FakeDevice:
+    """One simulated GPU. The defaults are an H100 80GB HBM3 (see ``h100()``)."""
+
+    name: str = "Fake H100"
+    major: int = 9
+    minor: int = 0
+    multiprocessor_count: int = 132
+    l2_cache_size: int = 50 * MiB
+    persisting_l2_cache_max_size: int = 32_768_000
+    access_policy_max_window_size: int = 128 * MiB
+    initial_limit: int = 9_830_400
+    mps: bool = False
+    total_global_memory: int = 80 * GiB
+    memory_bus_width: int = 5120
+    max_threads_per_multiprocessor: int = 2048
+    # ---- timing model calibration (GB/s = 1e9 B/s; measured with 1 GiB buffers, no set-aside) ----
+    write_gbps: float = 3168.0
+    copy_gbps: float = 2819.0  # read + write bytes
+    read_gbps: float = 3077.0
+    l2_gbps: float = 7000.0  # L2 <-> SM bytes for streaming accesses
+    pcie_gbps: float = 25.0  # host <-> device copies
+    tax_write: TaxCurve = H100_TAX_WRITE
+    tax_copy: TaxCurve = H100_TAX_COPY
+    noise: float = 0.003  # relative standard deviation of a kernel's duration
+    limit: int = field(init=False)
+    resets: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        self.limit = self.initial_limit
+
+    @property
+    def granularity(self) -> int:
+        """The step the simulated driver rounds limits up to: max / 10, as measured on H100 and H200."""
+        return max(1, self.persisting_l2_cache_max_size // 10)
+
+    @property
+    def supports_persistence(self) -> bool:
+        return self.major >= 8 and self.persisting_l2_cache_max_size > 0
+
+    def uuid(self, index: int) -> str:
+        """A stable UUID derived from the properties (two identical presets share it, others never do)."""
+        key = repr((self.name, self.major, self.minor, self.multiprocessor_count, self.l2_cache_size,
+                    self.persisting_l2_cache_max_size, self.access_policy_max_window_size, self.mps,
+                    self.total_global_memory, index))
+        h = hashlib.sha1(key.encode()).hexdigest()
+        return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+    # ---- presets --------------------------------------------------------------------------------------
+    @classmethod
+    def h100(cls) -> "FakeDevice":
+        """An H100 80GB HBM3 (132 SMs) as measured with driver 580 / CUDA 13.0."""
+        return cls()
+
+    @classmethod
+    def h200(cls) -> "FakeDevice":
+        """An H200 (132 SMs, 141 GB HBM3e) as measured with driver 580 / CUDA 13.0."""
+        return cls(name="Fake H200", l2_cache_size=62_914_560, persisting_l2_cache_max_size=39_321_600,
+                   access_policy_max_window_size=128 * MiB, initial_limit=11_796_480,
+                   total_global_memory=150_754_820_096, memory_bus_width=6144, write_gbps=4346.0,
+                   copy_gbps=3927.0, read_gbps=4350.0, l2_gbps=8500.0)
+
+    @classmethod
+    def a100(cls) -> "FakeDevice":
+        """An A100 80GB SXM (108 SMs, 40 MiB L2). Approximate: published properties, bandwidths scaled
+        from its 2,039 GB/s peak, the H100's tax curve; the initial limit (0) and the granularity
+        (max / 10) are assumptions, not measurements."""
+        return cls(name="Fake A100 (approximate)", major=8, minor=0, multiprocessor_count=108,
+                   l2_cache_size=40 * MiB, persisting_l2_cache_max_size=30 * MiB, initial_limit=0,
+                   total_global_memory=80 * GiB, write_gbps=1750.0, copy_gbps=1600.0, read_gbps=1800.0,
+                   l2_gbps=5000.0, pcie_gbps=20.0)
+
+    @classmethod
+    def turing(cls) -> "FakeDevice":
+        """A T4: compute capability 7.5, no persisting L2."""
+        return cls(name="Fake T4", major=7, minor=5, multiprocessor_count=40, l2_cache_size=4 * MiB,
+                   persisting_l2_cache_max_size=0, access_policy_max_window_size=0, initial_limit=0,
+                   total_global_memory=15 * GiB, memory_bus_width=256, max_threads_per_multiprocessor=1024,
+                   write_gbps=280.0, copy_gbps=250.0, read_gbps=280.0, l2_gbps=1000.0, pcie_gbps=12.0)
+
+    @classmethod
+    def mig(cls) -> "FakeDevice":
+        """An H100 MIG instance: persistingL2CacheMaxSize is 0."""
+        return cls(name="Fake H100 MIG 1g.10gb", multiprocessor_count=16, persisting_l2_cache_max_size=0,
+                   initial_limit=0, total_global_memory=10 * GiB, write_gbps=400.0, copy_gbps=350.0,
+                   read_gbps=390.0, l2_gbps=900.0)
+
+    @classmethod
+    def mps_client(cls) -> "FakeDevice":
+        """An H100 seen from an MPS client: setting the limit fails with cudaErrorNotSupported."""
+        return cls(name="Fake H100 (MPS client)", mps=True)

@@ -1,0 +1,553 @@
+"""Lazy device memory: allocations described by segments of content, never by their bytes.
+
+Every allocation is a sorted list of segments ``[start, end) -> content`` covering it completely. A
+content is one of
+
+- ``Fill(byte)``: every byte is ``byte`` (what cudaMemset writes; a new allocation is ``Fill(0)``, so
+  unwritten memory reads as zeros, where real cudaMalloc memory holds whatever was there);
+- ``Bytes(data, start)``: explicit bytes ``data[start:]`` (host copies, and the outputs of kernels
+  whose results are irregular: partial sums, float results);
+- ``Pattern(data, phase)``: byte ``i`` is ``data[(phase + i) % len(data)]``, a buffer repeated (what
+  reset_data writes: the LUT repeated into the output);
+- ``Index(first, bphase)``: the little-endian 32-bit words ``first, first + 1, ...`` (mod 2^32) starting
+  ``bphase`` bytes into the first word (what write_index writes).
+
+Writes split and replace segments; reads materialize only the requested range; copies re-base the
+source's segments into the destination. A 100 GiB allocation is one segment and takes no host memory.
+
+Kernels see memory as *word runs* (``word_runs``): consecutive 32-bit words described by a ``Run``
+(``FillRun``, ``IndexRun``, ``PatternRun``, ``ArrayRun``, or ``LazyRun`` for content not aligned to the
+words), so reductions can use closed forms per run (``count_differences``) and materialize chunks only
+where no closed form applies. Contents are immutable: arrays inside them are read-only and shared.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+import numpy as np
+
+__all__ = [
+    "Content", "Fill", "Bytes", "Pattern", "Index", "Run", "FillRun", "IndexRun", "PatternRun", "ArrayRun",
+    "LazyRun", "Allocation", "Memory", "MemoryFault", "Misaligned", "OutOfMemory", "count_differences",
+    "index_runs", "CHUNK_WORDS",
+]
+
+U8 = np.uint8
+U32 = np.uint32
+WRAP = 1 << 32
+#: Words materialized at once where no closed form applies (16 MiB).
+CHUNK_WORDS = 1 << 22
+
+Array = np.ndarray[Any, Any]
+
+
+class MemoryFault(ValueError):
+    """An access outside every live allocation (CUDA: an illegal address, or cudaErrorInvalidValue)."""
+
+
+class Misaligned(MemoryFault):
+    """A kernel's access at an address not aligned to its element (CUDA: a misaligned address)."""
+
+
+class OutOfMemory(MemoryError):
+    """An allocation beyond the device's free memory."""
+
+
+def _frozen(array: Array) -> Array:
+    array.flags.writeable = False
+    return array
+
+
+# ---- contents (bytes) ----------------------------------------------------------------------------
+
+
+class Content:
+    """What a segment holds, from its first byte (immutable)."""
+
+    def slice(self, offset: int) -> "Content":
+        """The same content seen from ``offset`` bytes later."""
+        raise NotImplementedError
+
+    def materialize(self, offset: int, n: int) -> Array:
+        """Bytes [offset, offset + n) as a uint8 array (possibly a read-only view)."""
+        raise NotImplementedError
+
+    def run(self, offset: int, nwords: int) -> Iterator["Run"]:
+        """``nwords`` words from byte ``offset`` as word runs (closed forms where aligned)."""
+        yield LazyRun(nwords, self, offset)
+
+
+@dataclass(frozen=True, eq=False)
+class Fill(Content):
+    byte: int
+
+    def slice(self, offset: int) -> Content:
+        return self
+
+    def materialize(self, offset: int, n: int) -> Array:
+        return np.full(n, self.byte, dtype=U8)
+
+    def run(self, offset: int, nwords: int) -> Iterator["Run"]:
+        yield FillRun(nwords, self.byte * 0x01010101)
+
+
+@dataclass(frozen=True, eq=False)
+class Bytes(Content):
+    data: Array  # uint8, read-only
+    start: int = 0
+
+    def slice(self, offset: int) -> Content:
+        return Bytes(self.data, self.start + offset)
+
+    def materialize(self, offset: int, n: int) -> Array:
+        a = self.start + offset
+        return self.data[a:a + n]
+
+    def run(self, offset: int, nwords: int) -> Iterator["Run"]:
+        a = self.start + offset
+        yield ArrayRun(nwords, self.data[a:a + 4 * nwords].view(U32))
+
+
+class Pattern(Content):
+    """Byte i is data[(phase + i) % len(data)]."""
+
+    __slots__ = ("data", "phase", "_words")
+
+    def __init__(self, data: Array, phase: int = 0, words: Optional[Array] = None) -> None:
+        self.data = data
+        self.phase = phase % len(data)
+        self._words = words
+
+    @property
+    def words(self) -> Optional[Array]:
+        """The pattern as uint32 words (None when its length is not a multiple of 4)."""
+        if self._words is None and len(self.data) % 4 == 0:
+            self._words = _frozen(self.data.view(U32))
+        return self._words
+
+    def slice(self, offset: int) -> Content:
+        return Pattern(self.data, self.phase + offset, self._words)
+
+    def materialize(self, offset: int, n: int) -> Array:
+        size = len(self.data)
+        s = (self.phase + offset) % size
+        if s + n <= size:
+            return self.data[s:s + n]
+        reps = -(-(s + n) // size)
+        return np.tile(self.data, reps)[s:s + n]
+
+    def run(self, offset: int, nwords: int) -> Iterator["Run"]:
+        words = self.words
+        p = self.phase + offset
+        if words is None or p % 4:
+            yield LazyRun(nwords, self, offset)
+            return
+        yield PatternRun(nwords, words, (p % len(self.data)) // 4)
+
+
+@dataclass(frozen=True, eq=False)
+class Index(Content):
+    """Words first, first + 1, ... (mod 2^32), starting bphase bytes into the first word."""
+
+    first: int
+    bphase: int = 0
+
+    def slice(self, offset: int) -> Content:
+        p = self.bphase + offset
+        return Index((self.first + p // 4) % WRAP, p % 4)
+
+    def materialize(self, offset: int, n: int) -> Array:
+        p0 = self.bphase + offset
+        w0, w1 = p0 // 4, (p0 + n + 3) // 4
+        words = ((self.first + np.arange(w0, w1, dtype=np.uint64)) & 0xFFFFFFFF).astype(U32)
+        return words.view(U8)[p0 % 4:p0 % 4 + n]
+
+    def run(self, offset: int, nwords: int) -> Iterator["Run"]:
+        p = self.bphase + offset
+        if p % 4:
+            yield LazyRun(nwords, self, offset)
+            return
+        yield from index_runs((self.first + p // 4) % WRAP, nwords)
+
+
+# ---- word runs -----------------------------------------------------------------------------------
+
+
+class Run:
+    """``count`` consecutive 32-bit words."""
+
+    kind = "run"
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def values(self, k0: int, k1: int) -> Array:
+        """Words [k0, k1) of the run as uint32."""
+        raise NotImplementedError
+
+    def gather(self, idx: Array) -> Array:
+        """Words at the (int64) positions ``idx`` of the run."""
+        return self.values(0, self.count)[idx]
+
+    def sub(self, k0: int, k1: int) -> "Run":
+        """Words [k0, k1) as a run of their own."""
+        raise NotImplementedError
+
+
+class FillRun(Run):
+    kind = "fill"
+
+    def __init__(self, count: int, value: int) -> None:
+        super().__init__(count)
+        self.value = value
+
+    def values(self, k0: int, k1: int) -> Array:
+        return np.full(k1 - k0, self.value, dtype=U32)
+
+    def gather(self, idx: Array) -> Array:
+        return np.full(len(idx), self.value, dtype=U32)
+
+    def sub(self, k0: int, k1: int) -> Run:
+        return FillRun(k1 - k0, self.value)
+
+
+class IndexRun(Run):
+    """Word k is first + k; never wraps (first + count <= 2^32; see index_runs)."""
+
+    kind = "index"
+
+    def __init__(self, count: int, first: int) -> None:
+        super().__init__(count)
+        self.first = first
+
+    def values(self, k0: int, k1: int) -> Array:
+        return (np.arange(k0, k1, dtype=np.int64) + self.first).astype(U32)
+
+    def gather(self, idx: Array) -> Array:
+        return (idx.astype(np.int64) + self.first).astype(U32)
+
+    def sub(self, k0: int, k1: int) -> Run:
+        return IndexRun(k1 - k0, self.first + k0)
+
+
+def index_runs(first: int, count: int) -> Iterator[IndexRun]:
+    """first, first + 1, ... (mod 2^32) for count words, split where the values wrap."""
+    first %= WRAP
+    while count > 0:
+        n = min(count, WRAP - first)
+        yield IndexRun(n, first)
+        count -= n
+        first = 0
+
+
+class PatternRun(Run):
+    """Word k is words[(phase + k) % len(words)]."""
+
+    kind = "pattern"
+
+    def __init__(self, count: int, words: Array, phase: int) -> None:
+        super().__init__(count)
+        self.words = words
+        self.phase = phase % len(words)
+
+    def values(self, k0: int, k1: int) -> Array:
+        size = len(self.words)
+        s = (self.phase + k0) % size
+        n = k1 - k0
+        if s + n <= size:
+            return self.words[s:s + n]
+        return np.tile(self.words, -(-(s + n) // size))[s:s + n]
+
+    def gather(self, idx: Array) -> Array:
+        out: Array = self.words[(idx + self.phase) % len(self.words)]
+        return out
+
+    def sub(self, k0: int, k1: int) -> Run:
+        return PatternRun(k1 - k0, self.words, self.phase + k0)
+
+
+class ArrayRun(Run):
+    kind = "array"
+
+    def __init__(self, count: int, data: Array) -> None:
+        super().__init__(count)
+        self.data = data
+
+    def values(self, k0: int, k1: int) -> Array:
+        return self.data[k0:k1]
+
+    def gather(self, idx: Array) -> Array:
+        return self.data[idx]
+
+    def sub(self, k0: int, k1: int) -> Run:
+        return ArrayRun(k1 - k0, self.data[k0:k1])
+
+
+class LazyRun(Run):
+    """Words of a content not aligned to them, materialized on demand."""
+
+    kind = "lazy"
+
+    def __init__(self, count: int, content: Content, offset: int) -> None:
+        super().__init__(count)
+        self.content = content
+        self.offset = offset
+
+    def values(self, k0: int, k1: int) -> Array:
+        raw = np.ascontiguousarray(self.content.materialize(self.offset + 4 * k0, 4 * (k1 - k0)))
+        return raw.view(U32)
+
+    def gather(self, idx: Array) -> Array:
+        out = np.empty(len(idx), dtype=U32)
+        for start in range(0, len(idx), CHUNK_WORDS):
+            part = idx[start:start + CHUNK_WORDS]
+            lo, hi = int(part.min()), int(part.max()) + 1
+            out[start:start + len(part)] = self.values(lo, hi)[part - lo]
+        return out
+
+    def sub(self, k0: int, k1: int) -> Run:
+        return LazyRun(k1 - k0, self.content, self.offset + 4 * k0)
+
+
+def _pattern_equal(a: PatternRun, b: PatternRun) -> bool:
+    if len(a.words) != len(b.words) or a.phase != b.phase:
+        return False
+    if a.words is b.words or (a.words.__array_interface__["data"][0] == b.words.__array_interface__["data"][0]
+                              and a.words.strides == b.words.strides):
+        return True  # the same (immutable) memory
+    return bool(np.array_equal(a.words, b.words))
+
+
+def _occurrences(run: Run, value: int) -> Optional[int]:
+    """How many words of ``run`` equal ``value``, where a closed form exists."""
+    if isinstance(run, FillRun):
+        return run.count if run.value == value else 0
+    if isinstance(run, IndexRun):
+        return 1 if run.first <= value < run.first + run.count else 0
+    if isinstance(run, PatternRun):
+        size = len(run.words)
+        hits = np.flatnonzero(run.words == np.uint32(value))
+        full, rest = divmod(run.count, size)
+        total = full * len(hits)
+        if rest:  # positions phase .. phase + rest - 1, cyclically
+            end = run.phase + rest
+            total += int(np.count_nonzero((hits >= run.phase) & (hits < min(end, size))))
+            if end > size:
+                total += int(np.count_nonzero(hits < end - size))
+        return total
+    return None
+
+
+def _differences(a: Run, b: Run) -> int:
+    """Words where two runs of equal length differ."""
+    n = a.count
+    if isinstance(a, FillRun) and isinstance(b, FillRun):
+        return 0 if a.value == b.value else n
+    if isinstance(a, IndexRun) and isinstance(b, IndexRun):
+        return 0 if a.first == b.first else n  # a constant, non-zero difference otherwise
+    if isinstance(a, PatternRun) and isinstance(b, PatternRun) and _pattern_equal(a, b):
+        return 0
+    for fill, other in ((a, b), (b, a)):
+        if isinstance(fill, FillRun):
+            same = _occurrences(other, fill.value)
+            if same is not None:
+                return n - same
+    bad = 0
+    for k in range(0, n, CHUNK_WORDS):
+        k1 = min(n, k + CHUNK_WORDS)
+        bad += int(np.count_nonzero(a.values(k, k1) != b.values(k, k1)))
+    return bad
+
+
+def _aligned(runs_a: list[Run], runs_b: list[Run]) -> Iterator[tuple[Run, Run]]:
+    """Pieces of two run lists of the same total length, cut at the union of their boundaries."""
+    ia = ib = 0
+    oa = ob = 0  # offset into the current runs
+    while ia < len(runs_a) and ib < len(runs_b):
+        ra, rb = runs_a[ia], runs_b[ib]
+        n = min(ra.count - oa, rb.count - ob)
+        if n > 0:
+            pa = ra if (oa == 0 and n == ra.count) else ra.sub(oa, oa + n)
+            pb = rb if (ob == 0 and n == rb.count) else rb.sub(ob, ob + n)
+            yield pa, pb
+        oa += n
+        ob += n
+        if oa >= ra.count:
+            ia, oa = ia + 1, 0
+        if ob >= rb.count:
+            ib, ob = ib + 1, 0
+
+
+def count_differences(runs_a: list[Run], runs_b: list[Run]) -> int:
+    """Words where two equally long run lists differ, by closed forms where they exist."""
+    return sum(_differences(a, b) for a, b in _aligned(runs_a, runs_b))
+
+
+# ---- allocations ---------------------------------------------------------------------------------
+
+
+class Allocation:
+    """One cudaMalloc'ed range: [base, base + size) on ``device``, as segments of content."""
+
+    def __init__(self, base: int, size: int, device: int) -> None:
+        self.base, self.size, self.device = base, size, device
+        self.starts: list[int] = [0]
+        self.segments: list[tuple[int, int, Content]] = [(0, size, Fill(0))]
+
+    def __repr__(self) -> str:
+        return f"<Allocation 0x{self.base:x} {self.size} B device {self.device}, {len(self.segments)} segments>"
+
+    def pieces(self, a: int, b: int) -> Iterator[tuple[int, int, Content]]:
+        """(start, end, content from start) for the parts of [a, b) in each overlapping segment."""
+        i = bisect.bisect_right(self.starts, a) - 1
+        while i < len(self.segments):
+            s, e, c = self.segments[i]
+            if s >= b:
+                break
+            lo, hi = max(s, a), min(e, b)
+            if lo < hi:
+                yield lo, hi, (c if lo == s else c.slice(lo - s))
+            i += 1
+
+    def write(self, a: int, b: int, content: Content) -> None:
+        """Bytes [a, b) become ``content`` (whose first byte lands at a)."""
+        if a >= b:
+            return
+        segs, starts = self.segments, self.starts
+        i = bisect.bisect_right(starts, a) - 1
+        j = bisect.bisect_left(starts, b)
+        new: list[tuple[int, int, Content]] = []
+        s0, _, c0 = segs[i]
+        if s0 < a:
+            new.append((s0, a, c0))
+        new.append((a, b, content))
+        s1, e1, c1 = segs[j - 1]
+        if e1 > b:
+            new.append((b, e1, c1.slice(b - s1)))
+        # merge equal fills with the neighbours, so repeated memsets keep the list short
+        if i > 0 and isinstance(content, Fill) and new[0][0] == a:
+            ps, _, pc = segs[i - 1]
+            if isinstance(pc, Fill) and pc.byte == content.byte:
+                i -= 1
+                new[0] = (ps, b, content)
+        segs[i:j] = new
+        starts[i:j] = [s for s, _, _ in new]
+
+
+def _span(size: int, offset: int, nbytes: int) -> bool:
+    return 0 <= offset and offset + nbytes <= size
+
+
+class Memory:
+    """Every allocation of one simulated machine, by address; capacity enforced per device."""
+
+    def __init__(self, address_base: int, capacities: list[int]) -> None:
+        self._next = address_base
+        self._bases: list[int] = []
+        self._allocs: dict[int, Allocation] = {}
+        self.capacities = list(capacities)
+        self.used = [0] * len(capacities)
+
+    # allocation -------------------------------------------------------------------------------------
+    def allocate(self, device: int, nbytes: int) -> Allocation:
+        if self.used[device] + nbytes > self.capacities[device]:
+            raise OutOfMemory(f"device {device}: {nbytes} bytes requested, "
+                              f"{self.capacities[device] - self.used[device]} free")
+        base = self._next
+        self._next += -(-max(nbytes, 1) // (2 << 20)) * (2 << 20) + (2 << 20)  # 2 MiB aligned, a gap between
+        alloc = Allocation(base, nbytes, device)
+        self._allocs[base] = alloc
+        bisect.insort(self._bases, base)
+        self.used[device] += nbytes
+        return alloc
+
+    def free(self, base: int) -> None:
+        alloc = self._allocs.pop(base, None)
+        if alloc is not None:
+            self._bases.remove(base)
+            self.used[alloc.device] -= alloc.size
+
+    def find(self, ptr: int) -> Optional[Allocation]:
+        """The live allocation containing ``ptr``."""
+        i = bisect.bisect_right(self._bases, ptr) - 1
+        if i < 0:
+            return None
+        alloc = self._allocs[self._bases[i]]
+        return alloc if ptr < alloc.base + max(alloc.size, 1) else None
+
+    def resolve(self, ptr: int, nbytes: int) -> tuple[Allocation, int]:
+        """(allocation, offset) for [ptr, ptr + nbytes) inside one live allocation; MemoryFault otherwise."""
+        alloc = self.find(ptr)
+        if alloc is None or not _span(alloc.size, ptr - alloc.base, nbytes):
+            raise MemoryFault(f"[0x{ptr:x}, 0x{ptr + nbytes:x}) is not inside one live allocation")
+        return alloc, ptr - alloc.base
+
+    def allocations(self) -> list[Allocation]:
+        return [self._allocs[b] for b in self._bases]
+
+    # access -----------------------------------------------------------------------------------------
+    def write(self, ptr: int, nbytes: int, content: Content) -> None:
+        alloc, off = self.resolve(ptr, nbytes)
+        alloc.write(off, off + nbytes, content)
+
+    def write_array(self, ptr: int, data: Array, *, copy: bool = True) -> None:
+        """Explicit bytes: copied, so later changes to ``data`` do not reach device memory, unless
+        ``copy`` is False (for arrays nobody changes any more; they are made read-only)."""
+        raw = np.ascontiguousarray(data).reshape(-1).view(U8)
+        if copy or raw.flags.writeable:
+            raw = raw.copy() if copy else raw
+        self.write(ptr, raw.nbytes, Bytes(_frozen(raw)))
+
+    def fill(self, ptr: int, nbytes: int, byte: int) -> None:
+        self.write(ptr, nbytes, Fill(byte & 0xFF))
+
+    def read(self, ptr: int, nbytes: int) -> Array:
+        """Bytes [ptr, ptr + nbytes) as uint8 (read-only; the stored array itself where one segment of
+        explicit bytes is read whole, so equal reads give the same object)."""
+        alloc, off = self.resolve(ptr, nbytes)
+        parts = list(alloc.pieces(off, off + nbytes))
+        if len(parts) == 1:
+            _, _, c = parts[0]
+            if isinstance(c, Bytes) and c.start == 0 and len(c.data) == nbytes:
+                return c.data
+            return _frozen(np.array(c.materialize(0, nbytes), dtype=U8, copy=True))
+        out = np.empty(nbytes, dtype=U8)
+        for s, e, c in parts:
+            out[s - off:e - off] = c.materialize(0, e - s)
+        return _frozen(out)
+
+    def read_words(self, ptr: int, nwords: int) -> Array:
+        return self.read(ptr, 4 * nwords).view(U32)
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        """Device-to-device copy (memmove semantics): the source's segments, re-based."""
+        salloc, soff = self.resolve(src, nbytes)
+        dalloc, doff = self.resolve(dst, nbytes)
+        parts = list(salloc.pieces(soff, soff + nbytes))
+        for s, e, c in parts:
+            dalloc.write(doff + s - soff, doff + e - soff, c)
+
+    def word_runs(self, ptr: int, nwords: int) -> list[Run]:
+        """Words [0, nwords) from ``ptr`` as runs; words cut by a segment boundary come materialized."""
+        alloc, off = self.resolve(ptr, 4 * nwords)
+        runs: list[Run] = []
+        k = 0
+        for s, e, c in alloc.pieces(off, off + 4 * nwords):
+            a, b = s - off, e - off
+            first, last = -(-a // 4), b // 4
+            if first >= last:
+                continue
+            for w in range(k, first):  # words that straddle the boundary before this piece
+                runs.append(ArrayRun(1, self.read(ptr + 4 * w, 4).view(U32)))
+            runs.extend(c.run(4 * first - a, last - first))
+            k = last
+        for w in range(k, nwords):
+            runs.append(ArrayRun(1, self.read(ptr + 4 * w, 4).view(U32)))
+        return runs
+
+    def segment_count(self) -> int:
+        return sum(len(a.segments) for a in self._allocs.values())
+

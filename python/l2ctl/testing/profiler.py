@@ -1,0 +1,175 @@
+"""A simulated CUPTI range profiler: auto ranges (one per kernel launch), kernel or user replay.
+
+Semantics follow src/l2ctl/counters.hpp and l2ctl._counters:
+
+- ``cupti_load(path)`` "opens" libcupti: bare library names and existing files named ``libcupti*``
+  load (unless the backend was made with ``cupti=False``); anything else fails with code -1.
+- ``RangeProfiler(device, metrics, max_ranges, user_replay)`` needs the library loaded, at least one
+  metric, and known metric names (the model's, which include every name of
+  ``l2ctl._counters.METRIC_UNITS``; others fail like CUPTI's host configuration). The metrics need ``passes`` passes: one per four metrics. Only one profiler may
+  be enabled on a device at a time.
+- ``start()`` begins a pass. Like the real profiler, it evicts persisting L2 lines and leaves some of its
+  own data dirty in L2, which the first kernels then write back (the timing model accounts for both).
+  Every kernel launched on the device until ``end_pass()`` is a range, up to ``max_ranges``.
+- Kernel replay (``user_replay=False``): each launch is replayed ``passes`` times (serialized and
+  slower on the stream's clock, persisting lines lost and about 15 MB written back by the save and
+  restore of memory per range); ``end_pass()``/``stop()`` end the single user pass.
+- User replay: the caller repeats its work once per pass; ``end_pass()`` returns True after the last
+  one; metric i is read from pass i mod ``passes`` (launches are matched by position, so every pass
+  must launch the same kernels); ``stop()`` before every pass has run raises RuntimeError.
+- ``launches()`` counts the kernel launches of the current (or last) pass; ``chip`` names the GPU.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .errors import cupti_error
+from .model import METRIC_NAMES
+
+if TYPE_CHECKING:
+    from .backend import FakeBackend
+
+__all__ = ["FakeRangeProfiler", "KNOWN_METRICS", "chip_name", "library_loads", "METRICS_PER_PASS",
+           "REPLAY_DIRTY_BYTES"]
+
+KNOWN_METRICS = frozenset(METRIC_NAMES)
+METRICS_PER_PASS = 4
+REPLAY_DIRTY_BYTES = 15e6  # written back per range by kernel replay's save and restore (H100, CUPTI 13.0)
+
+
+def chip_name(major: int, minor: int) -> str:
+    return {(9, 0): "GH100", (8, 0): "GA100", (8, 6): "GA102", (8, 9): "AD102", (7, 5): "TU104",
+            (10, 0): "GB100"}.get((major, minor), f"SM{major}{minor}")
+
+
+def library_loads(path: str) -> bool:
+    """Whether the simulated loader can open ``path``."""
+    base = os.path.basename(path) if path else "libcupti.so"
+    if not base.startswith("libcupti"):
+        return False
+    return os.sep not in path or os.path.exists(path)
+
+
+@dataclass
+class _Range:
+    name: str
+    values: dict[str, float]
+
+
+class FakeRangeProfiler:
+    """Implements ``l2ctl._core.RangeProfiler`` on the simulator (made by ``FakeBackend.RangeProfiler``)."""
+
+    def __init__(self, backend: "FakeBackend", device: int, metrics: list[str], max_ranges: int,
+                 user_replay: bool = False) -> None:
+        if not backend.cupti_loaded():
+            raise cupti_error("RangeProfiler", "load", "libcupti is not loaded (call cupti_load first)")
+        names = [str(m) for m in metrics]
+        if not names:
+            raise ValueError("at least one metric is needed")
+        info = backend._device(device)
+        for m in names:
+            if m not in KNOWN_METRICS:
+                raise cupti_error("cuptiProfilerHostConfigAddMetrics", "CUPTI_ERROR_INVALID_PARAMETER",
+                                  f"unknown metric {m!r}")
+        if int(max_ranges) < 1:
+            raise cupti_error("cuptiRangeProfilerGetCounterDataSize", "CUPTI_ERROR_INVALID_PARAMETER",
+                              "maxNumOfRanges must be positive")
+        self._backend = backend
+        self.device = device
+        self.metrics = names
+        self.max_ranges = int(max_ranges)
+        self.user_replay = bool(user_replay)
+        self._passes = max(1, -(-len(names) // METRICS_PER_PASS))
+        self._chip = chip_name(info.major, info.minor)
+        self.running = False
+        self._pass_index = 0
+        self._all_passes = False
+        self._seen = 0  # launches in the current (or last) pass
+        self._ranges: list[list[_Range]] = []  # per pass
+        self._released = False
+        backend._enable_profiler(self)
+
+    # ---- what the backend calls -------------------------------------------------------------------
+    @property
+    def kernel_replay(self) -> bool:
+        return not self.user_replay
+
+    def record(self, name: str, values: dict[str, float]) -> None:
+        """A kernel launch while a pass runs."""
+        self._seen += 1
+        current = self._ranges[-1]
+        if len(current) < self.max_ranges:
+            current.append(_Range(name, values))
+
+    # ---- the RangeProfiler interface ----------------------------------------------------------------
+    @property
+    def passes(self) -> int:
+        return self._passes
+
+    @property
+    def chip(self) -> str:
+        return self._chip
+
+    def start(self) -> None:
+        with self._backend._lock:
+            if self.running:
+                raise RuntimeError("the profiler is already running")
+            if self.user_replay and self._all_passes:
+                raise cupti_error("cuptiRangeProfilerStart", "CUPTI_ERROR_INVALID_OPERATION",
+                                  "every pass has already been submitted")
+            self._seen = 0
+            self._ranges.append([])
+            self.running = True
+            self._backend._profiler_started(self)
+
+    def end_pass(self) -> bool:
+        with self._backend._lock:
+            if not self.running:
+                raise RuntimeError("the profiler is not running")
+            self._backend.device_synchronize(self.device)
+            self.running = False
+            self._pass_index += 1
+            self._all_passes = (not self.user_replay) or self._pass_index >= self._passes
+            return self._all_passes
+
+    def launches(self) -> int:
+        return self._seen
+
+    def stop(self) -> list[tuple[str, list[float]]]:
+        with self._backend._lock:
+            if self.running:
+                self.end_pass()
+            if self.user_replay and not self._all_passes:
+                raise RuntimeError("user replay: not every pass has been run yet")
+            if not self._ranges:
+                return []
+            last = self._ranges[-1]
+            passes = self._ranges[-self._passes:] if self.user_replay else [last]
+            out: list[tuple[str, list[float]]] = []
+            for i, r in enumerate(last):
+                values = []
+                for j, metric in enumerate(self.metrics):
+                    source = passes[j % len(passes)]
+                    values.append(float((source[i] if i < len(source) else r).values[metric]))
+                out.append((r.name, values))
+            return out
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self.running = False
+            self._backend._disable_profiler(self)
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+
+    def __repr__(self) -> str:
+        return (f"<FakeRangeProfiler device {self.device}, {len(self.metrics)} metrics, {self._passes} passes, "
+                f"{'user' if self.user_replay else 'kernel'} replay>")
+
