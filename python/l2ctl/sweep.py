@@ -13,12 +13,12 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from ._device import require_persistence, set_aside_granularity
+from ._device import require_persistence, stream_device
+from ._limit import set_aside_granularity
 from ._errors import L2BudgetWarning
 from ._interop import resolve_buffer, resolve_stream
 from ._persist import persist
 from ._plan import hit_ratio_grid, normalize_hit_ratio, round_up
-from ._window import stream_device
 from .bench import Progress, Record, Report, check, clean_state, environment, measure_ceilings, time_gpu
 from .workloads import ResetDataWorkload, describe, enqueue_of
 

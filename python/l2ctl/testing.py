@@ -329,6 +329,19 @@ class FakeBackend:
         else:
             self.windows[handle] = (base, num_bytes, ratio, hit_prop, miss_prop)
 
+    def apply_state(self, device: int, limit: int, stream_windows: list, node_windows: list,
+                    reset_lines: bool) -> int:
+        for handle, w in stream_windows:
+            self.set_stream_window(handle, *w)
+        for node, w in node_windows:
+            self.set_node_window(node, *w)
+        granted = -1
+        if limit >= 0:
+            granted = self.set_persisting_limit(device, limit)
+        if reset_lines:
+            self.reset_persisting_lines(device)
+        return granted
+
     # graphs: begin_capture/launch_fake_kernel/end_capture record kernel nodes; like CUDA, each node
     # starts with the window its stream had when the kernel was captured.
     def begin_capture(self, stream: int, mode: int) -> None:

@@ -9,11 +9,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ._device import require_persistence
+from ._device import require_persistence, stream_device
 from ._interop import resolve_buffer, resolve_stream
 from ._persist import Policy
 from ._plan import normalize_hit_ratio
-from ._window import stream_device
 from .bench import Progress, Record, Report, clean_state, environment, measure_ceilings
 from .sweep import measure_point, set_aside_grid
 

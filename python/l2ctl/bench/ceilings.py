@@ -8,7 +8,7 @@ from .. import kernels
 from .._interop import resolve_stream
 from .._memory import DeviceBuffer
 from .._plan import check_nbytes, round_up
-from .._window import stream_device
+from .._device import stream_device
 from .timing import time_gpu
 from .verify import check
 

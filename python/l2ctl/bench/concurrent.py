@@ -10,12 +10,13 @@ from typing import Any, Optional
 import numpy as np
 
 from .. import _backend, kernels
-from .._device import require_persistence, set_aside_granularity
+from .._device import require_persistence
+from .._limit import set_aside_granularity
 from .._errors import L2BudgetWarning
 from .._memory import DeviceBuffer, Stream
 from .._persist import persist
 from .._plan import check_count, check_nbytes, round_up
-from .._window import get_window
+from .._stream_window import get_window
 from .progress import Progress
 from .records import Record, Report, environment
 from .state import clean_state

@@ -9,7 +9,8 @@ import numpy as np
 
 from .. import graph as graphs
 from .. import kernels
-from .._device import require_persistence, set_aside_granularity
+from .._device import require_persistence
+from .._limit import set_aside_granularity
 from .._memory import DeviceBuffer
 from .._persist import persist
 from .._plan import check_count, check_nbytes, round_up
