@@ -88,8 +88,10 @@ def _index_of(device: object) -> Optional[int]:
     if getattr(device, "type", None) == "cuda" and getattr(device, "index", 0) is None:
         return None  # torch.device("cuda"): the current device
     for attribute in ("index", "id", "device_id"):
-        value = getattr(device, attribute, None)
-        if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+        value: object = getattr(device, attribute, None)
+        if isinstance(value, (bool, np.bool_)):
+            continue
+        if isinstance(value, numbers.Integral):
             return int(value)
     raise TypeError(f"device must be an int index (or None for the current device), not {type(device).__name__}")
 

@@ -16,17 +16,15 @@ graph (cudaGraphExecUpdate, or a new instantiation when CUDA refuses the update)
 from __future__ import annotations
 
 import enum
-import numbers
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
-
-import numpy as np
 
 from . import _backend, _registry
 from ._backend import GraphExecImpl, GraphImpl
 from ._device import properties, resolve_device, stream_device
 from ._interop import resolve_stream
+from ._plan import check_count
 from ._stream_window import check_window_fits
 from ._window import AccessPolicyWindow, validate_window
 
@@ -67,20 +65,24 @@ class Graph:
     device: int
     reinstantiations: int
     updates: int
+    _owner: Any
+    _impl: Optional[GraphImpl]
+    _exec: Optional[GraphExecImpl]
+    _dirty: bool
+    _nodes: Optional[list[_NodeTuple]]  # the kernel nodes; a captured graph's never change
 
     def __init__(self, handle: int, *, owned: bool = False, device: object = None, owner: Any = None) -> None:
-        if isinstance(handle, (bool, np.bool_)) or not isinstance(handle, numbers.Integral) or int(handle) <= 0:
-            raise TypeError(f"a graph handle is a positive int cudaGraph_t, got {handle!r}")
+        graph = check_count(handle, "a graph handle (cudaGraph_t)", minimum=1, maximum=(1 << 64) - 1)
         self._setup(resolve_device(device), owner)
-        self._impl = _backend.current().Graph(int(handle), owned)
+        self._impl = _backend.current().Graph(graph, owned)
 
     def _setup(self, device: int, owner: Any) -> None:
         self.device = device
         self._owner = owner  # keeps a foreign graph's Python object alive
-        self._impl: Optional[GraphImpl] = None
-        self._exec: Optional[GraphExecImpl] = None
+        self._impl = None
+        self._exec = None
         self._dirty = False
-        self._nodes: Optional[list[_NodeTuple]] = None  # the kernel nodes; a captured graph's never change
+        self._nodes = None
         self.reinstantiations = 0
         self.updates = 0
 

@@ -20,7 +20,7 @@ from .progress import Progress
 from .records import Record, Report, environment
 from .state import clean_state, owned_stream
 from .ceilings import measure_ceilings
-from .timing import Timing, time_gpu
+from .timing import Timing, check_repeats, time_gpu
 from .verify import check
 
 __all__ = ["RESET_COLUMNS", "default_lut_sizes", "bench_reset_data"]
@@ -89,6 +89,7 @@ def bench_reset_data(
 ) -> Report:
     """The main job: reset-data (a LUT repeated into ``out_bytes``) for LUT sizes from well inside the
     set-aside to past its max, under each policy in RESET_COLUMNS; every output verified."""
+    warmup, repeat = check_repeats(warmup, repeat)
     names = check_columns(columns)
     out_bytes = check_nbytes(out_bytes, "out_bytes")
     for size in lut_sizes or ():
