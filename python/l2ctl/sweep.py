@@ -234,11 +234,3 @@ def sweep_tax(stream: object, *, set_asides: Optional[Sequence[int]] = None, nby
                       "write_slowdown_at_max": first["write_gbps"] / records[-1].metrics["write_gbps"]}
     return report
 
-
-def __getattr__(name: str) -> Any:
-    # tune and TunedPolicy moved to l2ctl.tuner (which builds on this module); the old names still work.
-    if name in ("tune", "TunedPolicy"):
-        from . import tuner
-
-        return getattr(tuner, name)
-    raise AttributeError(f"module 'l2ctl.sweep' has no attribute {name!r}")
