@@ -50,7 +50,7 @@ def test_granularity_probe_restores(fake):
 
 @pytest.mark.parametrize("rounding", ["down", "nearest", "exact"])
 def test_granularity_probe_other_drivers(rounding):
-    from l2ctl._device import _probe_rounding
+    from l2ctl._registry import probe_rounding as _probe_rounding
 
     g, mx = 1000, 10_000
     state = {}
@@ -154,8 +154,8 @@ def test_nesting_and_out_of_order_exit(fake):
     assert fake.device(0).limit == 32_768_000  # grown for the union of live scopes (capped)
     inner.__exit__(None, None, None)
     assert l2ctl.get_window(s1) == outer.window
-    outer.__exit__(None, None, None)  # ends before `other`: the limit stays for it
-    assert fake.device(0).limit == 32_768_000 and l2ctl.get_window(s1).empty
+    outer.__exit__(None, None, None)  # ends before `other`: the limit is what `other` still needs
+    assert fake.device(0).limit == 6 * 3_276_800 and l2ctl.get_window(s1).empty  # 16 MiB in granules
     other.__exit__(None, None, None)
     assert fake.device(0).limit == 9_830_400 and not fake.windows
     assert l2ctl.budget().scopes == ()
@@ -327,13 +327,13 @@ def test_threads_share_the_registry(fake):
 
 
 def test_atexit_restores_open_scopes(fake):
-    from l2ctl import _persist
+    from l2ctl import _registry
 
     s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(4 * MiB)
     scope = l2ctl.persist(s, buf, 1.0, set_aside=32_768_000)
     scope.__enter__()
     assert fake.device(0).limit == 32_768_000
-    _persist._restore_all()  # what the interpreter runs at exit
+    _registry.restore_all()  # what the interpreter runs at exit
     assert fake.device(0).limit == 9_830_400 and not fake.windows
     scope._scope = None  # the scope was torn down by the exit hook
 

@@ -69,8 +69,8 @@ def test_kernel_counters_helpers():
 
 
 def test_top_level_names():
-    from l2ctl import sweep
+    from l2ctl import tuner
 
-    assert l2ctl.tune is sweep.tune and l2ctl.TunedPolicy is sweep.TunedPolicy
+    assert l2ctl.tune is tuner.tune and l2ctl.TunedPolicy is tuner.TunedPolicy
     assert l2ctl.collect is _counters.collect
     assert set(l2ctl.__all__) <= set(dir(l2ctl))

@@ -19,17 +19,16 @@ from typing import TYPE_CHECKING, Any
 
 from . import _core, graph, kernels
 from ._counters import DEFAULT_METRICS, SECTOR_METRICS, KernelCounters, collect, counters
-from ._device import (
+from ._device import device_count, versions
+from ._limit import (
     DeviceInfo,
     SetAside,
-    device_count,
     device_info,
     get_set_aside,
     reset_persisting_lines,
     set_aside,
     set_aside_granularity,
     set_aside_rounding,
-    versions,
 )
 from ._errors import (
     CountersUnavailableError,
@@ -43,7 +42,9 @@ from ._errors import (
 from ._memory import DeviceBuffer, Stream
 from ._persist import Budget, Persist, Policy, budget, persist
 from ._plan import HIT_RATIO_TOLERANCE, hit_ratio_grid, shared_hit_ratios
-from ._window import AccessPolicyWindow, AccessProperty, clear_window, get_window, set_window
+from ._stream_window import ScopedWindow as scoped_window
+from ._stream_window import clear_window, get_window, set_window
+from ._window import AccessPolicyWindow, AccessProperty
 
 if TYPE_CHECKING:  # the harness, imported lazily at run time (see __getattr__)
     from . import bench as bench
@@ -131,6 +132,7 @@ __all__ = [
     "persist",
     "plot",
     "reset_persisting_lines",
+    "scoped_window",
     "set_aside",
     "set_aside_granularity",
     "set_aside_rounding",

@@ -1,50 +1,41 @@
-"""Device queries and the persisting-L2 set-aside limit."""
+"""Devices: which ones exist, their immutable properties (cached per backend and device), and which
+device a stream or a pointer belongs to. Nothing here changes device state (see _registry)."""
 
 from __future__ import annotations
 
 import numbers
+import os
 import threading
+import weakref
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Any, Optional
 
 import numpy as np
 
 from . import _backend
+from ._backend import Backend
 from ._errors import CudaError, NoDeviceError, NotSupportedError
-from ._plan import parse_set_aside_request
+from ._interop import StreamRef
 
 __all__ = [
-    "DeviceInfo",
+    "DeviceProperties",
     "device_count",
-    "device_info",
-    "get_set_aside",
-    "set_aside",
-    "SetAside",
-    "reset_persisting_lines",
-    "set_aside_granularity",
-    "set_aside_rounding",
     "resolve_device",
+    "properties",
     "require_persistence",
+    "stream_device",
+    "check_pointer",
     "versions",
+    "forget_cached_properties",
 ]
 
-MPS_HINT = (
-    "the persisting L2 limit cannot be set from a client under MPS (or this process is not allowed to set it); "
-    "start the MPS control daemon with CUDA_DEVICE_DEFAULT_PERSISTING_L2_CACHE_PERCENTAGE_LIMIT=<percent> in its "
-    "environment to choose the set-aside for all clients"
-)
-
-# CUDA errors that mean "this process may not set the limit" rather than "bad value".
-_REFUSED_LIMIT = {"cudaErrorNotSupported", "cudaErrorNotPermitted", "cudaErrorUnsupportedLimit"}
-
-from ._registry import lock as _granularity_lock
-_granularity: dict[tuple[int, str], int] = {}
-_rounding: dict[tuple[int, str], str] = {}
+# CUDA errors that mean "there is no usable driver or GPU" rather than a failed call.
+_NO_DEVICE = {"cudaErrorNoDevice", "cudaErrorInsufficientDriver", "cudaErrorInitializationError"}
 
 
 @dataclass(frozen=True)
-class DeviceInfo:
-    """What a device offers for L2 persistence. All sizes are in bytes."""
+class DeviceProperties:
+    """What never changes for a device while the process runs (bytes for sizes)."""
 
     index: int
     name: str
@@ -53,15 +44,31 @@ class DeviceInfo:
     l2_cache_size: int
     persisting_l2_cache_max_size: int
     access_policy_max_window_size: int
-    persisting_l2_cache_size: int
-    """The current set-aside limit (cudaLimitPersistingL2CacheSize)."""
-    set_aside_granularity: Optional[int]
-    """The step the driver rounds the limit to, once probed (see set_aside_granularity())."""
-    supports_persistence: bool
-    unsupported_reason: Optional[str]
     total_memory: int
     pci_bus_id: str
     uuid: str
+    supports_persistence: bool
+    unsupported_reason: Optional[str]
+
+
+# Per backend (the extension, or a simulator), per device. Weak keys: a simulator's cache goes with it.
+_cache: "weakref.WeakKeyDictionary[Any, dict[int, DeviceProperties]]" = weakref.WeakKeyDictionary()
+_cache_lock = threading.Lock()
+
+
+def forget_cached_properties() -> None:
+    """Drop every cached property (after fork the child must not trust the parent's view of CUDA)."""
+    with _cache_lock:
+        _cache.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=forget_cached_properties)
+
+
+def no_device_error(backend: Backend) -> NoDeviceError:
+    reason = backend.device_count_error() or "no CUDA device is visible"
+    return NoDeviceError(f"no CUDA device available ({reason}); l2ctl's device functions need an NVIDIA GPU and driver")
 
 
 def device_count() -> int:
@@ -69,220 +76,132 @@ def device_count() -> int:
     return int(_backend.current().device_count())
 
 
+def _index_of(device: object) -> Optional[int]:
+    """The index a device object names (None: the current device); TypeError for what names none.
+    Accepts ints, torch.device (.index), CuPy devices (.id) and cuda.core devices (.device_id)."""
+    if device is None:
+        return None
+    if isinstance(device, (bool, np.bool_)):
+        raise TypeError("device must be an int index, a device object or None, not bool")
+    if isinstance(device, numbers.Integral):
+        return int(device)
+    if getattr(device, "type", None) == "cuda" and getattr(device, "index", 0) is None:
+        return None  # torch.device("cuda"): the current device
+    for attribute in ("index", "id", "device_id"):
+        value: object = getattr(device, attribute, None)
+        if isinstance(value, (bool, np.bool_)):
+            continue
+        if isinstance(value, numbers.Integral):
+            return int(value)
+    raise TypeError(f"device must be an int index (or None for the current device), not {type(device).__name__}")
+
+
 def resolve_device(device: object = None) -> int:
-    """A validated device index; None means the current device. Raises NoDeviceError without a GPU."""
+    """A validated device index; None means the current device. The argument is checked first
+    (TypeError), then that a device exists (NoDeviceError), then the index (ValueError)."""
+    index = _index_of(device)
+    if index is not None and index < 0:
+        raise ValueError(f"device index must be >= 0, got {index}")
     backend = _backend.current()
     count = int(backend.device_count())
     if count == 0:
-        reason = backend.device_count_error() or "no CUDA device is visible"
-        raise NoDeviceError(
-            f"no CUDA device available ({reason}); l2ctl's device functions need an NVIDIA GPU and driver"
-        )
-    if device is None:
+        raise no_device_error(backend)
+    if index is None:
         return int(backend.current_device())
-    index = getattr(device, "index", device)  # torch.device
-    if index is None and getattr(device, "type", None) == "cuda":
-        return int(backend.current_device())
-    index = getattr(index, "id", index)  # cupy.cuda.Device
-    if isinstance(index, (bool, np.bool_)) or not isinstance(index, numbers.Integral):
-        raise TypeError(f"device must be an int index (or None for the current device), not {type(device).__name__}")
-    index = int(index)
-    if not 0 <= index < count:
+    if index >= count:
         raise ValueError(f"device {index} does not exist; {count} device(s) are visible (0 to {count - 1})")
     return index
 
 
-def _properties(device: int) -> dict:
-    return _backend.current().device_properties(device)
-
-
-def _support(props: dict) -> tuple[bool, Optional[str]]:
-    major, minor = props["major"], props["minor"]
+def _support(major: int, minor: int, persisting_max: int) -> tuple[bool, Optional[str]]:
     if major < 8:
-        return False, (
-            f"compute capability {major}.{minor} is below 8.0; L2 persistence needs Ampere (sm_80) or newer"
-        )
-    if props["persisting_l2_cache_max_size"] == 0:
-        return False, (
-            "persistingL2CacheMaxSize is 0: the device offers no persisting L2 (as in a MIG instance, where "
-            "persistence is disabled); use the whole GPU without MIG"
-        )
+        return False, f"compute capability {major}.{minor} is below 8.0; L2 persistence needs Ampere (sm_80) or newer"
+    if persisting_max == 0:
+        return False, ("persistingL2CacheMaxSize is 0: the device offers no persisting L2 (as in a MIG instance, where "
+                       "persistence is disabled); use the whole GPU without MIG")
     return True, None
 
 
-def device_info(device: object = None) -> DeviceInfo:
-    """Properties of ``device`` (None: the current device) that matter for L2 persistence."""
+def properties(device: object = None) -> DeviceProperties:
+    """The immutable properties of ``device``, queried once per backend and device."""
+    backend = _backend.current()
     index = resolve_device(device)
-    props = _properties(index)
-    supported, reason = _support(props)
-    limit = int(_backend.current().get_persisting_limit(index)) if props["major"] >= 8 else 0
-    return DeviceInfo(
+    with _cache_lock:
+        known = _cache.get(backend, {}).get(index)
+    if known is not None:
+        return known
+    try:
+        raw = backend.device_properties(index)
+    except CudaError as exc:
+        if exc.name in _NO_DEVICE:
+            raise no_device_error(backend) from exc
+        raise
+    supported, reason = _support(int(raw["major"]), int(raw["minor"]), int(raw["persisting_l2_cache_max_size"]))
+    props = DeviceProperties(
         index=index,
-        name=props["name"],
-        compute_capability=(props["major"], props["minor"]),
-        multiprocessor_count=props["multiprocessor_count"],
-        l2_cache_size=props["l2_cache_size"],
-        persisting_l2_cache_max_size=props["persisting_l2_cache_max_size"],
-        access_policy_max_window_size=props["access_policy_max_window_size"],
-        persisting_l2_cache_size=limit,
-        set_aside_granularity=_granularity.get((index, props["uuid"])),
+        name=str(raw["name"]),
+        compute_capability=(int(raw["major"]), int(raw["minor"])),
+        multiprocessor_count=int(raw["multiprocessor_count"]),
+        l2_cache_size=int(raw["l2_cache_size"]),
+        persisting_l2_cache_max_size=int(raw["persisting_l2_cache_max_size"]),
+        access_policy_max_window_size=int(raw["access_policy_max_window_size"]),
+        total_memory=int(raw["total_global_memory"]),
+        pci_bus_id=str(raw["pci_bus_id"]),
+        uuid=str(raw["uuid"]),
         supports_persistence=supported,
         unsupported_reason=reason,
-        total_memory=props["total_global_memory"],
-        pci_bus_id=props["pci_bus_id"],
-        uuid=props["uuid"],
     )
+    with _cache_lock:
+        _cache.setdefault(backend, {})[index] = props
+    return props
 
 
-def require_persistence(device: object = None) -> DeviceInfo:
-    """device_info(), raising NotSupportedError (with what to do) where persistence is unavailable."""
-    info = device_info(device)
-    if not info.supports_persistence:
-        raise NotSupportedError(f"device {info.index} ({info.name}): {info.unsupported_reason}")
-    return info
+def require_persistence(device: object = None) -> DeviceProperties:
+    """properties(), raising NotSupportedError (with what to do) where persistence is unavailable."""
+    props = properties(device)
+    if not props.supports_persistence:
+        raise NotSupportedError(f"device {props.index} ({props.name}): {props.unsupported_reason}")
+    return props
 
 
-def get_set_aside(device: object = None) -> int:
-    """The current persisting-L2 set-aside limit of ``device``, in bytes."""
-    index = resolve_device(device)
-    return int(_backend.current().get_persisting_limit(index))
+def stream_device(ref: StreamRef) -> int:
+    """The device a resolved stream belongs to (the current device for the default streams)."""
+    if ref.device is not None:
+        return int(ref.device)
+    backend = _backend.current()
+    if int(backend.device_count()) == 0:
+        raise no_device_error(backend)
+    return int(backend.stream_device(ref.handle))
 
 
-def apply_limit(index: int, nbytes: int) -> int:
-    try:
-        return int(_backend.current().set_persisting_limit(index, nbytes))
-    except CudaError as exc:
-        if exc.name in _REFUSED_LIMIT:
-            raise NotSupportedError(f"device {index}: {exc}; {MPS_HINT}") from exc
-        raise
+# cudaMemoryType values.
+_HOST_UNREGISTERED, _HOST, _DEVICE, _MANAGED = 0, 1, 2, 3
 
 
-class SetAside(int):
-    """The granted set-aside in bytes (an int), also a context manager that restores the previous limit.
-
-    ``set_aside(n)`` applies the limit at once; ``with set_aside(n):`` additionally puts the previous
-    limit back when the block ends, also when it raises.
-    """
-
-    device: int
-    requested: int
-    previous: int
-
-    def __new__(cls, granted: int, device: int, requested: int, previous: int) -> "SetAside":
-        obj = super().__new__(cls, granted)
-        obj.device, obj.requested, obj.previous = device, requested, previous
-        obj._restored = False
-        return obj
-
-    @property
-    def granted(self) -> int:
-        return int(self)
-
-    def __enter__(self) -> "SetAside":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.restore()
-
-    def restore(self) -> None:
-        """Put the limit this call replaced back (once)."""
-        if not self._restored:
-            self._restored = True
-            apply_limit(self.device, self.previous)
-
-    def __repr__(self) -> str:
-        return (
-            f"SetAside(granted={int(self)}, requested={self.requested}, previous={self.previous}, device={self.device})"
+def check_pointer(ptr: int, nbytes: int, device: int, what: str = "the buffer", *, align: int = 1) -> None:
+    """Refuse host memory, memory of another device, a range that runs past the allocation holding
+    ``ptr`` (as the driver reports it), and a pointer not aligned to ``align`` bytes."""
+    if align > 1 and ptr % align:
+        raise ValueError(f"{what} at 0x{ptr:x} is not aligned to {align} bytes (its element size)")
+    memory_type, owner, base, size = _backend.current().pointer_info(ptr)
+    if memory_type in (_HOST_UNREGISTERED, _HOST):
+        raise ValueError(
+            f"{what} at 0x{ptr:x} is host memory; l2ctl needs device memory (cudaMalloc, torch/CuPy CUDA arrays, "
+            "l2ctl.DeviceBuffer)"
+        )
+    if memory_type == _DEVICE and owner != device:
+        raise ValueError(
+            f"{what} at 0x{ptr:x} ({nbytes} bytes) is on device {owner} but the stream is on device {device}; "
+            "use a stream of the buffer's device"
+        )
+    if size and not (base <= ptr and ptr + nbytes <= base + size):
+        raise ValueError(
+            f"{what} [0x{ptr:x}, 0x{ptr + nbytes:x}) runs past its allocation [0x{base:x}, 0x{base + size:x}) "
+            f"({size} bytes); a window or kernel there would touch memory that is not yours"
         )
 
-    def __reduce__(self):
-        return (int, (int(self),))
 
-
-def set_aside(nbytes: Union[int, float, str], device: object = None) -> SetAside:
-    """Set the persisting-L2 set-aside (``cudaLimitPersistingL2CacheSize``) and return what was granted.
-
-    ``nbytes`` is a byte count, ``"max"`` (``persistingL2CacheMaxSize``) or a float fraction of the max
-    (``0.5``). The driver rounds the request to its granularity (on an H100, up to a multiple of max/10),
-    so the returned value is read back from the driver, never assumed. Use it as ``with l2ctl.set_aside(n): ...`` to
-    restore the previous limit afterwards.
-
-    The set-aside is reserved for persisting lines on the whole device: while it is large, every
-    other kernel streams through a smaller L2 (an H100 at the max set-aside loses up to 2.5x of its
-    DRAM bandwidth for plain copies). Set it no larger than needed, and put it back.
-    """
-    info = require_persistence(device)
-    requested = parse_set_aside_request(nbytes, info.persisting_l2_cache_max_size)
-    previous = info.persisting_l2_cache_size
-    granted = apply_limit(info.index, requested)
-    return SetAside(granted, info.index, requested, previous)
-
-
-def reset_persisting_lines(device: object = None) -> None:
-    """Demote every persisting L2 line of ``device`` to normal (``cudaCtxResetPersistingL2Cache``)."""
-    info = require_persistence(device)
-    _backend.current().reset_persisting_lines(info.index)
-
-
-def set_aside_granularity(device: object = None) -> int:
-    """The step (bytes) the driver rounds set-aside requests to; probed once per device and cached.
-
-    The driver does not grant arbitrary byte counts: on an H100 (driver 580) every request becomes a
-    multiple of max/10, rounded *up* (3 MiB + 12345 B gives 3,276,800 B). The probe asks for 1 byte,
-    and where that gives 0 (rounding down or to nearest) for max - 1 and, if needed, bisects; it then
-    restores the previous limit, also on error. set_aside_rounding() tells the direction found.
-    """
-    info = require_persistence(device)
-    key = (info.index, info.uuid)
-    with _granularity_lock:
-        if key not in _granularity:
-            backend = _backend.current()
-            maximum = info.persisting_l2_cache_max_size
-
-            def ask(n: int) -> int:
-                return int(backend.set_persisting_limit(info.index, n))
-
-            previous = int(backend.get_persisting_limit(info.index))  # read under the lock, not from info
-            try:
-                step, direction = _probe_rounding(ask, maximum)
-            finally:
-                backend.set_persisting_limit(info.index, previous)
-            _granularity[key] = step
-            _rounding[key] = direction
-        return _granularity[key]
-
-
-def set_aside_rounding(device: object = None) -> str:
-    """How the driver rounds set-aside requests: "up", "down", "nearest" or "exact" (probes once)."""
-    info = require_persistence(device)
-    set_aside_granularity(info.index)
-    return _rounding[(info.index, info.uuid)]
-
-
-def _probe_rounding(ask, maximum: int) -> tuple[int, str]:
-    """(granularity, direction) from a few limit requests; ``ask(n)`` sets the limit and returns the grant."""
-    if maximum <= 1:
-        return 1, "exact"
-    one = ask(1)
-    if one == 1:
-        return 1, "exact"
-    if one > 1:
-        return one, "up"
-    below = ask(maximum - 1)
-    if below < maximum:
-        return max(1, maximum - below), "down"
-    # Rounded to nearest: the smallest request granted non-zero is half a step (bisection).
-    lo, hi = 1, maximum
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if ask(mid) > 0:
-            hi = mid
-        else:
-            lo = mid + 1
-    return max(1, ask(lo)), "nearest"
-
-
-def versions() -> dict:
+def versions() -> dict[str, int]:
     """Driver and runtime versions as ints (e.g. 13000 for 13.0); driver 0 when no driver is loaded."""
     backend = _backend.current()
     return {"driver": int(backend.driver_version()), "runtime": int(backend.runtime_version())}

@@ -8,11 +8,14 @@ No CUDA call is made here either; the device of a raw pointer is looked up later
 from __future__ import annotations
 
 import ctypes
+import math
 import numbers
 from dataclasses import dataclass
 from typing import Any, Optional, TypeGuard
 
 import numpy as np
+
+from ._plan import MAX_BYTES
 
 __all__ = ["StreamRef", "BufferRef", "resolve_stream", "resolve_buffer", "parse_cuda_array_interface"]
 
@@ -141,6 +144,23 @@ def _dense_extent(shape: tuple[int, ...], strides: Optional[tuple[int, ...]], it
     return True
 
 
+def _int_tuple(values: object, name: str) -> tuple[int, ...]:
+    """A shape or strides: a tuple (or list) of integers; floats and strings are refused, not coerced."""
+    if not isinstance(values, (tuple, list)):
+        raise TypeError(f"{name} must be a tuple of integers, got {values!r}")
+    if not all(_is_int(v) for v in values):
+        raise TypeError(f"{name} must hold integers only, got {values!r}")
+    return tuple(int(v) for v in values)
+
+
+def _extent_bytes(shape: tuple[int, ...], itemsize: int) -> int:
+    """Bytes the elements span, in exact integer arithmetic; refused beyond what a 64-bit size holds."""
+    nbytes = math.prod(shape) * itemsize
+    if nbytes > MAX_BYTES:
+        raise ValueError(f"shape {shape} of {itemsize}-byte elements spans {nbytes} bytes, beyond any device")
+    return nbytes
+
+
 def parse_cuda_array_interface(cai: object, source: str = "__cuda_array_interface__", owner: Any = None) -> BufferRef:
     """Parse a ``__cuda_array_interface__`` dict (versions 0 to 3) into a BufferRef.
 
@@ -152,7 +172,7 @@ def parse_cuda_array_interface(cai: object, source: str = "__cuda_array_interfac
     if not _is_int(version) or not 0 <= int(version) <= 3:
         raise ValueError(f"__cuda_array_interface__ version {version!r} is not supported (0 to 3)")
     try:
-        shape = tuple(int(n) for n in cai["shape"])
+        shape = _int_tuple(cai["shape"], "shape")
         typestr = cai["typestr"]
         data = cai["data"]
     except KeyError as missing:
@@ -171,11 +191,9 @@ def parse_cuda_array_interface(cai: object, source: str = "__cuda_array_interfac
         raise ValueError(f"data must be (pointer, read_only), got {data!r}")
     if cai.get("mask") is not None:
         raise ValueError("masked arrays are not supported; pass the data array itself")
-    strides = cai.get("strides")
-    if strides is not None:
-        strides = tuple(int(s) for s in strides)
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    nbytes = count * itemsize
+    raw_strides = cai.get("strides")
+    strides = None if raw_strides is None else _int_tuple(raw_strides, "strides")
+    nbytes = _extent_bytes(shape, itemsize)
     if nbytes == 0:
         raise ValueError("the buffer is empty (0 bytes); a window must cover at least one byte")
     if not _dense_extent(shape, strides, itemsize):
@@ -247,7 +265,7 @@ def parse_dlpack_capsule(capsule: object, owner: Any = None) -> BufferRef:
     strides = None
     if t.strides:
         strides = tuple(int(t.strides[i]) * itemsize for i in range(t.ndim))
-    nbytes = (int(np.prod(shape, dtype=np.int64)) if shape else 1) * itemsize
+    nbytes = _extent_bytes(shape, itemsize)
     if nbytes == 0:
         raise ValueError("the buffer is empty (0 bytes); a window must cover at least one byte")
     if not _dense_extent(shape, strides, itemsize):

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from . import _backend
-from ._device import resolve_device
+from . import _backend, _registry
+from ._device import properties, resolve_device
 from ._interop import BufferRef, StreamRef, resolve_stream
-from ._plan import check_nbytes
+from ._plan import check_count, check_nbytes
 
 __all__ = ["Stream", "DeviceBuffer", "synchronize_stream"]
 
@@ -53,7 +54,10 @@ class Stream:
         return bool(self._impl.query())
 
     def close(self) -> None:
-        """Destroy the stream (idempotent). Work already queued still completes."""
+        """Destroy the stream (idempotent). Work already queued still completes. Live l2ctl scopes on it
+        stop writing to it (its handle may be reused by the next stream CUDA creates)."""
+        if not self._impl.closed:
+            _registry.forget_slots(_registry.STREAM, [self._impl.handle])
         self._impl.close()
 
     def __enter__(self) -> "Stream":
@@ -94,12 +98,16 @@ class DeviceBuffer:
             if nbytes % dt.itemsize:
                 raise ValueError(f"nbytes {nbytes} is not a multiple of the {dt} item size {dt.itemsize}")
             shape = (nbytes // dt.itemsize,)
-        shape = tuple(int(n) for n in shape)
-        if int(np.prod(shape, dtype=np.int64)) * dt.itemsize != nbytes:
+        shape = tuple(check_count(n, "shape entry") for n in shape)
+        if math.prod(shape) * dt.itemsize != nbytes:
             raise ValueError(f"shape {shape} of {dt} does not hold exactly {nbytes} bytes")
+        index = resolve_device(device)
+        total = properties(index).total_memory
+        if nbytes > total:
+            raise ValueError(f"{nbytes} bytes exceed the {total} bytes of device {index}'s memory")
         self.dtype = dt
         self.shape = shape
-        self._impl = _backend.current().DeviceMemory(resolve_device(device), nbytes)
+        self._impl = _backend.current().DeviceMemory(index, nbytes)
 
     @classmethod
     def from_numpy(cls, array: np.ndarray, device: object = None, stream: object = None) -> "DeviceBuffer":
@@ -134,7 +142,7 @@ class DeviceBuffer:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     def _stream_handle(self, stream: object) -> int:
         return resolve_stream(stream).handle

@@ -15,6 +15,7 @@ __all__ = [
     "round_up",
     "round_down",
     "parse_set_aside_request",
+    "check_set_aside_request",
     "auto_set_aside",
     "default_hit_ratio",
     "clip_window",
@@ -65,13 +66,19 @@ def hit_ratio_grid(points: int, start: float = 0.0, stop: float = 1.0) -> list[f
     return [normalize_hit_ratio(a + (b - a) * i / n) for i in range(n)] + [b]
 
 
+#: The largest byte count l2ctl accepts anywhere: what a 64-bit size_t holds on the C++ side.
+MAX_BYTES = (1 << 63) - 1
+
+
 def check_nbytes(value: object, name: str, *, allow_zero: bool = False) -> int:
-    """A byte count: an integer (not bool), positive (or zero when allowed)."""
+    """A byte count: an integer (not bool), positive (or zero when allowed), below 2**63."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an integer number of bytes, not {type(value).__name__}")
     n = int(value)
     if n < 0 or (n == 0 and not allow_zero):
         raise ValueError(f"{name} must be {'>= 0' if allow_zero else 'positive'}, got {n}")
+    if n > MAX_BYTES:
+        raise ValueError(f"{name} of {n} bytes is beyond any device (at most 2**63 - 1)")
     return n
 
 
@@ -99,33 +106,45 @@ def round_down(nbytes: int, granularity: int) -> int:
     return int(nbytes) // granularity * granularity
 
 
+def check_set_aside_request(value: object) -> None:
+    """What set_aside(value) accepts, checked without a device: an int byte count >= 0, "max", or a
+    float fraction in [0, 1]. The device's max is checked later by parse_set_aside_request."""
+    if isinstance(value, str):
+        if value.strip().lower() != "max":
+            raise ValueError(f"set-aside must be a byte count, a fraction of the max, or 'max'; got {value!r}")
+        return
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError("set-aside must be a byte count, a fraction, or 'max', not bool")
+    if isinstance(value, numbers.Integral):
+        if int(value) < 0:
+            raise ValueError(f"set-aside must be >= 0 bytes, got {int(value)}")
+        return
+    if isinstance(value, numbers.Real):
+        f = float(value)
+        if math.isnan(f) or not 0.0 <= f <= 1.0:
+            raise ValueError(f"a fractional set-aside must be in [0, 1] (of the max), got {f!r}")
+        return
+    raise TypeError(f"set-aside must be a byte count, a fraction, or 'max', not {type(value).__name__}")
+
+
 def parse_set_aside_request(value: object, maximum: int) -> int:
     """Bytes asked for by ``set_aside(value)``: an int (bytes), ``"max"``, or a float fraction of the max.
 
     A float is always a fraction (``1.0`` is the whole max, ``0.5`` half of it); an int is always bytes.
     """
+    check_set_aside_request(value)
     if isinstance(value, str):
-        if value.strip().lower() == "max":
-            return int(maximum)
-        raise ValueError(f"set-aside must be a byte count, a fraction of the max, or 'max'; got {value!r}")
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError("set-aside must be a byte count, a fraction, or 'max', not bool")
+        return int(maximum)
     if isinstance(value, numbers.Integral):
         n = int(value)
-        if n < 0:
-            raise ValueError(f"set-aside must be >= 0 bytes, got {n}")
         if n > maximum:
             raise ValueError(
                 f"set-aside of {n} bytes exceeds persistingL2CacheMaxSize ({maximum} bytes); ask for at most "
                 f"{maximum}, or 'max'"
             )
         return n
-    if isinstance(value, numbers.Real):
-        f = float(value)
-        if math.isnan(f) or not 0.0 <= f <= 1.0:
-            raise ValueError(f"a fractional set-aside must be in [0, 1] (of the max), got {f!r}")
-        return int(math.floor(f * maximum))
-    raise TypeError(f"set-aside must be a byte count, a fraction, or 'max', not {type(value).__name__}")
+    assert isinstance(value, numbers.Real)
+    return int(math.floor(float(value) * maximum))
 
 
 def auto_set_aside(demand: float, current: int, granularity: int, maximum: int) -> int:

@@ -1,11 +1,531 @@
-"""The one lock that orders every read-modify-write of device-wide L2 state in this process (the
-set-aside limit, the granularity probe, the persist scopes).
+"""The registry: the one owner of every change l2ctl makes to a device's L2 state.
 
-A Python lock: CUDA calls made under it release the GIL, and no C++ lock is ever taken while it is held.
+Every change to the set-aside limit (persist scopes and set_aside calls), to a stream's or a graph
+kernel node's access-policy window, and every reset of persisting lines goes through here, under one
+lock. A *scope* records what it asks for (a window on some slots, a limit request); what each slot and
+the limit should be is **recomputed from the live scopes** (plus what was there before l2ctl touched
+it) after every change, never restored from a snapshot taken at entry, so any exit order, any
+interleaving of threads and any failure ends in the right state. docs/DESIGN.md has the rules.
+
+The lock is a Python lock: CUDA calls made under it release the GIL, and no C++ lock is ever taken
+while it is held. User callbacks (graph predicates, warning filters) never run under it.
 """
 
 from __future__ import annotations
 
+import atexit
+import itertools
+import os
 import threading
+import weakref
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Optional, Union
+
+from . import _backend
+from ._backend import Backend, WindowTuple
+from ._errors import CudaError, NotSupportedError
+from ._plan import auto_set_aside, default_hit_ratio, shared_hit_ratios
+from ._window import AccessPolicyWindow, AccessProperty
+
+__all__ = [
+    "lock",
+    "STREAM",
+    "NODE",
+    "Slot",
+    "Target",
+    "Scope",
+    "Snapshot",
+    "stream_slot",
+    "node_slot",
+    "enter",
+    "exit",
+    "set_base_window",
+    "forget_slots",
+    "known_limit",
+    "observed_limit",
+    "snapshot",
+    "reset_lines",
+    "granularity",
+    "rounding",
+    "restore_all",
+    "MPS_HINT",
+]
+
+MPS_HINT = (
+    "the persisting L2 limit cannot be set from a client under MPS (or this process is not allowed to set it); "
+    "start the MPS control daemon with CUDA_DEVICE_DEFAULT_PERSISTING_L2_CACHE_PERCENTAGE_LIMIT=<percent> in its "
+    "environment to choose the set-aside for all clients"
+)
+# CUDA errors that mean "this process may not set the limit" rather than "bad value".
+_REFUSED_LIMIT = {"cudaErrorNotSupported", "cudaErrorNotPermitted", "cudaErrorUnsupportedLimit"}
+
+STREAM, NODE = 0, 1
+#: (holder kind, handle, generation): the generation changes when l2ctl learns a handle died (a closed
+#: stream, a destroyed graph), so a later object that gets the same handle is a different slot.
+Slot = tuple[int, int, int]
+LimitRequest = Union[int, str, None]  # bytes, "auto", or None (leave the limit alone)
 
 lock = threading.RLock()
+_EMPTY: WindowTuple = (0, 0, 0.0, 0, 0)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a scope's window goes: the device, its slots (a stream, or graph kernel nodes), the object to
+    keep alive, and what to call (outside the lock) after the slots' windows changed."""
+
+    device: int
+    slots: tuple[Slot, ...]
+    owner: Any = None
+    changed: Optional[Callable[[], None]] = None
+
+
+@dataclass(eq=False)
+class Scope:
+    """What one live scope asks of its device. ``window`` goes on every slot in ``slots`` (None: a
+    limit-only scope); ``limit`` is an exact request in bytes, "auto" (enough for the windows in force)
+    or None. ``fit_hit_ratio``: the hit ratio is resolved at entry to what the set-aside can hold.
+    ``standing``: a plain ``set_aside(n)`` call (not used as a context manager): it lives until restored;
+    ``orphaned``: its SetAside object is gone, so nothing can restore it any more."""
+
+    device: int
+    slots: tuple[Slot, ...] = ()
+    window: Optional[AccessPolicyWindow] = None
+    limit: LimitRequest = None
+    share: bool = False
+    reset_on_exit: bool = False
+    fit_hit_ratio: bool = False
+    standing: bool = False
+    orphaned: bool = False
+    owner: Any = None  # keeps a foreign stream or graph alive while the scope lives
+    id: int = 0
+    effective: Optional[AccessPolicyWindow] = None  # the window in force (hit ratio after sharing)
+
+    @property
+    def needs_limit(self) -> bool:
+        """Whether planning this scope needs the device's limit."""
+        return self.limit is not None or self.share or self.fit_hit_ratio
+
+
+@dataclass
+class _DeviceState:
+    device: int
+    maximum: int
+    scopes: dict[int, Scope] = field(default_factory=dict)  # in entry order
+    base_limit: Optional[int] = None  # what the limit returns to; known while the device has live scopes
+    applied_request: Optional[int] = None  # the last limit l2ctl asked for (or read)
+    applied_limit: Optional[int] = None  # what the driver granted for it
+    base_windows: dict[Slot, WindowTuple] = field(default_factory=dict)  # per active slot
+    applied_windows: dict[Slot, WindowTuple] = field(default_factory=dict)
+    # The limit as last read or set, kept while idle too: only for budget warnings and reports, never
+    # for deciding what to restore (a change made outside l2ctl may have happened since).
+    observed_limit: Optional[int] = None
+    in_force_demand: float = 0.0  # of the effective windows in force after the last sync
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The registry's view of one device: the limit in force, the windows in force (one per scope that
+    is the latest on at least one of its slots) and their demand (hit ratio x bytes of PERSISTING hits)."""
+
+    device: int
+    limit: int
+    in_force: tuple[tuple[Scope, AccessPolicyWindow], ...]
+
+    @property
+    def demand(self) -> float:
+        return sum(w.demand for _, w in self.in_force)
+
+
+class _Registry:
+    def __init__(self) -> None:
+        # Weak keys: a simulator's states go with it; values never refer to the backend (no cycle).
+        self.states: "weakref.WeakKeyDictionary[Any, dict[int, _DeviceState]]" = weakref.WeakKeyDictionary()
+        self.generations: "weakref.WeakKeyDictionary[Any, dict[tuple[int, int], int]]" = weakref.WeakKeyDictionary()
+        self.granularity: "weakref.WeakKeyDictionary[Any, dict[int, tuple[int, str]]]" = weakref.WeakKeyDictionary()
+        self.ids = itertools.count(1)
+
+
+_registry = _Registry()
+
+
+def _after_fork_in_child() -> None:
+    # A forked child cannot use its parent's CUDA context; it starts with an empty registry and a fresh lock.
+    global lock, _registry
+    lock = threading.RLock()
+    _registry = _Registry()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _state(backend: Backend, device: int, maximum: int) -> _DeviceState:
+    per_backend = _registry.states.setdefault(backend, {})
+    state = per_backend.get(device)
+    if state is None:
+        state = per_backend[device] = _DeviceState(device, maximum)
+    return state
+
+
+def _generation(backend: Backend, kind: int, handle: int) -> int:
+    return _registry.generations.get(backend, {}).get((kind, handle), 0)
+
+
+def stream_slot(handle: int) -> Slot:
+    return (STREAM, int(handle), _generation(_backend.current(), STREAM, int(handle)))
+
+
+def node_slot(handle: int) -> Slot:
+    return (NODE, int(handle), _generation(_backend.current(), NODE, int(handle)))
+
+
+def _live(backend: Backend, slot: Slot) -> bool:
+    return slot[2] == _generation(backend, slot[0], slot[1])
+
+
+# ---- planning (pure) ------------------------------------------------------------------------------
+
+
+def _in_force(backend: Backend, scopes: Iterable[Scope]) -> list[Scope]:
+    """The scopes whose window is the latest on at least one of their live slots, in entry order."""
+    top: dict[Slot, Scope] = {}
+    for scope in scopes:
+        if scope.window is not None:
+            for slot in scope.slots:
+                if _live(backend, slot):
+                    top[slot] = scope
+    seen: dict[int, Scope] = {}
+    for scope in top.values():
+        seen[scope.id] = scope
+    return [seen[i] for i in sorted(seen)]
+
+
+def _requested_demand(scopes: Iterable[Scope]) -> float:
+    return sum(s.window.demand for s in scopes if s.window is not None)
+
+
+def _planned_limit(backend: Backend, state: _DeviceState, step: Callable[[], int]) -> Optional[int]:
+    """Fold the live scopes' limit requests in entry order: an exact request sets the limit, "auto" raises
+    it (never lowers it) to the demand of the windows in force among the scopes entered so far, rounded up
+    to the driver's granularity and capped at the max. None when no scope asks and the base is unknown."""
+    limit = state.base_limit
+    scopes = list(state.scopes.values())
+    for k, scope in enumerate(scopes):
+        if isinstance(scope.limit, int):
+            limit = scope.limit
+        elif scope.limit == "auto":
+            demand = _requested_demand(_in_force(backend, scopes[: k + 1]))
+            limit = auto_set_aside(demand, limit or 0, step() if demand > 0 else 1, state.maximum)
+    return limit
+
+
+def _share(backend: Backend, in_force: list[Scope], limit: Optional[int]) -> None:
+    """Set each in-force scope's effective window: shared PERSISTING scopes scaled to fit what the
+    non-shared ones leave of the limit (the source documents' rule), the others as requested."""
+    for scope in in_force:
+        scope.effective = scope.window
+    shared = [s for s in in_force if s.share and s.window is not None and s.window.hit_prop == AccessProperty.PERSISTING]
+    if not shared or limit is None:
+        return
+    fixed = _requested_demand(s for s in in_force if s not in shared)
+    requests = [(s.window.hit_ratio, s.window.num_bytes) for s in shared if s.window is not None]
+    for scope, ratio in zip(shared, shared_hit_ratios(requests, max(0, int(limit - fixed)))):
+        assert scope.window is not None
+        scope.effective = replace(scope.window, hit_ratio=ratio)
+
+
+# ---- applying -------------------------------------------------------------------------------------
+
+
+def _read_window(backend: Backend, slot: Slot) -> WindowTuple:
+    if slot[0] == STREAM:
+        return tuple(backend.get_stream_window(slot[1]))  # type: ignore[return-value]
+    return tuple(backend.get_node_window(slot[1]))  # type: ignore[return-value]
+
+
+def _activate(backend: Backend, state: _DeviceState, scope: Scope) -> None:
+    """Learn what l2ctl will have to return to: the windows on the scope's slots that no live scope owns
+    yet, and the limit when planning needs it and no live scope has made l2ctl the owner of it."""
+    for slot in scope.slots:
+        if slot not in state.base_windows and _live(backend, slot):
+            window = _read_window(backend, slot)
+            state.base_windows[slot] = state.applied_windows[slot] = window
+    if state.base_limit is None and (scope.needs_limit or any(s.needs_limit for s in state.scopes.values())):
+        limit = int(backend.get_persisting_limit(state.device))
+        state.base_limit = state.applied_limit = state.applied_request = state.observed_limit = limit
+
+
+def _translate(exc: CudaError, device: int) -> BaseException:
+    if exc.name in _REFUSED_LIMIT and "SetLimit" in exc.call:
+        return NotSupportedError(f"device {device}: {exc}; {MPS_HINT}")
+    return exc
+
+
+def _sync(backend: Backend, state: _DeviceState, step: Callable[[], int], *, reset: bool = False) -> None:
+    """Make the device match the live scopes with one batched call: the windows that differ from what
+    l2ctl last applied, the limit when its request differs, and a reset of persisting lines if asked."""
+    limit = _planned_limit(backend, state, step)
+    in_force = _in_force(backend, state.scopes.values())
+    _share(backend, in_force, limit if limit is not None else state.applied_limit)
+    desired: dict[Slot, WindowTuple] = {}
+    for scope in state.scopes.values():  # later scopes overwrite earlier ones on shared slots
+        if scope.window is not None:
+            for slot in scope.slots:
+                if _live(backend, slot):
+                    window = scope.effective if scope in in_force and scope.effective is not None else scope.window
+                    desired[slot] = window.as_tuple()
+    for slot, base in state.base_windows.items():
+        desired.setdefault(slot, base)
+    streams = [(s[1], w) for s, w in desired.items() if s[0] == STREAM and state.applied_windows.get(s) != w]
+    nodes = [(s[1], w) for s, w in desired.items() if s[0] == NODE and state.applied_windows.get(s) != w]
+    request = -1 if limit is None or limit == state.applied_request else int(limit)
+    if streams or nodes or request >= 0 or reset:
+        try:
+            granted = int(backend.apply_state(state.device, request, streams, nodes, reset))
+        except CudaError as exc:
+            _resync(backend, state, [s for s in desired if state.applied_windows.get(s) != desired[s]])
+            raise _translate(exc, state.device) from exc
+        except BaseException:
+            _resync(backend, state, [s for s in desired if state.applied_windows.get(s) != desired[s]])
+            raise
+        for slot in desired:
+            state.applied_windows[slot] = desired[slot]
+        if request >= 0:
+            state.applied_request, state.applied_limit, state.observed_limit = request, granted, granted
+    state.in_force_demand = sum((s.effective or s.window).demand for s in in_force if s.window is not None)
+    # Slots no live scope covers are back to their base: l2ctl forgets them (it re-reads them when a
+    # scope next covers them, so changes made outside l2ctl in between are respected).
+    covered = {slot for s in state.scopes.values() for slot in s.slots}
+    for slot in [s for s in state.base_windows if s not in covered or not _live(backend, s)]:
+        del state.base_windows[slot]
+        state.applied_windows.pop(slot, None)
+    if not state.scopes:
+        state.base_limit = state.applied_limit = state.applied_request = None
+
+
+def _resync(backend: Backend, state: _DeviceState, slots: list[Slot]) -> None:
+    """After a failed batch, learn what the device really holds (some changes may have been applied)."""
+    for slot in slots:
+        try:
+            state.applied_windows[slot] = _read_window(backend, slot)
+        except Exception:
+            state.applied_windows.pop(slot, None)  # unknown: the next plan writes it again
+    if state.applied_limit is not None:
+        try:
+            limit = int(backend.get_persisting_limit(state.device))
+            state.applied_limit = state.applied_request = state.observed_limit = limit
+        except Exception:
+            state.applied_request = None
+
+
+# ---- entry points ---------------------------------------------------------------------------------
+
+
+def enter(scope: Scope, maximum: int, step: Callable[[], int]) -> tuple[Optional[int], float]:
+    """Register ``scope`` and make the device match. Atomic: on any exception nothing stays registered and
+    the device is put back as it was. ``step()`` gives the driver's limit granularity (probed once).
+    Returns the limit in force when l2ctl owns it (None otherwise) and the demand of the windows in force."""
+    backend = _backend.current()
+    with lock:
+        state = _state(backend, scope.device, maximum)
+        _activate(backend, state, scope)
+        scope.id = next(_registry.ids)
+        state.scopes[scope.id] = scope
+        try:
+            if scope.fit_hit_ratio and scope.window is not None:
+                # As much of the window as the set-aside can hold next to the other windows in force.
+                limit = _planned_limit(backend, state, step)
+                room = max(0.0, (limit or 0) - _requested_demand(s for s in _in_force(backend, state.scopes.values())
+                                                                  if s is not scope))
+                scope.window = replace(scope.window, hit_ratio=default_hit_ratio(int(room), scope.window.num_bytes))
+            _sync(backend, state, step)
+        except BaseException:
+            del state.scopes[scope.id]
+            try:
+                _sync(backend, state, step)
+            except Exception:
+                pass  # the first error is what the caller needs; the state was resynchronised
+            raise
+        if scope.standing:
+            # A plain set_aside call whose SetAside is gone can never be restored, so it shadows every
+            # earlier plain call for good: those can go (the fold restarts at the latest exact request),
+            # which keeps a loop of plain calls from growing the registry.
+            orphans = [s.id for s in state.scopes.values() if s.standing and s.orphaned]
+            if orphans:
+                for old in [s for s in state.scopes.values() if s.standing and s.id < max(orphans)]:
+                    del state.scopes[old.id]
+        return state.applied_limit, state.in_force_demand
+
+
+def exit(scope: Scope, step: Callable[[], int]) -> None:
+    """Unregister ``scope`` (idempotent) and make the device match the scopes left. The persisting lines
+    are reset when the scope asked for it and no other scope with a window is live on the device."""
+    backend = _backend.current()
+    with lock:
+        state = _registry.states.get(backend, {}).get(scope.device)
+        if state is None or state.scopes.get(scope.id) is not scope:
+            return
+        del state.scopes[scope.id]
+        reset = scope.reset_on_exit and not any(s.window is not None for s in state.scopes.values())
+        _sync(backend, state, step, reset=reset)
+
+
+def set_base_window(slots: Iterable[Slot], device: int, maximum: int, window: AccessPolicyWindow) -> None:
+    """A window set outside any scope (``l2ctl.set_window``, ``Graph.set_window``): applied at once on
+    idle slots; on a slot a live scope covers, it becomes what the slot returns to when the scopes end."""
+    backend = _backend.current()
+    value = window.as_tuple()
+    with lock:
+        state = _state(backend, device, maximum)
+        idle = []
+        for slot in slots:
+            if slot in state.base_windows:
+                state.base_windows[slot] = value
+            else:
+                idle.append(slot)
+        streams = [(s[1], value) for s in idle if s[0] == STREAM]
+        nodes = [(s[1], value) for s in idle if s[0] == NODE]
+        if streams or nodes:
+            backend.apply_state(device, -1, streams, nodes, False)
+
+
+def forget_slots(kind: int, handles: Iterable[int]) -> None:
+    """The handles died (a stream closed, a graph destroyed): scopes keep living but never write there again."""
+    backend = _backend.current()
+    with lock:
+        generations = _registry.generations.setdefault(backend, {})
+        for handle in handles:
+            key = (kind, int(handle))
+            generations[key] = generations.get(key, 0) + 1
+        for state in _registry.states.get(backend, {}).values():
+            dead = [s for s in state.base_windows if not _live(backend, s)]
+            for slot in dead:
+                del state.base_windows[slot]
+                state.applied_windows.pop(slot, None)
+            if dead and state.scopes:
+                # Windows that were in force there are no longer: the limit and shared ratios follow.
+                device, maximum = state.device, state.maximum
+                _sync(backend, state, lambda: granularity(device, maximum)[0])
+
+
+def known_limit(device: int) -> Optional[int]:
+    """The limit in force when the registry owns it (a live scope needed it); None otherwise."""
+    with lock:
+        state = _registry.states.get(_backend.current(), {}).get(device)
+        return None if state is None else state.applied_limit
+
+
+def observed_limit(device: int, maximum: int) -> int:
+    """The limit in force as l2ctl last saw it (read once when it never has): for warnings and reports."""
+    backend = _backend.current()
+    with lock:
+        state = _state(backend, device, maximum)
+        if state.applied_limit is not None:
+            return state.applied_limit
+        if state.observed_limit is None:
+            state.observed_limit = int(backend.get_persisting_limit(device))
+        return state.observed_limit
+
+
+def snapshot(device: int, maximum: int) -> Snapshot:
+    """The limit and the windows in force on ``device`` (reads the limit when l2ctl does not own it)."""
+    backend = _backend.current()
+    with lock:
+        state = _state(backend, device, maximum)
+        limit = state.applied_limit if state.applied_limit is not None else int(backend.get_persisting_limit(device))
+        state.observed_limit = limit
+        in_force = _in_force(backend, state.scopes.values())
+        return Snapshot(device, limit, tuple((s, s.effective or s.window) for s in in_force if s.window is not None))
+
+
+def reset_lines(device: int) -> None:
+    """cudaCtxResetPersistingL2Cache, ordered with every other change."""
+    with lock:
+        _backend.current().reset_persisting_lines(device)
+
+
+def granularity(device: int, maximum: int) -> tuple[int, str]:
+    """(step, direction) of the driver's rounding of limit requests, probed once per backend and device:
+    the probe sets the limit a few times and puts back what was there, under the lock."""
+    backend = _backend.current()
+    with lock:
+        known = _registry.granularity.get(backend, {}).get(device)
+        if known is not None:
+            return known
+        state = _registry.states.get(backend, {}).get(device)
+        previous = state.applied_limit if state is not None and state.applied_limit is not None else None
+        if previous is None:
+            previous = int(backend.get_persisting_limit(device))
+
+        def ask(n: int) -> int:
+            return int(backend.set_persisting_limit(device, n))
+
+        try:
+            found = probe_rounding(ask, maximum)
+        except CudaError as exc:
+            raise _translate(exc, device) from exc
+        finally:
+            try:
+                if int(backend.get_persisting_limit(device)) != previous:
+                    backend.set_persisting_limit(device, previous)
+            except CudaError:
+                pass  # a probe refused from the start (MPS) changed nothing
+        _registry.granularity.setdefault(backend, {})[device] = found
+        return found
+
+
+def known_granularity(device: int) -> Optional[int]:
+    with lock:
+        known = _registry.granularity.get(_backend.current(), {}).get(device)
+        return None if known is None else known[0]
+
+
+def rounding(device: int, maximum: int) -> str:
+    return granularity(device, maximum)[1]
+
+
+def probe_rounding(ask: Callable[[int], int], maximum: int) -> tuple[int, str]:
+    """(granularity, direction) from a few limit requests; ``ask(n)`` sets the limit and returns the grant."""
+    if maximum <= 1:
+        return 1, "exact"
+    one = ask(1)
+    if one == 1:
+        return 1, "exact"
+    if one > 1:
+        return one, "up"
+    below = ask(maximum - 1)
+    if below < maximum:
+        return max(1, maximum - below), "down"
+    # Rounded to nearest: the smallest request granted non-zero is half a step (bisection).
+    lo, hi = 1, maximum
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ask(mid) > 0:
+            hi = mid
+        else:
+            lo = mid + 1
+    return max(1, ask(lo)), "nearest"
+
+
+def live_scopes(device: int) -> list[Scope]:
+    with lock:
+        state = _registry.states.get(_backend.current(), {}).get(device)
+        return [] if state is None else list(state.scopes.values())
+
+
+def restore_all() -> None:
+    """At interpreter exit: end every live scope on every device, each with the backend it was made with."""
+    with lock:
+        for backend, states in list(_registry.states.items()):
+            for state in states.values():
+                if not state.scopes:
+                    continue
+                state.scopes.clear()
+                try:
+                    _sync(backend, state, lambda: 1, reset=True)
+                except Exception:
+                    pass  # the process is ending; nothing left to tell
+
+
+atexit.register(restore_all)

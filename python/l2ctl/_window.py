@@ -1,4 +1,5 @@
-"""Access-policy windows on streams: the raw get/set/clear, validated before CUDA is called."""
+"""Access-policy windows as values: the properties, the window, and its validation (no device needed).
+Putting windows on streams and graph nodes: _stream_window and graph."""
 
 from __future__ import annotations
 
@@ -9,20 +10,10 @@ from typing import Optional
 
 import numpy as np
 
-from . import _backend
-from ._device import require_persistence
-from ._interop import StreamRef, resolve_buffer, resolve_stream
+from ._interop import resolve_buffer
 from ._plan import check_nbytes, normalize_hit_ratio
 
-__all__ = [
-    "AccessProperty",
-    "AccessPolicyWindow",
-    "get_window",
-    "set_window",
-    "clear_window",
-    "stream_device",
-    "check_device_pointer",
-]
+__all__ = ["AccessProperty", "AccessPolicyWindow", "validate_window", "check_property"]
 
 
 class AccessProperty(enum.IntEnum):
@@ -84,13 +75,17 @@ class AccessPolicyWindow:
         return validate_window(cls(ref.ptr + offset, n, hit_ratio, hit_prop, miss_prop))
 
 
-def _property(value: object, name: str) -> AccessProperty:
+def check_property(value: object, name: str, *, miss: bool = False) -> AccessProperty:
+    """An AccessProperty from itself or its int value; ``miss``: PERSISTING is refused (CUDA refuses it)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an AccessProperty (or its int value), not {type(value).__name__}")
     try:
-        return AccessProperty(int(value))
+        prop = AccessProperty(int(value))
     except ValueError:
         raise ValueError(f"{name} must be one of {[p.name for p in AccessProperty]}, got {value!r}") from None
+    if miss and prop == AccessProperty.PERSISTING:
+        raise ValueError(f"{name} must be NORMAL or STREAMING (CUDA refuses PERSISTING for misses)")
+    return prop
 
 
 def validate_window(window: AccessPolicyWindow) -> AccessPolicyWindow:
@@ -99,10 +94,8 @@ def validate_window(window: AccessPolicyWindow) -> AccessPolicyWindow:
         raise TypeError(f"expected an AccessPolicyWindow, got {type(window).__name__}")
     base = check_nbytes(window.base_ptr, "base_ptr", allow_zero=True)
     nbytes = check_nbytes(window.num_bytes, "num_bytes", allow_zero=True)
-    hit_prop = _property(window.hit_prop, "hit_prop")
-    miss_prop = _property(window.miss_prop, "miss_prop")
-    if miss_prop == AccessProperty.PERSISTING:
-        raise ValueError("miss_prop must be NORMAL or STREAMING (CUDA refuses PERSISTING for misses)")
+    hit_prop = check_property(window.hit_prop, "hit_prop")
+    miss_prop = check_property(window.miss_prop, "miss_prop", miss=True)
     if nbytes and not base:
         raise ValueError("a non-empty window needs a base_ptr")
     return replace(
@@ -113,59 +106,3 @@ def validate_window(window: AccessPolicyWindow) -> AccessPolicyWindow:
         hit_prop=hit_prop,
         miss_prop=miss_prop,
     )
-
-
-def stream_device(ref: StreamRef) -> int:
-    """The device a resolved stream belongs to (the current device for the default streams)."""
-    if ref.device is not None:
-        return int(ref.device)
-    return int(_backend.current().stream_device(ref.handle))
-
-
-# cudaMemoryType values.
-_HOST_UNREGISTERED, _HOST, _DEVICE, _MANAGED = 0, 1, 2, 3
-
-
-def check_device_pointer(ptr: int, nbytes: int, device: int, what: str = "the buffer") -> None:
-    """Refuse host memory and memory of another device (asks CUDA what the pointer is)."""
-    memory_type, owner, _, _ = _backend.current().pointer_info(ptr)
-    if memory_type in (_HOST_UNREGISTERED, _HOST):
-        raise ValueError(
-            f"{what} at 0x{ptr:x} is host memory; l2ctl needs device memory (cudaMalloc, torch/CuPy CUDA arrays, "
-            "l2ctl.DeviceBuffer)"
-        )
-    if memory_type == _DEVICE and owner != device:
-        raise ValueError(
-            f"{what} at 0x{ptr:x} ({nbytes} bytes) is on device {owner} but the stream is on device {device}; "
-            "use a stream of the buffer's device"
-        )
-
-
-def get_window(stream: object) -> AccessPolicyWindow:
-    """The access-policy window currently set on ``stream``."""
-    ref = resolve_stream(stream)
-    return AccessPolicyWindow.from_tuple(_backend.current().get_stream_window(ref.handle))
-
-
-def set_window(stream: object, window: AccessPolicyWindow) -> None:
-    """Set ``window`` on ``stream`` (kernels launched on it afterwards use it). Validated first:
-    hit ratio, properties, the device's support and max window size, and that the base is device memory."""
-    ref = resolve_stream(stream)
-    window = validate_window(window)
-    device = stream_device(ref)
-    if not window.empty:
-        info = require_persistence(device)
-        if window.num_bytes > info.access_policy_max_window_size:
-            raise ValueError(
-                f"window of {window.num_bytes} bytes exceeds accessPolicyMaxWindowSize "
-                f"({info.access_policy_max_window_size} bytes) of device {device}; use a smaller num_bytes "
-                "(l2ctl.persist clips it for you)"
-            )
-        check_device_pointer(window.base_ptr, window.num_bytes, device, "the window base")
-    _backend.current().set_stream_window(ref.handle, *window.as_tuple())
-
-
-def clear_window(stream: object) -> None:
-    """Remove the window from ``stream`` (an empty window: no addresses, hit ratio 0, NORMAL)."""
-    ref = resolve_stream(stream)
-    _backend.current().set_stream_window(ref.handle, *AccessPolicyWindow().as_tuple())

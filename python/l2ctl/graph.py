@@ -20,12 +20,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
-from . import _backend
-from ._device import resolve_device
+from . import _backend, _registry
+from ._backend import GraphExecImpl, GraphImpl
+from ._device import properties, resolve_device, stream_device
 from ._interop import resolve_stream
-from ._window import AccessPolicyWindow, stream_device, validate_window
+from ._plan import check_count
+from ._stream_window import check_window_fits
+from ._window import AccessPolicyWindow, validate_window
 
-__all__ = ["CaptureMode", "KernelNode", "Graph", "capture", "as_graph", "inspect"]
+__all__ = ["CaptureMode", "KernelNode", "Graph", "GraphNodes", "capture", "as_graph", "inspect"]
 
 
 class CaptureMode(enum.IntEnum):
@@ -46,6 +49,7 @@ class KernelNode:
 
 
 Predicate = Callable[[KernelNode], bool]
+_NodeTuple = tuple[int, str, tuple[int, int, int], tuple[int, int, int]]
 
 
 class Graph:
@@ -58,18 +62,27 @@ class Graph:
     #: reports success but the replays did not speed up, so l2ctl re-instantiates by default.
     refresh = "reinstantiate"
 
+    device: int
+    reinstantiations: int
+    updates: int
+    _owner: Any
+    _impl: Optional[GraphImpl]
+    _exec: Optional[GraphExecImpl]
+    _dirty: bool
+    _nodes: Optional[list[_NodeTuple]]  # the kernel nodes; a captured graph's never change
+
     def __init__(self, handle: int, *, owned: bool = False, device: object = None, owner: Any = None) -> None:
-        if isinstance(handle, bool) or not isinstance(handle, int) or handle <= 0:
-            raise TypeError(f"a graph handle is a positive int cudaGraph_t, got {handle!r}")
+        graph = check_count(handle, "a graph handle (cudaGraph_t)", minimum=1, maximum=(1 << 64) - 1)
         self._setup(resolve_device(device), owner)
-        self._impl = _backend.current().Graph(handle, owned)
+        self._impl = _backend.current().Graph(graph, owned)
 
     def _setup(self, device: int, owner: Any) -> None:
         self.device = device
         self._owner = owner  # keeps a foreign graph's Python object alive
-        self._impl: Any = None
-        self._exec: Any = None
+        self._impl = None
+        self._exec = None
         self._dirty = False
+        self._nodes = None
         self.reinstantiations = 0
         self.updates = 0
 
@@ -91,31 +104,42 @@ class Graph:
 
     @property
     def owned(self) -> bool:
-        return bool(self._impl.owned)
+        return self._impl is not None and bool(self._impl.owned)
 
     @property
     def node_count(self) -> int:
         return int(_backend.current().graph_node_count(self.handle))
 
+    def _kernel_node_tuples(self) -> list[_NodeTuple]:
+        if self._nodes is None:
+            self._nodes = [(int(n), str(f), (int(g[0]), int(g[1]), int(g[2])), (int(b[0]), int(b[1]), int(b[2])))
+                           for n, f, g, b in _backend.current().graph_kernel_nodes(self.handle)]
+        return self._nodes
+
     def kernel_nodes(self, predicate: Optional[Predicate] = None) -> list[KernelNode]:
         """The kernel nodes (optionally those for which ``predicate(node)`` is true), with their windows."""
         backend = _backend.current()
         nodes = []
-        for node, function, grid, block in backend.graph_kernel_nodes(self.handle):
-            window = AccessPolicyWindow.from_tuple(backend.get_node_window(node))
-            k = KernelNode(int(node), str(function), tuple(grid), tuple(block), window)
+        for node, function, grid, block in self._kernel_node_tuples():
+            k = KernelNode(node, function, grid, block, AccessPolicyWindow.from_tuple(backend.get_node_window(node)))
             if predicate is None or predicate(k):
                 nodes.append(k)
         return nodes
 
+    def _selected(self, predicate: Optional[Predicate]) -> list[int]:
+        if predicate is None:  # no predicate: no need to read every node's window
+            return [node for node, _, _, _ in self._kernel_node_tuples()]
+        return [k.node for k in self.kernel_nodes(predicate)]
+
     def set_window(self, window: AccessPolicyWindow, predicate: Optional[Predicate] = None) -> int:
         """Set ``window`` on every kernel node (or those matching ``predicate``); returns how many.
-        Does not touch the set-aside: use ``l2ctl.persist(graph, buf)`` for a scope that manages both."""
+        Does not touch the set-aside: use ``l2ctl.persist(graph, buf)`` for a scope that manages both.
+        On nodes a live l2ctl scope covers, ``window`` is what they return to when the scopes end."""
         window = validate_window(window)
-        nodes = self.kernel_nodes(predicate)
-        backend = _backend.current()
-        for k in nodes:
-            backend.set_node_window(k.node, *window.as_tuple())
+        check_window_fits(window, self.device)
+        nodes = self._selected(predicate)  # the predicate runs here, outside the registry's lock
+        _registry.set_base_window([_registry.node_slot(n) for n in nodes], self.device,
+                                  properties(self.device).persisting_l2_cache_max_size, window)
         self._dirty = self._dirty or bool(nodes)
         return len(nodes)
 
@@ -124,16 +148,18 @@ class Graph:
 
     def select(self, predicate: Predicate) -> "GraphNodes":
         """The kernel nodes matching ``predicate``, as a target for ``l2ctl.persist``."""
+        if not callable(predicate):
+            raise TypeError("predicate must be callable as predicate(KernelNode) -> bool")
         return GraphNodes(self, predicate)
 
-    def instantiate(self) -> Any:
+    def instantiate(self) -> GraphExecImpl:
         """The instantiated graph, brought up to date with node changes made through l2ctl."""
+        if self.refresh not in ("update", "reinstantiate"):
+            raise ValueError(f"refresh must be 'update' or 'reinstantiate', got {self.refresh!r}")
         if self._exec is None:
             self._exec = _backend.current().GraphExec(self.handle)
             self._dirty = False
         elif self._dirty:
-            if self.refresh not in ("update", "reinstantiate"):
-                raise ValueError(f"refresh must be 'update' or 'reinstantiate', got {self.refresh!r}")
             if self.refresh == "update" and self._exec.update(self.handle):
                 self.updates += 1
             else:
@@ -149,10 +175,20 @@ class Graph:
         self.instantiate().launch(ref.handle)
 
     def mark_changed(self) -> None:
-        """Call after changing the graph's nodes outside l2ctl, so the next launch updates the instance."""
+        """Call after changing the graph outside l2ctl, so the next launch updates the instance (and the
+        kernel nodes are listed again)."""
+        self._dirty = True
+        self._nodes = None
+
+    def _node_windows_changed(self) -> None:
         self._dirty = True
 
     def destroy(self) -> None:
+        """Destroy the instance and, when l2ctl owns it, the graph. Live scopes on its nodes stop writing."""
+        if self._impl is None:
+            return
+        if self._nodes is not None:
+            _registry.forget_slots(_registry.NODE, [n for n, _, _, _ in self._nodes])
         if self._exec is not None:
             self._exec.destroy()
             self._exec = None
@@ -164,10 +200,16 @@ class Graph:
     def __exit__(self, *exc: object) -> None:
         self.destroy()
 
-    def _l2ctl_target(self) -> "_GraphTarget":
-        return _GraphTarget(self, None)
+    def _l2ctl_target(self, predicate: Optional[Predicate] = None) -> _registry.Target:
+        nodes = self._selected(predicate)
+        if not nodes:
+            raise ValueError("the graph has no kernel node to put the window on")
+        return _registry.Target(self.device, tuple(_registry.node_slot(n) for n in nodes), self,
+                                self._node_windows_changed)
 
     def __repr__(self) -> str:
+        if self._impl is None:
+            return "<l2ctl.graph.Graph (capturing)>"
         return f"<l2ctl.graph.Graph 0x{self.handle:x} {'owned' if self.owned else 'borrowed'} device={self.device}>"
 
 
@@ -177,35 +219,8 @@ class GraphNodes:
     def __init__(self, graph: Graph, predicate: Predicate) -> None:
         self.graph, self.predicate = graph, predicate
 
-    def _l2ctl_target(self) -> "_GraphTarget":
-        return _GraphTarget(self.graph, self.predicate)
-
-
-class _GraphTarget:
-    """persist() target that puts the window on kernel nodes and restores each node's own window."""
-
-    def __init__(self, graph: Graph, predicate: Optional[Predicate]) -> None:
-        self.graph, self.predicate = graph, predicate
-        self.handle = graph.handle
-
-    def device(self) -> int:
-        return self.graph.device
-
-    def read(self) -> list[tuple[int, AccessPolicyWindow]]:
-        return [(k.node, k.window) for k in self.graph.kernel_nodes(self.predicate)]
-
-    def apply(self, window: AccessPolicyWindow) -> None:
-        if self.graph.set_window(window, self.predicate) == 0:
-            raise ValueError("the graph has no kernel node to put the window on")
-
-    def restore(self, previous: list[tuple[int, AccessPolicyWindow]]) -> None:
-        backend = _backend.current()
-        for node, window in previous:
-            backend.set_node_window(node, *window.as_tuple())
-        self.graph.mark_changed()
-
-    def clear(self) -> None:
-        self.graph.clear_window(self.predicate)
+    def _l2ctl_target(self) -> _registry.Target:
+        return self.graph._l2ctl_target(self.predicate)
 
 
 @contextmanager
@@ -253,8 +268,8 @@ def as_graph(obj: object, device: object = None) -> Graph:
             raise ValueError("torch.cuda.CUDAGraph exposes its graph only when captured with keep_graph=True") from exc
         return Graph(handle, owned=False, device=device, owner=obj)
     get_ptr = getattr(obj, "getPtr", None)
-    if callable(get_ptr):
-        return Graph(int(obj), owned=False, device=device, owner=obj)  # cuda.bindings handles convert with int()
+    if callable(get_ptr):  # cuda.bindings handles: getPtr() is the address of the handle, int() the handle
+        return Graph(int(obj), owned=False, device=device, owner=obj)  # type: ignore[call-overload]
     raise TypeError(
         f"cannot use a {type(obj).__name__} as a CUDA graph; pass an l2ctl Graph, an int cudaGraph_t, a "
         "torch.cuda.CUDAGraph (keep_graph=True) or a cuda-python graph handle"

@@ -14,9 +14,9 @@ from typing import Optional
 import numpy as np
 
 from . import _backend
+from ._device import check_pointer, resolve_device, stream_device
 from ._interop import BufferRef, StreamRef, resolve_buffer, resolve_stream
-from ._plan import check_nbytes
-from ._window import check_device_pointer, stream_device
+from ._plan import check_count, check_nbytes
 
 __all__ = [
     "ResetVariant",
@@ -77,21 +77,23 @@ def check_variant(value: object) -> ResetVariant:
         raise ValueError(f"unknown variant {value!r}") from None
 
 
-def _prepare(stream: object, *buffers: tuple[object, str]) -> tuple[StreamRef, int, list[BufferRef]]:
-    s = resolve_stream(stream)
-    refs = [resolve_buffer(b) for b, _ in buffers]
-    device = stream_device(s)
-    for ref, (_, name) in zip(refs, buffers):
+def _buffer(buf: object, name: str, unit: int = 4) -> BufferRef:
+    """A resolved buffer whose size is a whole number of ``unit``-byte elements (no device query)."""
+    ref = resolve_buffer(buf)
+    if ref.nbytes % unit:
+        raise ValueError(f"{name} holds {ref.nbytes} bytes, not a whole number of {unit}-byte elements")
+    return ref
+
+
+def _on_device(stream: StreamRef, *buffers: tuple[BufferRef, str, int]) -> int:
+    """The stream's device, after checking every buffer: device memory of that device, inside its
+    allocation, aligned to its element size. Called once the arguments themselves are known good."""
+    device = stream_device(stream)
+    for ref, name, align in buffers:
         if ref.device is not None and ref.device != device:
             raise ValueError(f"{name} is on device {ref.device} but the stream is on device {device}")
-        check_device_pointer(ref.ptr, ref.nbytes, device, name)
-    return s, device, refs
-
-
-def _words(ref: BufferRef, name: str) -> int:
-    if ref.nbytes % 4:
-        raise ValueError(f"{name} holds {ref.nbytes} bytes, not a whole number of 4-byte words")
-    return ref.nbytes // 4
+        check_pointer(ref.ptr, ref.nbytes, device, name, align=align)
+    return device
 
 
 def reset_data(
@@ -102,61 +104,69 @@ def reset_data(
     The LUT need not divide the output; any lengths work. 16-byte stores are used when ``out`` is
     16-byte aligned, 16-byte LUT loads when the LUT is too and its length is a multiple of 4.
     """
-    variant = check_variant(variant)
-    if isinstance(blocks_per_sm, bool) or not isinstance(blocks_per_sm, int) or blocks_per_sm < 0:
-        raise ValueError("blocks_per_sm must be an int >= 0 (0: from the occupancy calculator)")
-    s, device, (o, l) = _prepare(stream, (out, "out"), (lut, "lut"))
-    out_len, lut_len = _words(o, "out"), _words(l, "lut")
-    if lut_len >= 1 << 31:
-        raise ValueError(f"the LUT has {lut_len} words; at most 2^31 - 1 are supported")
-    raw = _backend.current().reset_data(device, s.handle, o.ptr, out_len, l.ptr, lut_len, int(variant), blocks_per_sm)
-    return LaunchShape(*raw)
+    kind = check_variant(variant)
+    per_sm = check_count(blocks_per_sm, "blocks_per_sm", minimum=0, maximum=64)
+    s = resolve_stream(stream)
+    o, l = _buffer(out, "out"), _buffer(lut, "lut")
+    if l.nbytes // 4 >= 1 << 31:
+        raise ValueError(f"the LUT has {l.nbytes // 4} words; at most 2^31 - 1 are supported")
+    device = _on_device(s, (o, "out", 4), (l, "lut", 4))
+    raw = _backend.current().reset_data(device, s.handle, o.ptr, o.nbytes // 4, l.ptr, l.nbytes // 4, int(kind), per_sm)
+    return LaunchShape(int(raw[0]), int(raw[1]), bool(raw[2]), bool(raw[3]))
 
 
 def verify_reset_data(out: object, lut: object, stream: object = None) -> int:
     """Number of words of ``out`` that differ from ``lut`` repeated (checked on the device; waits)."""
-    s, device, (o, l) = _prepare(stream, (out, "out"), (lut, "lut"))
-    return int(_backend.current().reset_data_verify(device, s.handle, o.ptr, _words(o, "out"), l.ptr, _words(l, "lut")))
+    s = resolve_stream(stream)
+    o, l = _buffer(out, "out"), _buffer(lut, "lut")
+    device = _on_device(s, (o, "out", 4), (l, "lut", 4))
+    return int(_backend.current().reset_data_verify(device, s.handle, o.ptr, o.nbytes // 4, l.ptr, l.nbytes // 4))
 
 
 def write_index(buf: object, stream: object = None) -> None:
     """buf[i] = i for every 32-bit word (16-byte stores): the write-only bandwidth kernel."""
-    s, device, (b,) = _prepare(stream, (buf, "buf"))
-    _backend.current().write_index(device, s.handle, b.ptr, _words(b, "buf"))
+    s, b = resolve_stream(stream), _buffer(buf, "buf")
+    device = _on_device(s, (b, "buf", 16))
+    _backend.current().write_index(device, s.handle, b.ptr, b.nbytes // 4)
 
 
 def count_index_mismatches(buf: object, stream: object = None) -> int:
-    s, device, (b,) = _prepare(stream, (buf, "buf"))
-    return int(_backend.current().count_index_mismatches(device, s.handle, b.ptr, _words(b, "buf")))
+    s, b = resolve_stream(stream), _buffer(buf, "buf")
+    device = _on_device(s, (b, "buf", 4))
+    return int(_backend.current().count_index_mismatches(device, s.handle, b.ptr, b.nbytes // 4))
 
 
 def copy_words(dst: object, src: object, stream: object = None) -> None:
     """16-byte copy of src into dst (equal sizes): the copy bandwidth kernel."""
-    s, device, (d, r) = _prepare(stream, (dst, "dst"), (src, "src"))
+    s, d, r = resolve_stream(stream), _buffer(dst, "dst"), _buffer(src, "src")
     if d.nbytes != r.nbytes:
         raise ValueError(f"dst has {d.nbytes} bytes, src {r.nbytes}")
-    _backend.current().copy_words(device, s.handle, d.ptr, r.ptr, _words(d, "dst"))
+    device = _on_device(s, (d, "dst", 16), (r, "src", 16))
+    _backend.current().copy_words(device, s.handle, d.ptr, r.ptr, d.nbytes // 4)
 
 
 def count_mismatches(a: object, b: object, stream: object = None) -> int:
-    s, device, (x, y) = _prepare(stream, (a, "a"), (b, "b"))
+    s, x, y = resolve_stream(stream), _buffer(a, "a"), _buffer(b, "b")
     if x.nbytes != y.nbytes:
         raise ValueError(f"a has {x.nbytes} bytes, b {y.nbytes}")
-    return int(_backend.current().count_mismatches(device, s.handle, x.ptr, y.ptr, _words(x, "a")))
+    device = _on_device(s, (x, "a", 4), (y, "b", 4))
+    return int(_backend.current().count_mismatches(device, s.handle, x.ptr, y.ptr, x.nbytes // 4))
 
 
 def read_sum(buf: object, partials: object, stream: object = None) -> int:
     """Sum every 32-bit word of ``buf`` (16-byte loads) into per-block uint64 partials; returns how many
     partials were written. ``partials`` must hold max_read_partials() uint64 values."""
-    s, device, (b, p) = _prepare(stream, (buf, "buf"), (partials, "partials"))
+    s, b, p = resolve_stream(stream), _buffer(buf, "buf"), _buffer(partials, "partials", 8)
+    device = _on_device(s, (b, "buf", 16), (p, "partials", 8))
     needed = int(_backend.current().max_read_partials(device)) * 8
     if p.nbytes < needed:
         raise ValueError(f"partials needs {needed} bytes, has {p.nbytes}")
-    return int(_backend.current().read_sum(device, s.handle, b.ptr, _words(b, "buf"), p.ptr))
+    return int(_backend.current().read_sum(device, s.handle, b.ptr, b.nbytes // 4, p.ptr))
 
 
-def max_read_partials(device: int) -> int:
-    return int(_backend.current().max_read_partials(device))
+def max_read_partials(device: object = None) -> int:
+    """How many uint64 partials read_sum writes at most on ``device``."""
+    return int(_backend.current().max_read_partials(resolve_device(device)))
 
 
 def stride_read(
@@ -167,27 +177,34 @@ def stride_read(
     the sum of its loads to ``partials`` (uint64). ``threads`` defaults to as many as ``buf`` allows.
     Returns the number of blocks (partials written)."""
     stride_bytes = check_nbytes(stride_bytes, "stride_bytes")
-    if stride_bytes % 4:
-        raise ValueError(f"stride_bytes must be a multiple of 4 (the load size), got {stride_bytes}")
-    s, device, (b, p) = _prepare(stream, (buf, "buf"), (partials, "partials"))
+    if stride_bytes % 4 or stride_bytes >= 1 << 34:
+        raise ValueError(f"stride_bytes must be a multiple of 4 (the load size) below 2**34, got {stride_bytes}")
+    block_threads = check_count(block_threads, "block_threads", minimum=32, maximum=1024)
+    if block_threads % 32:
+        raise ValueError(f"block_threads must be a multiple of 32 (a warp), got {block_threads}")
+    s, b, p = resolve_stream(stream), _buffer(buf, "buf"), _buffer(partials, "partials", 8)
     stride_words = stride_bytes // 4
     capacity = (b.nbytes // 4 - 1) // stride_words + 1
-    n = capacity if threads is None else check_nbytes(threads, "threads")
+    n = capacity if threads is None else check_count(threads, "threads", minimum=1)
     if n > capacity:
         raise ValueError(f"{n} threads at stride {stride_bytes} B need {((n - 1) * stride_words + 1) * 4} bytes; "
                          f"the buffer has {b.nbytes}")
     blocks = -(-n // block_threads)
+    if blocks >= 1 << 31:
+        raise ValueError(f"{n} threads need {blocks} blocks of {block_threads}; at most 2**31 - 1 blocks")
     if p.nbytes < blocks * 8:
         raise ValueError(f"partials needs {blocks * 8} bytes for {blocks} blocks, has {p.nbytes}")
+    device = _on_device(s, (b, "buf", 4), (p, "partials", 8))
     return int(_backend.current().stride_read(device, s.handle, b.ptr, n, stride_words, p.ptr, block_threads))
 
 
 def sum_u64(values: object, count: int, stream: object = None) -> int:
     """Sum of the first ``count`` uint64 values (on the device; waits)."""
-    s, device, (v,) = _prepare(stream, (values, "values"))
-    count = check_nbytes(count, "count", allow_zero=True)
+    count = check_count(count, "count", minimum=0)
+    s, v = resolve_stream(stream), _buffer(values, "values", 8)
     if count * 8 > v.nbytes:
         raise ValueError(f"{count} uint64 values need {count * 8} bytes, the buffer has {v.nbytes}")
+    device = _on_device(s, (v, "values", 8))
     return int(_backend.current().sum_u64(device, s.handle, v.ptr, count))
 
 
@@ -195,25 +212,32 @@ def sparse_vector(values: object, indices: object, dense: object, result: object
                   streaming: bool = False) -> None:
     """result[t] = values[t] * dense[indices[t] % len(dense)] + sin(0.1 values[t]) (float32; int32 indices).
     ``streaming=True`` reads values and indices with ld.global.cs."""
-    s, device, (v, i, d, r) = _prepare(stream, (values, "values"), (indices, "indices"), (dense, "dense"),
-                                       (result, "result"))
-    n = _words(v, "values")
-    if _words(i, "indices") != n or _words(r, "result") != n:
+    if not isinstance(streaming, bool):
+        raise TypeError("streaming must be a bool")
+    s = resolve_stream(stream)
+    v, i, d, r = (_buffer(x, name) for x, name in ((values, "values"), (indices, "indices"), (dense, "dense"),
+                                                   (result, "result")))
+    n = v.nbytes // 4
+    if i.nbytes // 4 != n or r.nbytes // 4 != n:
         raise ValueError("values, indices and result must have the same number of elements")
-    _backend.current().sparse_vector(device, s.handle, v.ptr, i.ptr, d.ptr, _words(d, "dense"), r.ptr, n, bool(streaming))
+    device = _on_device(s, (v, "values", 4), (i, "indices", 4), (d, "dense", 4), (r, "result", 4))
+    _backend.current().sparse_vector(device, s.handle, v.ptr, i.ptr, d.ptr, d.nbytes // 4, r.ptr, n, streaming)
 
 
 def stream_analysis(data: object, categories: object, weights: object, results: object, stream: object = None, *,
                     streaming: bool = False) -> None:
     """results[t] = sum over k < 8 of x * weights[c % len(weights)] + cos(0.01 x), with x = data[8t + k] and
     c = categories[8t + k]. ``streaming=True`` reads data and categories with ld.global.cs."""
-    s, device, (x, c, w, r) = _prepare(stream, (data, "data"), (categories, "categories"), (weights, "weights"),
-                                       (results, "results"))
-    n = _words(r, "results")
-    if _words(x, "data") != 8 * n or _words(c, "categories") != 8 * n:
+    if not isinstance(streaming, bool):
+        raise TypeError("streaming must be a bool")
+    s = resolve_stream(stream)
+    x, c, w, r = (_buffer(b, name) for b, name in ((data, "data"), (categories, "categories"), (weights, "weights"),
+                                                   (results, "results")))
+    n = r.nbytes // 4
+    if x.nbytes // 4 != 8 * n or c.nbytes // 4 != 8 * n:
         raise ValueError("data and categories must hold 8 elements per result")
-    _backend.current().stream_analysis(device, s.handle, x.ptr, c.ptr, w.ptr, _words(w, "weights"), r.ptr, n,
-                                       bool(streaming))
+    device = _on_device(s, (x, "data", 4), (c, "categories", 4), (w, "weights", 4), (r, "results", 4))
+    _backend.current().stream_analysis(device, s.handle, x.ptr, c.ptr, w.ptr, w.nbytes // 4, r.ptr, n, streaming)
 
 
 def sectors_per_request(stride_bytes: int, element_bytes: int = 4, warp: int = WARP_SIZE,

@@ -13,13 +13,15 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from ._device import require_persistence, set_aside_granularity
+from ._device import require_persistence, stream_device
+from ._limit import set_aside_granularity
 from ._errors import L2BudgetWarning
 from ._interop import resolve_buffer, resolve_stream
 from ._persist import persist
-from ._plan import hit_ratio_grid, normalize_hit_ratio, round_up
-from ._window import stream_device
-from .bench import Progress, Record, Report, check, clean_state, environment, measure_ceilings, time_gpu
+from ._plan import check_nbytes, hit_ratio_grid, normalize_hit_ratio, round_up
+from .kernels import check_variant
+from .bench import (Progress, Record, Report, check, check_repeats, clean_state, environment, measure_ceilings,
+                    time_gpu)
 from .workloads import ResetDataWorkload, describe, enqueue_of
 
 __all__ = [
@@ -42,6 +44,11 @@ def measure_point(workload: Any, stream: object, buf: object, set_aside: int, hi
     """One verified measurement: limit ``set_aside`` bytes, and a window over ``buf`` with ``hit_ratio``
     (None: no window)."""
     enqueue = enqueue_of(workload)
+    warmup, repeat = check_repeats(warmup, repeat)
+    set_aside = check_nbytes(set_aside, "set_aside", allow_zero=True)
+    if hit_ratio is not None:
+        hit_ratio = normalize_hit_ratio(hit_ratio)
+        resolve_buffer(buf)
     with clean_state(stream, set_aside=set_aside) as granted:
         if hasattr(workload, "poison"):
             workload.poison(stream)
@@ -94,6 +101,27 @@ class SweepResult:
         return [self.baseline.median_ms / r.median_ms for r in self.records]
 
 
+def _check_sweep(workload: Any, buf: object, warmup: int, repeat: int) -> tuple[int, int]:
+    """What every sweep checks before it touches the device: the workload, the buffer, the counts."""
+    enqueue_of(workload)
+    resolve_buffer(buf)
+    return check_repeats(warmup, repeat)
+
+
+def _sizes(values: Sequence[int], name: str) -> list[int]:
+    sizes = [check_nbytes(v, name, allow_zero=True) for v in values]
+    if not sizes:
+        raise ValueError(f"{name}: at least one value is needed")
+    return sizes
+
+
+def _ratios(values: Sequence[float]) -> list[float]:
+    ratios = [normalize_hit_ratio(h) for h in values]
+    if not ratios:
+        raise ValueError("hit_ratios: at least one value is needed")
+    return ratios
+
+
 def _run(kind: str, workload: Any, stream: object, buf: object, points: Sequence[tuple[int, Optional[float]]],
          warmup: int, repeat: int, progress: bool) -> SweepResult:
     ref = resolve_stream(stream)
@@ -115,11 +143,14 @@ def sweep_hit_ratio(workload: Any, stream: object, buf: object, *, set_aside: Op
                     progress: bool = True) -> SweepResult:
     """Time against hit ratio at one set-aside (default: buf rounded up to the granularity, capped).
     Hit ratios come from an exact grid (i / 10), never accumulated."""
+    warmup, repeat = _check_sweep(workload, buf, warmup, repeat)
+    ratios = _ratios(hit_ratios if hit_ratios is not None else hit_ratio_grid(11))
+    if set_aside is not None:
+        set_aside = check_nbytes(set_aside, "set_aside", allow_zero=True)
     info = require_persistence(stream_device(resolve_stream(stream)))
     if set_aside is None:
         set_aside = min(info.persisting_l2_cache_max_size,
                         round_up(resolve_buffer(buf).nbytes, set_aside_granularity(info.index)))
-    ratios = [normalize_hit_ratio(h) for h in (hit_ratios if hit_ratios is not None else hit_ratio_grid(11))]
     return _run("hit-ratio", workload, stream, buf, [(set_aside, h) for h in ratios], warmup, repeat, progress)
 
 
@@ -127,8 +158,11 @@ def sweep_set_aside(workload: Any, stream: object, buf: object, *, hit_ratio: Op
                     set_asides: Optional[Sequence[int]] = None, warmup: int = 3, repeat: int = 9,
                     progress: bool = True) -> SweepResult:
     """Time against the set-aside (every granule by default). ``hit_ratio=None``: min(1, set-aside / buf)."""
+    warmup, repeat = _check_sweep(workload, buf, warmup, repeat)
+    if hit_ratio is not None:
+        hit_ratio = normalize_hit_ratio(hit_ratio)
     nbytes = resolve_buffer(buf).nbytes
-    sizes = list(set_asides) if set_asides is not None else set_aside_grid(stream_device(resolve_stream(stream)),
+    sizes = _sizes(set_asides, "set_asides") if set_asides is not None else set_aside_grid(stream_device(resolve_stream(stream)),
                                                                              include_zero=False)
     points = [(s, hit_ratio if hit_ratio is not None else min(1.0, s / nbytes)) for s in sizes]
     return _run("set-aside", workload, stream, buf, points, warmup, repeat, progress)
@@ -138,23 +172,31 @@ def sweep_surface(workload: Any, stream: object, buf: object, *, set_asides: Opt
                   hit_ratios: Optional[Sequence[float]] = None, warmup: int = 2, repeat: int = 7,
                   progress: bool = True) -> SweepResult:
     """The 2-D surface set-aside x hit ratio (every granule x 0.1 .. 1.0 by default)."""
-    sizes = list(set_asides) if set_asides is not None else set_aside_grid(stream_device(resolve_stream(stream)),
-                                                                             include_zero=False)
-    ratios = list(hit_ratios) if hit_ratios is not None else hit_ratio_grid(10, 0.1, 1.0)
-    return _run("surface", workload, stream, buf, [(s, normalize_hit_ratio(h)) for s in sizes for h in ratios],
-                warmup, repeat, progress)
+    warmup, repeat = _check_sweep(workload, buf, warmup, repeat)
+    ratios = _ratios(hit_ratios if hit_ratios is not None else hit_ratio_grid(10, 0.1, 1.0))
+    checked = _sizes(set_asides, "set_asides") if set_asides is not None else None
+    sizes = checked if checked is not None else set_aside_grid(stream_device(resolve_stream(stream)), include_zero=False)
+    return _run("surface", workload, stream, buf, [(s, h) for s in sizes for h in ratios], warmup, repeat, progress)
 
 
 def sweep_lut_size(lut_sizes: Sequence[int], stream: object, *, out_bytes: int = 1 << 30, policy: str = "right_sized",
                    variant: str = "plain", warmup: int = 3, repeat: int = 9, progress: bool = True) -> Report:
     """reset-data over LUT sizes, baseline vs one policy ("right_sized": the LUT rounded up to the
     granularity, hit ratio set-aside / LUT; "max": the largest set-aside, same rule)."""
+    warmup, repeat = check_repeats(warmup, repeat)
+    if policy not in ("right_sized", "max"):
+        raise ValueError(f"policy must be 'right_sized' or 'max', got {policy!r}")
+    luts = _sizes(lut_sizes, "lut_sizes")
+    if any(lut == 0 or lut % 4 for lut in luts):
+        raise ValueError(f"LUT sizes must be positive multiples of 4 bytes, got {luts}")
+    out_bytes = check_nbytes(out_bytes, "out_bytes")
+    check_variant(variant)
     device = stream_device(resolve_stream(stream))
     info = require_persistence(device)
     g = set_aside_granularity(device)
     records = []
-    bar = Progress(2 * len(lut_sizes), "sweep lut-size", progress)
-    for lut in lut_sizes:
+    bar = Progress(2 * len(luts), "sweep lut-size", progress)
+    for lut in luts:
         with ResetDataWorkload(lut, out_bytes, variant=variant, device=device) as w:
             base = measure_point(w, stream, w.buf, 0, None, warmup=warmup, repeat=repeat, label="baseline")
             bar.step(f"LUT {lut / MiB:g} MiB baseline")
@@ -170,8 +212,11 @@ def sweep_lut_size(lut_sizes: Sequence[int], stream: object, *, out_bytes: int =
 def sweep_tax(stream: object, *, set_asides: Optional[Sequence[int]] = None, nbytes: int = 1 << 30,
               warmup: int = 3, repeat: int = 9, progress: bool = True) -> Report:
     """The set-aside tax: write-only and copy bandwidth of plain kernels (no window anywhere) at each limit."""
+    warmup, repeat = check_repeats(warmup, repeat)
+    nbytes = check_nbytes(nbytes, "nbytes")
+    checked = _sizes(set_asides, "set_asides") if set_asides is not None else None
     device = stream_device(resolve_stream(stream))
-    sizes = list(set_asides) if set_asides is not None else set_aside_grid(device)
+    sizes = checked if checked is not None else set_aside_grid(device)
     records = []
     bar = Progress(len(sizes), "sweep tax", progress)
     for size in sizes:
@@ -189,11 +234,3 @@ def sweep_tax(stream: object, *, set_asides: Optional[Sequence[int]] = None, nby
                       "write_slowdown_at_max": first["write_gbps"] / records[-1].metrics["write_gbps"]}
     return report
 
-
-def __getattr__(name: str) -> Any:
-    # tune and TunedPolicy moved to l2ctl.tuner (which builds on this module); the old names still work.
-    if name in ("tune", "TunedPolicy"):
-        from . import tuner
-
-        return getattr(tuner, name)
-    raise AttributeError(f"module 'l2ctl.sweep' has no attribute {name!r}")

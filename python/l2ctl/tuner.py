@@ -9,13 +9,13 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ._device import require_persistence
+from ._device import require_persistence, stream_device
 from ._interop import resolve_buffer, resolve_stream
 from ._persist import Policy
 from ._plan import normalize_hit_ratio
-from ._window import stream_device
-from .bench import Progress, Record, Report, clean_state, environment, measure_ceilings
+from .bench import Progress, Record, Report, check_repeats, clean_state, environment, measure_ceilings
 from .sweep import measure_point, set_aside_grid
+from .workloads import enqueue_of
 
 __all__ = ["TunedPolicy", "tune"]
 
@@ -85,6 +85,9 @@ def tune(workload: Any, stream: object, buf: object, *, warmup: int = 2, repeat:
     ``bystander=True`` also reports the copy bandwidth of unrelated work at the chosen set-aside vs none.
     """
     start = time.monotonic()
+    enqueue_of(workload)
+    resolve_buffer(buf)
+    warmup, repeat = check_repeats(warmup, repeat)
     ref = resolve_stream(stream)
     device = stream_device(ref)
     info = require_persistence(device)
@@ -100,6 +103,10 @@ def tune(workload: Any, stream: object, buf: object, *, warmup: int = 2, repeat:
         return rec
 
     b1, b2 = point(0, None, "baseline"), point(0, None, "baseline")
+    if min(b1.median_ms, b2.median_ms) <= 0:
+        bar.close()
+        raise ValueError("the workload took 0 ms: it queued no GPU work on the stream it was given, so there is "
+                         "nothing to tune (launch its kernels on that stream)")
     baseline_ms = min(b1.median_ms, b2.median_ms)
     # The noise of a median: how far two independent baseline medians differ (at least 0.5%). The
     # per-repetition spread would overstate it and refuse real gains of a few percent.

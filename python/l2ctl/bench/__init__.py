@@ -17,7 +17,7 @@ from .records import Record, Report, environment
 from .reset_data import RESET_COLUMNS, bench_reset_data, default_lut_sizes
 from .state import clean_state, flush_l2, owned_stream
 from .stride import bench_stride
-from .timing import MAX_REPEAT, Timer, Timing, time_gpu
+from .timing import MAX_REPEAT, Timer, Timing, check_repeats, time_gpu
 from .verify import VerificationError, check
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "Timer",
     "time_gpu",
     "MAX_REPEAT",
+    "check_repeats",
     "flush_l2",
     "clean_state",
     "owned_stream",

@@ -13,7 +13,7 @@ from .._plan import check_count
 from .progress import Progress
 from .records import Record, Report, environment
 from .state import clean_state, owned_stream
-from .timing import time_gpu
+from .timing import check_repeats, time_gpu
 from .verify import check
 
 __all__ = ["bench_cache_streaming"]
@@ -40,6 +40,7 @@ def bench_cache_streaming(
     progress: bool = True,
 ) -> Report:
     """Outputs of both versions must be bit-identical and match a float64 NumPy reference."""
+    warmup, repeat = check_repeats(warmup, repeat)
     n = check_count(n, "n", minimum=1, maximum=1 << 28)
     index = resolve_device(device)
     rng = np.random.default_rng(seed)

@@ -8,8 +8,8 @@ from .. import kernels
 from .._interop import resolve_stream
 from .._memory import DeviceBuffer
 from .._plan import check_nbytes, round_up
-from .._window import stream_device
-from .timing import time_gpu
+from .._device import stream_device
+from .timing import check_repeats, time_gpu
 from .verify import check
 
 __all__ = ["Ceilings", "measure_ceilings"]
@@ -31,6 +31,7 @@ class Ceilings:
 def measure_ceilings(stream: object = None, nbytes: int = 1 << 30, *, warmup: int = 3, repeat: int = 15) -> Ceilings:
     """Write-only, copy and read bandwidth of ``nbytes`` buffers with l2ctl's 16-byte kernels, each verified.
     Run inside clean_state() to measure with a given set-aside (the set-aside lowers these)."""
+    warmup, repeat = check_repeats(warmup, repeat)
     nbytes = round_up(check_nbytes(nbytes, "nbytes"), 16)
     device = stream_device(resolve_stream(stream))
     words = nbytes // 4

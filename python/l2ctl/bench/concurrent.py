@@ -10,16 +10,17 @@ from typing import Any, Optional
 import numpy as np
 
 from .. import _backend, kernels
-from .._device import require_persistence, set_aside_granularity
+from .._device import require_persistence
+from .._limit import set_aside_granularity
 from .._errors import L2BudgetWarning
 from .._memory import DeviceBuffer, Stream
 from .._persist import persist
 from .._plan import check_count, check_nbytes, round_up
-from .._window import get_window
+from .._stream_window import get_window
 from .progress import Progress
 from .records import Record, Report, environment
 from .state import clean_state
-from .timing import MAX_REPEAT, Timing
+from .timing import Timing, check_repeats
 from .verify import check
 
 __all__ = ["bench_concurrent"]
@@ -41,8 +42,7 @@ def bench_concurrent(
     if set_aside is not None:
         check_nbytes(set_aside, "set_aside")
     out_bytes = check_nbytes(out_bytes, "out_bytes")
-    warmup = check_count(warmup, "warmup", minimum=0, maximum=MAX_REPEAT)
-    repeat = check_count(repeat, "repeat", minimum=1, maximum=MAX_REPEAT)
+    warmup, repeat = check_repeats(warmup, repeat)
     info = require_persistence(device)
     granularity = set_aside_granularity(info.index)
     request = set_aside or min(info.persisting_l2_cache_max_size, round_up(info.l2_cache_size * 6 // 50, granularity))

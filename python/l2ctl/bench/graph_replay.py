@@ -9,14 +9,15 @@ import numpy as np
 
 from .. import graph as graphs
 from .. import kernels
-from .._device import require_persistence, set_aside_granularity
+from .._device import require_persistence
+from .._limit import set_aside_granularity
 from .._memory import DeviceBuffer
 from .._persist import persist
 from .._plan import check_count, check_nbytes, round_up
 from .progress import Progress
 from .records import Record, Report, environment
 from .state import clean_state, owned_stream
-from .timing import time_gpu
+from .timing import check_repeats, time_gpu
 from .verify import check
 
 __all__ = ["bench_graph"]
@@ -37,6 +38,7 @@ def bench_graph(
     set-aside) with each refresh strategy. Outputs verified."""
     if lut_bytes is not None and check_nbytes(lut_bytes, "lut_bytes") % 4:
         raise ValueError(f"lut_bytes must be a multiple of 4, got {lut_bytes}")
+    warmup, repeat = check_repeats(warmup, repeat)
     out_bytes = check_nbytes(out_bytes, "out_bytes")
     kernels_per_graph = check_count(kernels_per_graph, "kernels_per_graph", minimum=1, maximum=1024)
     info = require_persistence(device)

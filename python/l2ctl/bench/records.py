@@ -12,7 +12,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .._device import device_info, versions
+from .._device import versions
+from .._limit import device_info
 from .ceilings import Ceilings
 from .timing import Timing
 

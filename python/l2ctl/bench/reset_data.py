@@ -10,7 +10,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from .. import kernels
-from .._device import DeviceInfo, require_persistence, set_aside_granularity
+from .._device import DeviceProperties, require_persistence
+from .._limit import set_aside_granularity
 from .._errors import L2BudgetWarning
 from .._memory import DeviceBuffer
 from .._persist import persist
@@ -19,7 +20,7 @@ from .progress import Progress
 from .records import Record, Report, environment
 from .state import clean_state, owned_stream
 from .ceilings import measure_ceilings
-from .timing import Timing, time_gpu
+from .timing import Timing, check_repeats, time_gpu
 from .verify import check
 
 __all__ = ["RESET_COLUMNS", "default_lut_sizes", "bench_reset_data"]
@@ -43,7 +44,7 @@ def default_lut_sizes(l2_cache_size: int) -> list[int]:
     return [max(16, round_up(int(l2_cache_size * k / 50), 16)) for k in (1, 4, 8, 12, 16, 24, 32, 48)]
 
 
-def _reset_plan(column: str, lut_bytes: int, info: DeviceInfo, granularity: int) -> tuple[int, Optional[float], str]:
+def _reset_plan(column: str, lut_bytes: int, info: DeviceProperties, granularity: int) -> tuple[int, Optional[float], str]:
     """(set-aside request, hit ratio or None for no window, kernel variant); hit ratio -1 means
     granted / LUT, computed once the driver has rounded the set-aside."""
     recipe = min(int(0.75 * info.l2_cache_size), info.persisting_l2_cache_max_size)
@@ -88,6 +89,7 @@ def bench_reset_data(
 ) -> Report:
     """The main job: reset-data (a LUT repeated into ``out_bytes``) for LUT sizes from well inside the
     set-aside to past its max, under each policy in RESET_COLUMNS; every output verified."""
+    warmup, repeat = check_repeats(warmup, repeat)
     names = check_columns(columns)
     out_bytes = check_nbytes(out_bytes, "out_bytes")
     for size in lut_sizes or ():

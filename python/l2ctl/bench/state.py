@@ -7,18 +7,25 @@ has no private way to the device.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-from typing import Iterator, Optional
+import weakref
+from contextlib import ExitStack, contextmanager
+from typing import Any, Iterator, Optional
 
-from .. import kernels
-from .._device import device_info, get_set_aside, reset_persisting_lines, set_aside as set_limit
+from .. import _backend, kernels
+from .._device import properties, stream_device
 from .._interop import resolve_stream
+from .._limit import get_set_aside, reset_persisting_lines
+from .._limit import set_aside as set_limit
 from .._memory import DeviceBuffer, Stream, synchronize_stream
-from .._window import clear_window, get_window, set_window, stream_device
+from .._plan import check_set_aside_request
+from .._stream_window import ScopedWindow
+from .._window import AccessPolicyWindow
 
 __all__ = ["flush_l2", "clean_state", "owned_stream"]
 
-_scratch: dict[int, tuple[DeviceBuffer, DeviceBuffer, DeviceBuffer]] = {}
+# Scratch buffers for flushing L2, per backend (the extension or a simulator) and device.
+_scratch: "weakref.WeakKeyDictionary[Any, dict[int, tuple[DeviceBuffer, DeviceBuffer, DeviceBuffer]]]" = (
+    weakref.WeakKeyDictionary())
 
 
 @contextmanager
@@ -37,11 +44,13 @@ def flush_l2(stream: object = None, *, persisting: bool = True) -> None:
     next measurement (reading lines just written would leave them dirty). With ``persisting``, first
     demote persisting lines too (normal accesses do not evict them)."""
     device = stream_device(resolve_stream(stream))
-    info = device_info(device)
-    if device not in _scratch:
-        _scratch[device] = (DeviceBuffer(2 * info.l2_cache_size, device), DeviceBuffer(2 * info.l2_cache_size, device),
-                            DeviceBuffer(8 * kernels.max_read_partials(device), device))
-    written, read, partials = _scratch[device]
+    info = properties(device)
+    per_device = _scratch.setdefault(_backend.current(), {})
+    if device not in per_device:
+        per_device[device] = (DeviceBuffer(2 * info.l2_cache_size, device),
+                              DeviceBuffer(2 * info.l2_cache_size, device),
+                              DeviceBuffer(8 * kernels.max_read_partials(device), device))
+    written, read, partials = per_device[device]
     if persisting and info.supports_persistence:
         reset_persisting_lines(device)
     written.fill_bytes(0x5A, stream)
@@ -52,28 +61,24 @@ def flush_l2(stream: object = None, *, persisting: bool = True) -> None:
 def clean_state(stream: object = None, *, set_aside: Optional[int] = 0, flush: bool = True) -> Iterator[int]:
     """A declared starting state for measuring work on ``stream``: no window on the stream, the limit
     set to ``set_aside`` bytes (None: unchanged), persisting lines reset, L2 flushed. Yields the limit in
-    force. Afterwards the stream's window and the device's limit are put back and lines reset.
+    force. Both are scopes of l2ctl's registry, ended when the block ends (lines reset again), whatever
+    other scopes are live and in whatever order they end.
     """
+    if set_aside is not None:
+        check_set_aside_request(set_aside)  # refused before anything changes
     ref = resolve_stream(stream)
     device = stream_device(ref)
-    info = device_info(device)
-    previous_window = get_window(ref.handle)
-    previous_limit = get_set_aside(device)
-    clear_window(ref.handle)
-    try:
-        granted = previous_limit
-        if info.supports_persistence:
-            if set_aside is not None and set_aside != previous_limit:
-                granted = int(set_limit(set_aside, device))
+    persistence = properties(device).supports_persistence
+    with ExitStack() as scopes:
+        scopes.enter_context(ScopedWindow(stream, AccessPolicyWindow()))
+        granted = get_set_aside(device) if persistence else 0
+        if persistence:
+            if set_aside is not None:
+                granted = int(scopes.enter_context(set_limit(set_aside, device)))
             reset_persisting_lines(device)
+            scopes.callback(reset_persisting_lines, device)
         if flush:
             flush_l2(stream)
         synchronize_stream(ref.handle)
+        scopes.callback(synchronize_stream, ref.handle)
         yield granted
-    finally:
-        synchronize_stream(ref.handle)
-        set_window(ref.handle, previous_window)
-        if info.supports_persistence:
-            reset_persisting_lines(device)
-            if get_set_aside(device) != previous_limit:
-                set_limit(previous_limit, device)

@@ -11,7 +11,7 @@ from .._plan import check_count, round_up
 from .progress import Progress
 from .records import Record, Report, environment
 from .state import clean_state, owned_stream
-from .timing import time_gpu
+from .timing import check_repeats, time_gpu
 from .verify import check
 
 __all__ = ["bench_stride"]
@@ -41,6 +41,7 @@ def bench_stride(
 ) -> Report:
     """One 4-byte load per thread at each stride, no set-aside; sector and DRAM throughput from l2ctl's
     sector model, compared with the read ceiling measured on the same buffer."""
+    warmup, repeat = check_repeats(warmup, repeat)
     strides = check_strides(strides)
     threads = check_count(threads, "threads", minimum=32, maximum=1 << 31)
     index = resolve_device(device)

@@ -10,11 +10,18 @@ from .. import _backend
 from .._interop import resolve_stream
 from .._plan import check_count
 
-__all__ = ["Timing", "time_gpu", "Timer", "MAX_REPEAT"]
+__all__ = ["Timing", "time_gpu", "Timer", "MAX_REPEAT", "check_repeats"]
 
 #: The most repetitions (or warm-ups) one measurement accepts: far above any useful count, and a bound
 #: that keeps a typo (2**63) from hanging the process.
 MAX_REPEAT = 100_000
+
+
+def check_repeats(warmup: object, repeat: object) -> tuple[int, int]:
+    """(warmup, repeat) validated: warmup in [0, MAX_REPEAT], repeat in [1, MAX_REPEAT]. Every measurement
+    calls this before it changes anything on the device."""
+    return (check_count(warmup, "warmup", minimum=0, maximum=MAX_REPEAT),
+            check_count(repeat, "repeat", minimum=1, maximum=MAX_REPEAT))
 
 
 @dataclass(frozen=True)
@@ -60,8 +67,7 @@ def time_gpu(
     ``flush`` (e.g. ``lambda: flush_l2(stream)``) runs before every repetition, outside the timed region:
     cold-L2 timing. Repetitions are queued back to back and read after, so host overhead stays out.
     """
-    warmup = check_count(warmup, "warmup", minimum=0, maximum=MAX_REPEAT)
-    repeat = check_count(repeat, "repeat", minimum=1, maximum=MAX_REPEAT)
+    warmup, repeat = check_repeats(warmup, repeat)
     if not callable(enqueue):
         raise TypeError(f"enqueue must be callable as enqueue(stream), not {type(enqueue).__name__}")
     ref = resolve_stream(stream)

@@ -23,7 +23,6 @@ event or the host has already seen it end.
 from __future__ import annotations
 
 import itertools
-import sys
 import threading
 import weakref
 from collections import deque
@@ -427,21 +426,8 @@ class FakeBackend:
     @contextmanager
     def install(self) -> Iterator["FakeBackend"]:
         """Make l2ctl use this machine inside the block."""
-        try:
-            with _backend.use(self):
-                yield self
-        finally:
-            self._forget_cached_buffers()
-
-    def _forget_cached_buffers(self) -> None:
-        # l2ctl.bench.state keeps scratch buffers per device index across calls; buffers of this
-        # machine would be handed to the next one (where their addresses do not exist). Drop them.
-        state = sys.modules.get("l2ctl.bench.state")
-        scratch = getattr(state, "_scratch", None)
-        if isinstance(scratch, dict):
-            for key, buffers in list(scratch.items()):
-                if any(getattr(getattr(b, "_impl", None), "_backend", None) is self for b in buffers):
-                    del scratch[key]
+        with _backend.use(self):
+            yield self
 
     # ---- helpers for tests ----------------------------------------------------------------------------
     def device(self, index: int) -> FakeDevice:

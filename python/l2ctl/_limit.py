@@ -1,0 +1,177 @@
+"""The persisting-L2 set-aside: what a device offers (DeviceInfo), the limit (get and set, as a scope),
+the driver's granularity, and resetting persisting lines. Every change goes through the registry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Union
+
+from . import _backend, _registry
+from ._device import properties, require_persistence, resolve_device
+from ._plan import check_set_aside_request, parse_set_aside_request
+
+__all__ = [
+    "DeviceInfo",
+    "device_info",
+    "get_set_aside",
+    "set_aside",
+    "SetAside",
+    "reset_persisting_lines",
+    "set_aside_granularity",
+    "set_aside_rounding",
+    "granularity_step",
+]
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What a device offers for L2 persistence. All sizes are in bytes."""
+
+    index: int
+    name: str
+    compute_capability: tuple[int, int]
+    multiprocessor_count: int
+    l2_cache_size: int
+    persisting_l2_cache_max_size: int
+    access_policy_max_window_size: int
+    persisting_l2_cache_size: int
+    """The current set-aside limit (cudaLimitPersistingL2CacheSize)."""
+    set_aside_granularity: Optional[int]
+    """The step the driver rounds the limit to, once probed (see set_aside_granularity())."""
+    supports_persistence: bool
+    unsupported_reason: Optional[str]
+    total_memory: int
+    pci_bus_id: str
+    uuid: str
+
+
+def _read_limit(index: int) -> int:
+    known = _registry.known_limit(index)
+    return int(_backend.current().get_persisting_limit(index)) if known is None else known
+
+
+def device_info(device: object = None) -> DeviceInfo:
+    """Properties of ``device`` (None: the current device) that matter for L2 persistence, and its
+    current limit. The properties are cached; the limit is read unless l2ctl owns it at the moment."""
+    props = properties(device)
+    limit = _read_limit(props.index) if props.compute_capability[0] >= 8 else 0
+    return DeviceInfo(
+        index=props.index,
+        name=props.name,
+        compute_capability=props.compute_capability,
+        multiprocessor_count=props.multiprocessor_count,
+        l2_cache_size=props.l2_cache_size,
+        persisting_l2_cache_max_size=props.persisting_l2_cache_max_size,
+        access_policy_max_window_size=props.access_policy_max_window_size,
+        persisting_l2_cache_size=limit,
+        set_aside_granularity=_registry.known_granularity(props.index),
+        supports_persistence=props.supports_persistence,
+        unsupported_reason=props.unsupported_reason,
+        total_memory=props.total_memory,
+        pci_bus_id=props.pci_bus_id,
+        uuid=props.uuid,
+    )
+
+
+def get_set_aside(device: object = None) -> int:
+    """The current persisting-L2 set-aside limit of ``device``, in bytes."""
+    return _read_limit(resolve_device(device))
+
+
+def granularity_step(device: int) -> int:
+    """The driver's limit granularity for a device known to support persistence (probed once)."""
+    return _registry.granularity(device, properties(device).persisting_l2_cache_max_size)[0]
+
+
+class SetAside(int):
+    """The granted set-aside in bytes (an int) and the scope that holds it.
+
+    ``set_aside(n)`` applies the limit at once and keeps it until ``restore()``; ``with set_aside(n):``
+    ends the scope when the block ends, also when it raises. Either way the limit then becomes what
+    the scopes still live on the device ask for (persist scopes, other set_aside calls), or what it was
+    before l2ctl changed it: any order of exits, in any threads, ends right.
+    """
+
+    device: int
+    requested: int
+    previous: int
+    _scope: _registry.Scope
+
+    def __new__(cls, granted: int, device: int, requested: int, previous: int, scope: _registry.Scope) -> "SetAside":
+        obj = super().__new__(cls, granted)
+        obj.device, obj.requested, obj.previous, obj._scope = device, requested, previous, scope
+        return obj
+
+    @property
+    def granted(self) -> int:
+        return int(self)
+
+    def __enter__(self) -> "SetAside":
+        self._scope.standing = False  # now a block-scoped request, ended by __exit__
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
+
+    def restore(self) -> None:
+        """End this request (idempotent): the limit goes back to what the live scopes and the base say."""
+        _registry.exit(self._scope, lambda: granularity_step(self.device))
+
+    def __del__(self) -> None:
+        scope = getattr(self, "_scope", None)
+        if scope is not None:
+            scope.orphaned = True  # nobody can restore it any more; a later plain call may drop it
+
+    def __repr__(self) -> str:
+        return (
+            f"SetAside(granted={int(self)}, requested={self.requested}, previous={self.previous}, device={self.device})"
+        )
+
+    def __reduce__(self) -> tuple[Any, tuple[int]]:
+        return (int, (int(self),))
+
+
+def set_aside(nbytes: Union[int, float, str], device: object = None) -> SetAside:
+    """Set the persisting-L2 set-aside (``cudaLimitPersistingL2CacheSize``) and return what was granted.
+
+    ``nbytes`` is a byte count, ``"max"`` (``persistingL2CacheMaxSize``) or a float fraction of the max
+    (``0.5``). The driver rounds the request to its granularity (on an H100, up to a multiple of max/10),
+    so the returned value is read back from the driver, never assumed. Use it as ``with l2ctl.set_aside(n): ...``
+    to end the request with the block.
+
+    The set-aside is reserved for persisting lines on the whole device: while it is large, every
+    other kernel streams through a smaller L2 (an H100 at the max set-aside loses up to 2.5x of its
+    DRAM bandwidth for plain copies). Set it no larger than needed, and put it back.
+    """
+    check_set_aside_request(nbytes)  # arguments first, then the device
+    props = require_persistence(device)
+    requested = parse_set_aside_request(nbytes, props.persisting_l2_cache_max_size)
+    previous = _read_limit(props.index)
+    scope = _registry.Scope(props.index, limit=requested, standing=True)
+    _registry.enter(scope, props.persisting_l2_cache_max_size, lambda: granularity_step(props.index))
+    granted = _read_limit(props.index)
+    return SetAside(granted, props.index, requested, previous, scope)
+
+
+def reset_persisting_lines(device: object = None) -> None:
+    """Demote every persisting L2 line of ``device`` to normal (``cudaCtxResetPersistingL2Cache``)."""
+    props = require_persistence(device)
+    _registry.reset_lines(props.index)
+
+
+def set_aside_granularity(device: object = None) -> int:
+    """The step (bytes) the driver rounds set-aside requests to; probed once per device and cached.
+
+    The driver does not grant arbitrary byte counts: on an H100 (driver 580) every request becomes a
+    multiple of max/10, rounded *up* (3 MiB + 12345 B gives 3,276,800 B). The probe asks for 1 byte,
+    and where that gives 0 (rounding down or to nearest) for max - 1 and, if needed, bisects; it then
+    restores the previous limit, also on error. set_aside_rounding() tells the direction found.
+    """
+    props = require_persistence(device)
+    return _registry.granularity(props.index, props.persisting_l2_cache_max_size)[0]
+
+
+def set_aside_rounding(device: object = None) -> str:
+    """How the driver rounds set-aside requests: "up", "down", "nearest" or "exact" (probes once)."""
+    props = require_persistence(device)
+    return _registry.rounding(props.index, props.persisting_l2_cache_max_size)

@@ -1,0 +1,111 @@
+"""The package's layers, read from its source: the core never imports the measurement harness, there
+are no import cycles, and ``import l2ctl`` loads the core only."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import l2ctl
+
+PACKAGE = pathlib.Path(l2ctl.__file__).parent
+HARNESS = ("l2ctl.bench", "l2ctl.sweep", "l2ctl.tuner", "l2ctl.workloads", "l2ctl.plot", "l2ctl.cli", "l2ctl.__main__")
+OUTSIDE_THE_CORE = HARNESS + ("l2ctl.testing",)
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+    """Modules of l2ctl this file imports at run time (imports under TYPE_CHECKING do not count)."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("l2ctl"))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            if module.startswith("l2ctl"):
+                found.add(module)
+                for alias in node.names:  # "from . import bench" imports the module l2ctl.bench
+                    candidate = f"{module}.{alias.name}"
+                    if (PACKAGE.parent / (candidate.replace(".", "/") + ".py")).exists() or \
+                            (PACKAGE.parent / candidate.replace(".", "/")).is_dir():
+                        found.add(candidate)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    found.discard(name)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    return {_module_name(p): _imports(p) for p in PACKAGE.rglob("*.py")}
+
+
+def _in(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def test_the_core_never_imports_the_harness():
+    graph = _graph()
+    core = {m for m in graph if not _in(m, OUTSIDE_THE_CORE)}
+    assert "l2ctl._registry" in core and "l2ctl.kernels" in core
+    offenders = {m: sorted(i for i in graph[m] if _in(i, OUTSIDE_THE_CORE)) for m in core}
+    assert not {m: i for m, i in offenders.items() if i}, offenders
+
+
+def test_there_are_no_import_cycles():
+    graph = _graph()
+    known = set(graph)
+    edges = {m: {i for i in deps if i in known} for m, deps in graph.items()}
+    # A package's __init__ importing its own submodules is not a cycle of the layering.
+    for m in edges:
+        edges[m] = {i for i in edges[m] if not i.startswith(m + ".")}
+    state: dict[str, int] = {}
+    cycle: list[str] = []
+
+    def visit(m: str, path: list[str]) -> bool:
+        state[m] = 1
+        for n in sorted(edges[m]):
+            if state.get(n) == 1:
+                cycle.extend(path + [m, n])
+                return True
+            if n not in state and visit(n, path + [m]):
+                return True
+        state[m] = 2
+        return False
+
+    for m in sorted(edges):
+        if m not in state and visit(m, []):
+            break
+    assert not cycle, " -> ".join(cycle)
+
+
+def test_import_loads_the_core_only():
+    code = ("import sys, l2ctl; print(sorted(m for m in sys.modules if m.startswith('l2ctl'))); "
+            "print(l2ctl.tune.__module__, l2ctl.bench.__name__, l2ctl.kernels.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    loaded, lazily = out.stdout.splitlines()
+    assert not [m for m in eval(loaded) if _in(m, OUTSIDE_THE_CORE)], loaded
+    assert lazily == "l2ctl.tuner l2ctl.bench l2ctl.kernels"
