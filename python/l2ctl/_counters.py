@@ -139,6 +139,12 @@ class KernelCounters:
         return None if s is None or not r else s / r
 
 
+def _check_positive(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
 def _check_metrics(metrics: Sequence[str]) -> list[str]:
     names = list(metrics)
     if not names or not all(isinstance(m, str) and m for m in names):
@@ -162,8 +168,7 @@ class counters:
     def __init__(self, device: object = None, metrics: Sequence[str] = DEFAULT_METRICS, *, max_ranges: int = 64,
                  cupti_path: Optional[str] = None) -> None:
         names = _check_metrics(metrics)
-        if isinstance(max_ranges, bool) or not isinstance(max_ranges, int) or max_ranges < 1:
-            raise ValueError("max_ranges must be a positive int")
+        max_ranges = _check_positive(max_ranges, "max_ranges")
         self.metrics = names
         self.max_ranges = max_ranges
         self._device_arg = device
@@ -224,8 +229,12 @@ def collect(run: Callable[[], object], *, setup: Optional[Callable[[], object]] 
     Compute"), so state that ``setup`` makes before the start would not reach ``run``. ``setup`` must
     then launch the same kernels every pass. Returns (results of ``run``'s kernels, number of passes).
     """
-    index = resolve_device(device)
+    if not callable(run) or (setup is not None and not callable(setup)):
+        raise TypeError("run (and setup, when given) must be callables taking no arguments")
     names = _check_metrics(metrics)
+    max_ranges = _check_positive(max_ranges, "max_ranges")
+    max_passes = _check_positive(max_passes, "max_passes")
+    index = resolve_device(device)
     load_cupti(cupti_path)
     try:
         profiler = _backend.current().RangeProfiler(index, names, max_ranges, True)

@@ -88,6 +88,8 @@ def tune(workload: Any, stream: object, buf: object, *, warmup: int = 2, repeat:
     enqueue_of(workload)
     resolve_buffer(buf)
     warmup, repeat = check_repeats(warmup, repeat)
+    if not isinstance(bystander, bool) or not isinstance(progress, bool):
+        raise TypeError("bystander and progress must be bools")
     ref = resolve_stream(stream)
     device = stream_device(ref)
     info = require_persistence(device)

@@ -12,6 +12,7 @@ from .cache_streaming import bench_cache_streaming
 from .ceilings import Ceilings, measure_ceilings
 from .concurrent import bench_concurrent
 from .graph_replay import bench_graph
+from .overhead import OVERHEAD_VARIANTS, bench_overhead
 from .progress import Progress
 from .records import Record, Report, environment
 from .reset_data import RESET_COLUMNS, bench_reset_data, default_lut_sizes
@@ -44,4 +45,6 @@ __all__ = [
     "RESET_COLUMNS",
     "bench_graph",
     "bench_concurrent",
+    "bench_overhead",
+    "OVERHEAD_VARIANTS",
 ]

@@ -1,0 +1,227 @@
+"""What l2ctl's controls cost on the host, side by side with the raw CUDA calls: enter+exit of persist
+(lean and default settings, on a stream and on captured graphs), set/clear of a window, a set_aside
+scope, a reset of persisting lines, and the same through cuda-python's cuda.bindings when installed.
+
+Host time per operation (no GPU work and no synchronisation inside), the median over ``rounds`` rounds
+of ``iterations`` operations each. Every variant is checked once per round: the scope applied its
+window (and limit) inside and left the device as it found it after.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from contextlib import ExitStack
+from typing import Any, Callable, Optional, Sequence
+
+from .. import graph as graphs
+from .. import kernels
+from .._device import require_persistence
+from .._limit import get_set_aside, reset_persisting_lines, set_aside, set_aside_granularity
+from .._memory import DeviceBuffer, Stream
+from .._persist import Policy, persist
+from .._plan import check_count
+from .._stream_window import clear_window, get_window, set_window
+from .._window import AccessPolicyWindow
+from .progress import Progress
+from .records import Record, Report, environment
+from .verify import check
+
+__all__ = ["bench_overhead", "OVERHEAD_VARIANTS"]
+
+MiB = 1 << 20
+
+#: name -> what one operation is.
+OVERHEAD_VARIANTS: dict[str, str] = {
+    "persist_lean": "persist(s, buf, 0.75, set_aside=None, reset_on_exit=False): enter + exit",
+    "persist_default": "persist(s, buf, 0.75): enter + exit (auto set-aside, lines reset at exit)",
+    "persist_policy": "persist(s, buf, policy=Policy(set_aside=<granted>, hit_ratio=0.75)): enter + exit",
+    "persist_graph_1": "persist(graph of 1 kernel node, buf, 0.75, set_aside=None, reset_on_exit=False)",
+    "persist_graph_32": "persist(graph of 32 kernel nodes, buf, 0.75, set_aside=None, reset_on_exit=False)",
+    "set_clear_window": "set_window(s, w) then clear_window(s)",
+    "set_aside_scope": "with set_aside(<one granule more>): enter + exit",
+    "reset_persisting_lines": "reset_persisting_lines()",
+    "raw_set_clear_window": "cuda.bindings: cudaStreamSetAttribute(window), then (empty window)",
+    "raw_set_limit_pair": "cuda.bindings: cudaDeviceSetLimit(up), then (back)",
+    "raw_reset": "cuda.bindings: cudaCtxResetPersistingL2Cache()",
+    "persist_lean_torch": "persist(torch stream, torch tensor, 0.75, set_aside=None, reset_on_exit=False)",
+}
+
+
+def _per_op_us(op: Callable[[], Any], iterations: int) -> float:
+    start = time.perf_counter_ns()
+    for _ in range(iterations):
+        op()
+    return (time.perf_counter_ns() - start) / iterations / 1e3
+
+
+def _raw_bindings(stream_handle: int, buf: DeviceBuffer, device: int, up: int,
+                  down: int) -> Optional[dict[str, Callable[[], None]]]:
+    """Operations through cuda.bindings, each checking its return code; None when it is not installed."""
+    try:
+        from cuda.bindings import runtime as rt
+    except ImportError:
+        return None
+    stream = rt.cudaStream_t(stream_handle)
+    attribute = rt.cudaStreamAttrID.cudaStreamAttributeAccessPolicyWindow
+    window, empty = rt.cudaStreamAttrValue(), rt.cudaStreamAttrValue()
+    window.accessPolicyWindow.base_ptr = buf.ptr
+    window.accessPolicyWindow.num_bytes = buf.nbytes
+    window.accessPolicyWindow.hitRatio = 0.75
+    window.accessPolicyWindow.hitProp = rt.cudaAccessProperty.cudaAccessPropertyPersisting
+    window.accessPolicyWindow.missProp = rt.cudaAccessProperty.cudaAccessPropertyStreaming
+    limit = rt.cudaLimit.cudaLimitPersistingL2CacheSize
+    ok = rt.cudaError_t.cudaSuccess
+    (err,) = rt.cudaSetDevice(device)
+    check(err == ok, f"cudaSetDevice: {err}")
+
+    def set_clear() -> None:
+        (e1,) = rt.cudaStreamSetAttribute(stream, attribute, window)
+        (e2,) = rt.cudaStreamSetAttribute(stream, attribute, empty)
+        if e1 != ok or e2 != ok:
+            raise RuntimeError(f"cudaStreamSetAttribute: {e1}, {e2}")
+
+    def limit_pair() -> None:
+        (e1,) = rt.cudaDeviceSetLimit(limit, up)
+        (e2,) = rt.cudaDeviceSetLimit(limit, down)
+        if e1 != ok or e2 != ok:
+            raise RuntimeError(f"cudaDeviceSetLimit: {e1}, {e2}")
+
+    def reset() -> None:
+        (e,) = rt.cudaCtxResetPersistingL2Cache()
+        if e != ok:
+            raise RuntimeError(f"cudaCtxResetPersistingL2Cache: {e}")
+
+    return {"raw_set_clear_window": set_clear, "raw_set_limit_pair": limit_pair, "raw_reset": reset}
+
+
+def bench_overhead(
+    *,
+    device: object = None,
+    rounds: int = 7,
+    iterations: int = 2000,
+    variants: Optional[Sequence[str]] = None,
+    progress: bool = True,
+) -> Report:
+    """Host microseconds per operation for each variant (see OVERHEAD_VARIANTS); records carry the
+    median over rounds (``median_ms`` in ms, ``metrics['median_us']`` in us) and every round's value."""
+    rounds = check_count(rounds, "rounds", minimum=1, maximum=1000)
+    iterations = check_count(iterations, "iterations", minimum=1, maximum=1_000_000)
+    names = list(variants) if variants is not None else list(OVERHEAD_VARIANTS)
+    for name in names:
+        if name not in OVERHEAD_VARIANTS:
+            raise ValueError(f"unknown variant {name!r}; one of {list(OVERHEAD_VARIANTS)}")
+    props = require_persistence(device)
+    index = props.index
+    granule = set_aside_granularity(index)
+    records: list[Record] = []
+    with ExitStack() as stack, Progress(len(names), "overhead", progress) as bar:
+        s = stack.enter_context(Stream(index))
+        buf = stack.enter_context(DeviceBuffer(4 * MiB, index))
+        out = stack.enter_context(DeviceBuffer(MiB, index))
+        limit_before = get_set_aside(index)
+        up = min(props.persisting_l2_cache_max_size, limit_before + granule)
+        graphs_by_size = {}
+        for nodes in (1, 32):
+            with graphs.capture(s) as g:
+                for _ in range(nodes):
+                    kernels.write_index(out, s)
+            graphs_by_size[nodes] = stack.enter_context(g)
+        expected = AccessPolicyWindow.for_buffer(buf, 0.75)
+        policy = Policy(set_aside=up, hit_ratio=0.75)
+        ops: dict[str, Callable[[], Any]] = {}
+
+        def scope(make: Callable[[], Any]) -> Callable[[], None]:
+            def op() -> None:
+                with make():
+                    pass
+            return op
+
+        ops["persist_lean"] = scope(lambda: persist(s, buf, 0.75, set_aside=None, reset_on_exit=False))
+        ops["persist_default"] = scope(lambda: persist(s, buf, 0.75))
+        ops["persist_policy"] = scope(lambda: persist(s, buf, policy=policy))
+        ops["persist_graph_1"] = scope(lambda: persist(graphs_by_size[1], buf, 0.75, set_aside=None,
+                                                       reset_on_exit=False))
+        ops["persist_graph_32"] = scope(lambda: persist(graphs_by_size[32], buf, 0.75, set_aside=None,
+                                                        reset_on_exit=False))
+
+        def set_clear() -> None:
+            set_window(s, expected)
+            clear_window(s)
+
+        ops["set_clear_window"] = set_clear
+        ops["set_aside_scope"] = scope(lambda: set_aside(up, index))
+        ops["reset_persisting_lines"] = lambda: reset_persisting_lines(index)
+        raw = _raw_bindings(s.handle, buf, index, up, limit_before)
+        if raw is not None:
+            ops.update(raw)
+        torch_objects = _torch_objects(index)
+        if torch_objects is not None:
+            t_stream, t_tensor = torch_objects
+            ops["persist_lean_torch"] = scope(lambda: persist(t_stream, t_tensor, 0.75, set_aside=None,
+                                                              reset_on_exit=False))
+        for name in names:
+            if name not in ops:
+                reason = "cuda-python is not installed" if name.startswith("raw_") else "torch is not installed"
+                records.append(Record("overhead", name, {"operation": OVERHEAD_VARIANTS[name], "skipped": reason},
+                                      float("nan"), float("nan"), float("nan"), 0.0, 0, False, {}))
+                bar.step(f"{name}: skipped")
+                continue
+            _check_variant(name, ops[name], s, buf, expected, graphs_by_size, index, limit_before, up)
+            samples = []
+            for _ in range(rounds):
+                ops[name]()  # warm
+                samples.append(_per_op_us(ops[name], iterations))
+                _check_left_clean(name, s, graphs_by_size, index, limit_before)
+            median = statistics.median(samples)
+            records.append(Record("overhead", name, {"operation": OVERHEAD_VARIANTS[name], "iterations": iterations,
+                                                     "rounds": rounds},
+                                  median / 1e3, min(samples) / 1e3, max(samples) / 1e3,
+                                  (max(samples) - min(samples)) / median if median else 0.0, rounds, True,
+                                  {"median_us": median, "rounds_us": samples}))
+            bar.step(f"{name}: {median:.1f} us")
+    report = Report("overhead", environment(index), records)
+    report.summary = {r.variant: r.metrics["median_us"] for r in records if r.verified}
+    return report
+
+
+def _torch_objects(index: int) -> Optional[tuple[Any, Any]]:
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return torch.cuda.Stream(device=index), torch.empty(MiB, dtype=torch.int32, device=f"cuda:{index}")
+
+
+def _check_variant(name: str, op: Callable[[], Any], s: Stream, buf: DeviceBuffer, expected: AccessPolicyWindow,
+                   graphs_by_size: dict[int, graphs.Graph], index: int, limit_before: int, up: int) -> None:
+    """Once, outside the timed loops: the operation really applies what it claims inside the scope."""
+    if name in ("persist_lean", "persist_default", "persist_policy"):
+        settings: dict[str, Any] = {"persist_lean": dict(set_aside=None, reset_on_exit=False),
+                                    "persist_default": {}, "persist_policy": {}}[name]
+        scope = persist(s, buf, 0.75, **settings) if name != "persist_policy" else \
+            persist(s, buf, policy=Policy(set_aside=up, hit_ratio=0.75))
+        with scope:
+            check(get_window(s) == expected, f"{name}: the window on the stream")
+            if name == "persist_policy":
+                check(get_set_aside(index) == up, f"{name}: the limit")
+    elif name.startswith("persist_graph_"):
+        g = graphs_by_size[int(name.rsplit("_", 1)[1])]
+        with persist(g, buf, 0.75, set_aside=None, reset_on_exit=False):
+            check(all(k.window == expected for k in g.kernel_nodes()), f"{name}: the node windows")
+    elif name == "set_aside_scope":
+        with set_aside(up, index):
+            check(get_set_aside(index) == up, f"{name}: the limit")
+    else:
+        op()
+    _check_left_clean(name, s, graphs_by_size, index, limit_before)
+
+
+def _check_left_clean(name: str, s: Stream, graphs_by_size: dict[int, graphs.Graph], index: int,
+                      limit_before: int) -> None:
+    check(get_window(s).empty, f"{name}: the stream's window afterwards")
+    check(get_set_aside(index) == limit_before, f"{name}: the limit afterwards")
+    for g in graphs_by_size.values():
+        check(all(k.window.empty for k in g.kernel_nodes()), f"{name}: the node windows afterwards")
