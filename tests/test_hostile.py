@@ -103,7 +103,7 @@ def _cases(o: Objects) -> list[Case]:
                                                                 "data": (buf.ptr, False)}), TypeError),
         ("CAI shape ('16',)", lambda: parse_cuda_array_interface({"shape": ("16",), "typestr": "<f4",
                                                                  "data": (buf.ptr, False)}), TypeError),
-        ("CAI shape overflow", lambda: parse_cuda_array_interface({"shape": (2**62, 2**62), "typestr": "<f4",
+        ("CAI shape overflow", lambda: parse_cuda_array_interface({"shape": (2**32 + 1, 2**32), "typestr": "<f4",
                                                                   "data": (buf.ptr, False)}), ValueError),
         ("CAI strides float", lambda: parse_cuda_array_interface({"shape": (4,), "typestr": "<f4", "strides": (4.0,),
                                                                  "data": (buf.ptr, False)}), TypeError),

@@ -319,10 +319,10 @@ def test_numbers_are_bounded_and_typed(fake, case):
                         TypeError),
         "shape_str": (lambda: parse_cuda_array_interface({"shape": ("16",), "typestr": "<f4", "data": (1 << 20, False)}),
                       TypeError),
-        "shape_overflow": (lambda: parse_cuda_array_interface({"shape": (2**40, 2**40), "typestr": "<f8",
+        "shape_overflow": (lambda: parse_cuda_array_interface({"shape": (2**32 + 1, 2**32), "typestr": "<f8",
                                                                "data": (1 << 20, False)}), ValueError),
         "hit_prop_float": (lambda: l2ctl.persist(s, buf, 0.5, hit_prop=2.0), TypeError),  # type: ignore[arg-type]
-        "numpy_bool": (lambda: l2ctl.persist(s, buf, np.bool_(True)), TypeError),  # type: ignore[arg-type]
+        "numpy_bool": (lambda: l2ctl.persist(s, buf, 0.5, hit_prop=np.bool_(True)), TypeError),  # type: ignore[arg-type]
         "policy_and_ratio": (lambda: l2ctl.persist(s, buf, 0.5, policy=l2ctl.Policy(hit_ratio=1.0)), ValueError),
     }
     call, error = calls[case]
