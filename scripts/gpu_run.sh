@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One batch on the GPU machine: build l2ctl there, run the whole test suite (GPU tests included), the
 # CUDA behaviour probe and the benchmarks; results go to $OUT (or ./.out when run by hand).
-# Usage: bash scripts/gpu_run.sh [full|quick|sanitize]   (quick: fewer LUT sizes, no sweeps;
+# Usage: bash scripts/gpu_run.sh [full|quick|check|sanitize]   (quick: fewer LUT sizes, no sweeps;
+#        check: the test suite, the overhead benchmark and compute-sanitizer, no other benchmarks;
 #        sanitize: build, then compute-sanitizer over the kernels and GPU tests only)
 set -uo pipefail
 FINAL=${OUT:-$PWD/.out}
@@ -37,6 +38,11 @@ if [ "$mode" = sanitize ]; then
   exit $status
 fi
 
+overhead() {
+  step "overhead"
+  python3 -m l2ctl bench overhead --json "$OUT/overhead.json" --quiet | tee "$OUT/bench_overhead.txt" || status=1
+}
+
 step "probe CUDA behaviour"
 python3 "$src/scripts/probe_cuda.py" "$OUT/probe.json" > /dev/null || status=1
 python3 -m l2ctl info --probe | tee "$OUT/info.txt" || status=1
@@ -49,7 +55,17 @@ L2CTL_NCU_JSON="$OUT/ncu_compare.json" L2CTL_NOTEBOOK_OUT="$OUT/notebooks" pytho
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
 
+if [ "$mode" = check ]; then
+  overhead
+  step "compute-sanitizer"
+  bash "$src/scripts/sanitize.sh" "$src/tests" "$OUT" || status=1
+  step "limit left as found"
+  python3 -c "import l2ctl; print('limit now', l2ctl.get_set_aside())"
+  exit $status
+fi
+
 step "benchmarks"
+overhead
 if [ "$mode" = quick ]; then lut="--lut-sizes 1M,4M,8M,16M,32M,48M"; else lut=""; fi
 mkdir -p "$OUT/plots"
 python3 -m l2ctl bench $lut --json "$OUT/reset_data.json" --csv "$OUT/reset_data.csv" --plot "$OUT/plots/reset_data.png" 2>"$OUT/bench_progress.txt" | tee "$OUT/bench_reset_data.txt" || status=1

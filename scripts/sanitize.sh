@@ -18,7 +18,7 @@ run() {
 }
 # test_cuda_rejects_what_l2ctl_refuses_first provokes cudaErrorInvalidValue on purpose (it proves CUDA refuses
 # a float32 hit ratio of 1.0000001), which memcheck reports as an API error; it is left out here.
-run memcheck "$tests/test_gpu.py" "$tests/test_gpu_graph.py" \
+run memcheck "$tests/test_gpu.py" "$tests/test_gpu_graph.py" "$tests/test_gpu_registry.py" \
   -k "not torch and not cupy and not small_benchmarks and not cuda_rejects"
 run racecheck "$tests/test_gpu.py" -k "$kernels"
 run initcheck "$tests/test_gpu.py" -k "$kernels"

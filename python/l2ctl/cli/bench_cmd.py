@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 
 from .exitcodes import EXIT_OK
-from .options import (COLUMN_NAMES, COMMON, LUT_BYTES, LUT_SIZES, OUT_BYTES, PLOT, SET_ASIDE, Option, columns, count,
-                      strides)
+from .options import (COLUMN_NAMES, COMMON, CSV, DEVICE, JSON, LUT_BYTES, LUT_SIZES, OUT_BYTES, PLOT, QUIET, SET_ASIDE,
+                      Option, columns, count, strides)
 from .output import fmt_bytes, header, save_plot, write_report
 from .parsing import Command, Group
 
 __all__ = ["cmd_bench_reset", "cmd_bench_stride", "cmd_bench_cs", "cmd_bench_graph", "cmd_bench_concurrent",
-           "RESET_DATA", "STRIDE", "CACHE_STREAMING", "GRAPH", "CONCURRENT", "BENCHMARKS", "BENCH"]
+           "cmd_bench_overhead", "RESET_DATA", "STRIDE", "CACHE_STREAMING", "GRAPH", "CONCURRENT", "OVERHEAD",
+           "BENCHMARKS", "BENCH"]
 
 
 def cmd_bench_reset(args: argparse.Namespace) -> int:
@@ -133,6 +134,23 @@ def cmd_bench_concurrent(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_bench_overhead(args: argparse.Namespace) -> int:
+    from .. import bench
+
+    report = bench.bench_overhead(device=args.device, rounds=args.rounds, iterations=args.iterations,
+                                  progress=not args.quiet)
+    print(header(report))
+    print(f"host time per operation, median of {args.rounds} rounds of {args.iterations:,} (no GPU work, no "
+          "synchronisation); every variant checked to apply and restore its state")
+    print(f"{'operation':<24} {'us':>8}  what")
+    for r in report.records:
+        value = f"{r.metrics['median_us']:8.2f}" if r.verified else f"{'-':>8}"
+        note = r.config["operation"] if r.verified else f"skipped: {r.config['skipped']}"
+        print(f"{r.variant:<24} {value}  {note}")
+    write_report(report, args.json, args.csv)
+    return EXIT_OK
+
+
 RESET_OPTIONS = (
     LUT_SIZES,
     OUT_BYTES,
@@ -171,8 +189,19 @@ CONCURRENT = Command(
                    shown_default="6/50 of the L2 rounded up to the granularity, capped at the max"),) + COMMON,
     cmd_bench_concurrent)
 
+OVERHEAD = Command(
+    "overhead", "host cost of persist, windows, set_aside and resets, beside the raw CUDA calls",
+    (Option("--rounds", "rounds; the median is reported (1 to 1000)", 7, type=count(1, 1000, "rounds"), metavar="N"),
+     Option("--iterations", "operations per round (1 to 1,000,000)", 2000, type=count(1, 1_000_000, "iterations"),
+            metavar="N"),
+     DEVICE, JSON, CSV, QUIET),
+    cmd_bench_overhead,
+    "Host microseconds per operation: persist enter+exit (lean and default settings, on a stream and on\n"
+    "graphs of 1 and 32 kernel nodes), set/clear of a window, a set_aside scope, a reset of persisting\n"
+    "lines, and the same through cuda-python's cuda.bindings when it is installed.")
+
 #: The benchmarks, in the order ``bench --help`` lists them.
-BENCHMARKS: tuple[Command, ...] = (RESET_DATA, STRIDE, CACHE_STREAMING, GRAPH, CONCURRENT)
+BENCHMARKS: tuple[Command, ...] = (RESET_DATA, STRIDE, CACHE_STREAMING, GRAPH, CONCURRENT, OVERHEAD)
 
 BENCH = Group(
     "bench", "benchmarks (no name: reset-data, the main job)", BENCHMARKS, RESET_DATA.options, RESET_DATA,
