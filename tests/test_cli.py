@@ -139,6 +139,11 @@ def fake_concurrent(*, set_aside=None, **_):
     return Report("concurrent", ENV, records)
 
 
+def fake_overhead(**_):
+    return Report("overhead", ENV, [_rec("overhead", name, {"operation": what}, 0.001, median_us=1.0, rounds_us=[1.0])
+                                    for name, what in bench.OVERHEAD_VARIANTS.items()])
+
+
 def fake_sweep(*_, **__):
     base = _rec("sweep", "baseline", {"set_aside_granted": 0, "hit_ratio": None}, 2.0)
     records = [_rec("sweep", "point", {"set_aside_granted": 4 * MiB, "hit_ratio": h}, 1.0, speedup_vs_baseline=2.0)
@@ -220,7 +225,7 @@ def calls(monkeypatch) -> Calls:
     c = Calls()
     for name, fake in (("bench_reset_data", fake_reset_data), ("bench_stride", fake_stride),
                        ("bench_cache_streaming", fake_cache_streaming), ("bench_graph", fake_graph),
-                       ("bench_concurrent", fake_concurrent)):
+                       ("bench_concurrent", fake_concurrent), ("bench_overhead", fake_overhead)):
         monkeypatch.setattr(bench, name, c.recorder(name, getattr(bench, name), fake))
     for name in ("sweep_hit_ratio", "sweep_set_aside", "sweep_surface"):
         monkeypatch.setattr(sweep, name, c.recorder(name, getattr(sweep, name), fake_sweep))
@@ -286,6 +291,9 @@ CASES: dict[str, tuple[str, list[tuple[list[str], Any]]]] = {
     "bench cache-streaming": ("bench_cache_streaming", COMMON + PLOT + [(["--n", "1000"], {"*": {"n": 1000}})]),
     "bench graph": ("bench_graph", COMMON + [(["--lut-bytes", "2M"], {"*": {"lut_bytes": 2 * MiB}})]),
     "bench concurrent": ("bench_concurrent", COMMON + [(["--set-aside", "8M"], {"*": {"set_aside": 8 * MiB}})]),
+    "bench overhead": ("bench_overhead", [c for c in COMMON if c[0][0] not in ("--repeat", "--warmup")] + [
+        (["--rounds", "3"], {"*": {"rounds": 3}}),
+        (["--iterations", "50"], {"*": {"iterations": 50}})]),
     "sweep hit-ratio": ("sweep_hit_ratio", COMMON[1:] + [SWEEP_DEVICE] + PLOT + WORKLOAD + [
         (["--set-aside", "8M"], {"*": {"set_aside": 8 * MiB}})]),
     "sweep set-aside": ("sweep_set_aside", COMMON[1:] + [SWEEP_DEVICE] + PLOT + WORKLOAD),
@@ -406,7 +414,7 @@ def test_tables(calls, capsys):
 SAMPLE = {"--lut-sizes": ["1M"], "--out-bytes": ["1M"], "--columns": ["baseline"], "--counters": [],
           "--plot": ["{tmp}/x.png"], "--device": ["1"], "--repeat": ["2"], "--warmup": ["1"],
           "--json": ["{tmp}/x.json"], "--csv": ["{tmp}/x.csv"], "--quiet": [], "--strides": ["8"],
-          "--threads": ["64"], "--n": ["100"], "--lut-bytes": ["1M"], "--set-aside": ["1M"],
+          "--threads": ["64"], "--n": ["100"], "--rounds": ["2"], "--iterations": ["10"], "--lut-bytes": ["1M"], "--set-aside": ["1M"],
           "--variant": ["plain"], "--bystander": [], "--probe": []}
 
 
