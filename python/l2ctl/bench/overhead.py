@@ -63,8 +63,12 @@ def _raw_bindings(stream_handle: int, buf: DeviceBuffer, device: int, up: int,
     except ImportError:
         return None
     stream = rt.cudaStream_t(stream_handle)
-    attribute = rt.cudaStreamAttrID.cudaStreamAttributeAccessPolicyWindow
-    window, empty = rt.cudaStreamAttrValue(), rt.cudaStreamAttrValue()
+    # cuda-python 12 names the stream attribute cudaStreamAttributeAccessPolicyWindow; 13 uses the launch
+    # attribute names for streams too.
+    ids = rt.cudaStreamAttrID
+    attribute = getattr(ids, "cudaLaunchAttributeAccessPolicyWindow", None) or ids.cudaStreamAttributeAccessPolicyWindow
+    value_type = getattr(rt, "cudaStreamAttrValue", None) or rt.cudaLaunchAttributeValue
+    window, empty = value_type(), value_type()
     window.accessPolicyWindow.base_ptr = buf.ptr
     window.accessPolicyWindow.num_bytes = buf.nbytes
     window.accessPolicyWindow.hitRatio = 0.75
