@@ -200,15 +200,25 @@ PYBIND11_MODULE(_core, m) {
   // Device state in one crossing (see l2ctl/state.hpp).
   m.def(
       "apply_state",
-      [](int device, long long limit, const std::vector<std::tuple<std::uintptr_t, WindowTuple>>& stream_windows,
-         const std::vector<std::tuple<std::uintptr_t, WindowTuple>>& node_windows, bool reset_lines) {
+      [](int device, long long limit, bool at_least,
+         const std::vector<std::tuple<std::uintptr_t, WindowTuple>>& stream_windows,
+         const std::vector<std::tuple<std::uintptr_t, WindowTuple>>& node_windows, bool reset_lines,
+         bool read_previous) {
         std::vector<l2ctl::WindowChange> changes = window_changes(stream_windows, l2ctl::WindowHolder::stream);
         std::vector<l2ctl::WindowChange> nodes = window_changes(node_windows, l2ctl::WindowHolder::kernel_node);
         changes.insert(changes.end(), nodes.begin(), nodes.end());
-        py::gil_scoped_release unlocked;
-        return l2ctl::apply_state(device, limit, changes, reset_lines);
+        l2ctl::StateResult r;
+        {
+          py::gil_scoped_release unlocked;
+          r = l2ctl::apply_state(device, limit, at_least, changes, reset_lines, read_previous);
+        }
+        py::list previous;
+        for (const l2ctl::Window& w : r.previous)
+          previous.append(py::make_tuple(w.base, w.num_bytes, w.hit_ratio, w.hit_prop, w.miss_prop));
+        return py::make_tuple(r.previous_limit, r.granted_limit, previous);
       },
-      "device"_a, "limit"_a, "stream_windows"_a, "node_windows"_a, "reset_lines"_a);
+      "device"_a, "limit"_a, "at_least"_a, "stream_windows"_a, "node_windows"_a, "reset_lines"_a,
+      "read_previous"_a);
 
   // Hardware counters (CUPTI, loaded on first use).
   m.def("cupti_load", &l2ctl::cupti_load, "path"_a, release());

@@ -6,8 +6,11 @@ from __future__ import annotations
 import pytest
 
 import l2ctl
-from l2ctl import _backend, _core
+from l2ctl import _backend, _core, _registry
 from l2ctl.testing import FakeBackend, FakeDevice
+
+# Every fast path of the registry is checked against its general plan in the tests.
+_registry.CHECK_FAST_PATHS = True
 
 
 def _gpu_skip_reason() -> str | None:

@@ -436,20 +436,31 @@ def test_apply_state_order_and_failures(sim):
     assert name == "fake_kernel"
     w = (1 << 40, MiB, 1.0, 2, 1)
     sim.calls.clear()
-    granted = sim.apply_state(0, 3 * MiB, [(s1, w), (s2, w)], [(node, w)], True)
-    assert granted == 3_276_800 == sim.device(0).limit and sim.device(0).resets == 1
-    assert sim.calls == ["cudaStreamSetAttribute", "cudaStreamSetAttribute", "cudaGraphKernelNodeSetAttribute",
-                         "cudaDeviceSetLimit", "cudaCtxResetPersistingL2Cache"]
+    before_limit = sim.device(0).limit
+    result = sim.apply_state(0, 3 * MiB, False, [(s1, w), (s2, w)], [(node, w)], True, True)
+    assert result == (before_limit, 3_276_800, [(0, 0, 0.0, 0, 0)] * 3)  # the previous windows, in order
+    assert 3_276_800 == sim.device(0).limit and sim.device(0).resets == 1
+    assert [c for c in sim.calls if "Get" not in c] == [
+        "cudaDeviceSetLimit", "cudaStreamSetAttribute", "cudaStreamSetAttribute", "cudaGraphKernelNodeSetAttribute",
+        "cudaCtxResetPersistingL2Cache"]
     assert sim.windows[s1] == sim.windows[s2] == sim.node_windows[node] == w
-    assert sim.apply_state(0, -1, [(s1, (0, 0, 0.0, 0, 0))], [], False) == -1
+    assert sim.apply_state(0, -1, False, [(s1, (0, 0, 0.0, 0, 0))], [], False, False) == (-1, -1, [])
     assert s1 not in sim.windows and sim.device(0).limit == 3_276_800
+    # at_least raises the limit only when it is below
+    assert sim.apply_state(0, 2 * MiB, True, [], [], False, False) == (3_276_800, 3_276_800, [])
+    assert sim.apply_state(0, 5 * MiB, True, [], [], False, False) == (3_276_800, 6_553_600, [])
     before = sim.state()
     with pytest.raises(l2ctl.CudaError, match="cudaErrorInvalidValue"):
-        sim.apply_state(0, 0, [(s1, w), (s2, (1 << 40, MiB, 2.0, 2, 1))], [], True)
-    assert sim.windows[s1] == w  # the change before the failing one stays applied
-    assert sim.device(0).limit == 3_276_800 and sim.device(0).resets == 1 and sim.state() != before
+        sim.apply_state(0, 0, False, [(s1, w), (s2, (1 << 40, MiB, 2.0, 2, 1))], [], True, False)
+    assert sim.windows[s1] == w  # a window changed without read_previous stays changed
+    assert sim.device(0).limit == 6_553_600 and sim.device(0).resets == 1 and sim.state() != before  # limit back
+    sim.apply_state(0, -1, False, [(s1, (0, 0, 0.0, 0, 0))], [], False, False)
+    before = sim.state()
+    with pytest.raises(l2ctl.CudaError, match="cudaErrorInvalidValue"):  # with read_previous: all put back
+        sim.apply_state(0, 0, False, [(s1, w), (s2, (1 << 40, MiB, 2.0, 2, 1))], [], True, True)
+    assert sim.state() == before
     with pytest.raises(l2ctl.CudaError, match="cudaErrorInvalidValue"):
-        sim.apply_state(0, 64 * MiB, [], [], False)
+        sim.apply_state(0, 64 * MiB, False, [], [], False, False)
 
 
 def test_persist_restores_everything(sim):

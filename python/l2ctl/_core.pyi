@@ -48,11 +48,16 @@ class Event:
     def synchronize(self) -> None: ...
     def elapsed_since(self, start: Event) -> float: ...
 
-# Windows (stream_windows on streams, node_windows on graph kernel nodes, each a list of
-# (handle, (base, num_bytes, hit_ratio, hit_prop, miss_prop))), then the limit when limit >= 0, then a
-# reset of persisting lines, in one call. Returns the granted limit, or -1 when the limit was not set.
-def apply_state(device: int, limit: int, stream_windows: Sequence[tuple[int, tuple[int, int, float, int, int]]],
-                node_windows: Sequence[tuple[int, tuple[int, int, float, int, int]]], reset_lines: bool) -> int: ...
+# In one call: the limit when limit >= 0 (at_least: raised to it if below, never lowered); the windows
+# (stream_windows on streams, then node_windows on graph kernel nodes, each a list of (handle, (base,
+# num_bytes, hit_ratio, hit_prop, miss_prop))), reading each holder's window first when read_previous; a
+# reset of persisting lines. Returns (limit before, limit after, previous windows in the order given); the
+# limits are -1 when limit < 0, the list empty unless read_previous. A failing call puts back the limit
+# and the windows whose previous value was read, then raises.
+def apply_state(device: int, limit: int, at_least: bool,
+                stream_windows: Sequence[tuple[int, tuple[int, int, float, int, int]]],
+                node_windows: Sequence[tuple[int, tuple[int, int, float, int, int]]], reset_lines: bool,
+                read_previous: bool) -> tuple[int, int, list[tuple[int, int, float, int, int]]]: ...
 
 # memory
 class DeviceMemory:

@@ -27,6 +27,7 @@ __all__ = [
     "check_pointer",
     "versions",
     "forget_cached_properties",
+    "check_owned_pointer",
 ]
 
 # CUDA errors that mean "there is no usable driver or GPU" rather than a failed call.
@@ -60,6 +61,8 @@ def forget_cached_properties() -> None:
     """Drop every cached property (after fork the child must not trust the parent's view of CUDA)."""
     with _cache_lock:
         _cache.clear()
+        _last[0], _last[1] = None, {}
+        _checked.clear()
 
 
 if hasattr(os, "register_at_fork"):
@@ -122,12 +125,21 @@ def _support(major: int, minor: int, persisting_max: int) -> tuple[bool, Optiona
     return True, None
 
 
+_last: list[Any] = [None, {}]  # the last backend looked up and its cache: the common case, without a weak lookup
+
+
 def properties(device: object = None) -> DeviceProperties:
     """The immutable properties of ``device``, queried once per backend and device."""
     backend = _backend.current()
+    if type(device) is int and backend is _last[0]:
+        known: Optional[DeviceProperties] = _last[1].get(device)
+        if known is not None:
+            return known
     index = resolve_device(device)
     with _cache_lock:
-        known = _cache.get(backend, {}).get(index)
+        per_backend = _cache.setdefault(backend, {})
+        _last[0], _last[1] = backend, per_backend
+        known = per_backend.get(index)
     if known is not None:
         return known
     try:
@@ -199,6 +211,29 @@ def check_pointer(ptr: int, nbytes: int, device: int, what: str = "the buffer", 
             f"{what} [0x{ptr:x}, 0x{ptr + nbytes:x}) runs past its allocation [0x{base:x}, 0x{base + size:x}) "
             f"({size} bytes); a window or kernel there would touch memory that is not yours"
         )
+
+
+# Ranges already checked, per (backend, device, pointer, bytes), each with a weak reference to the object
+# that owns the memory (a tensor, an array): while that same object lives, its memory stays allocated, so
+# the answer holds. Bounded; cleared after fork.
+_checked: dict[tuple[int, int, int, int], tuple[Any, "weakref.ref[Any]"]] = {}
+
+
+def check_owned_pointer(ptr: int, nbytes: int, device: int, owner: Any, what: str = "the buffer") -> None:
+    """check_pointer, remembered while ``owner`` (the object the range came from) is alive."""
+    key = (id(_backend.current()), device, ptr, nbytes)
+    known = _checked.get(key)
+    if known is not None and known[0] is _backend.current() and owner is not None and known[1]() is owner:
+        return
+    check_pointer(ptr, nbytes, device, what)
+    if owner is not None:
+        try:
+            reference = weakref.ref(owner)
+        except TypeError:
+            return  # an owner without weak references is checked every time
+        if len(_checked) > 1024:
+            _checked.clear()
+        _checked[key] = (_backend.current(), reference)
 
 
 def versions() -> dict[str, int]:

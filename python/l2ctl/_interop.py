@@ -10,8 +10,7 @@ from __future__ import annotations
 import ctypes
 import math
 import numbers
-from dataclasses import dataclass
-from typing import Any, Optional, TypeGuard
+from typing import Any, NamedTuple, Optional, TypeGuard
 
 import numpy as np
 
@@ -25,8 +24,7 @@ CUDA_STREAM_LEGACY = 1
 CUDA_STREAM_PER_THREAD = 2
 
 
-@dataclass(frozen=True)
-class StreamRef:
+class StreamRef(NamedTuple):
     """A resolved stream: the raw ``cudaStream_t`` as an int, and its device when the object said so."""
 
     handle: int
@@ -40,15 +38,17 @@ class StreamRef:
         return self.handle in (LEGACY_DEFAULT_STREAM, CUDA_STREAM_LEGACY, CUDA_STREAM_PER_THREAD)
 
 
-@dataclass(frozen=True)
-class BufferRef:
-    """A resolved buffer: device address, size in bytes, device when known, and the object kept alive."""
+class BufferRef(NamedTuple):
+    """A resolved buffer: device address, size in bytes, device when known, and the object kept alive.
+    ``allocation``: the range is exactly one allocation l2ctl made (an l2ctl.DeviceBuffer), so its device
+    and extent need no query."""
 
     ptr: int
     nbytes: int
     device: Optional[int] = None
     source: str = "pointer"
     owner: Any = None
+    allocation: bool = False
 
 
 _HOST_HINT = (

@@ -115,7 +115,7 @@ class SetAside(int):
 
     def restore(self) -> None:
         """End this request (idempotent): the limit goes back to what the live scopes and the base say."""
-        _registry.exit(self._scope, lambda: granularity_step(self.device))
+        _registry.exit(self._scope)
 
     def __del__(self) -> None:
         scope = getattr(self, "_scope", None)
@@ -148,7 +148,7 @@ def set_aside(nbytes: Union[int, float, str], device: object = None) -> SetAside
     requested = parse_set_aside_request(nbytes, props.persisting_l2_cache_max_size)
     previous = _read_limit(props.index)
     scope = _registry.Scope(props.index, limit=requested, standing=True)
-    _registry.enter(scope, props.persisting_l2_cache_max_size, lambda: granularity_step(props.index))
+    _registry.enter(scope, props.persisting_l2_cache_max_size)
     granted = _read_limit(props.index)
     return SetAside(granted, props.index, requested, previous, scope)
 

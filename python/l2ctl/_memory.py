@@ -25,6 +25,8 @@ class Stream:
     def __init__(self, device: object = None, *, non_blocking: bool = True, priority: int = 0) -> None:
         index = resolve_device(device)
         self._impl = _backend.current().Stream(index, bool(non_blocking), int(priority))
+        # What l2ctl's own calls need, made once: a stream's handle and device never change while it is open.
+        self._ref: Optional[StreamRef] = StreamRef(self._impl.handle, index, "l2ctl.Stream", self)
 
     @property
     def handle(self) -> int:
@@ -43,7 +45,9 @@ class Stream:
         return (0, self.handle)
 
     def _l2ctl_stream_ref(self) -> StreamRef:
-        return StreamRef(self.handle, self.device, "l2ctl.Stream", self)
+        if self._ref is None:
+            raise ValueError("the stream is closed")
+        return self._ref
 
     def synchronize(self) -> None:
         """Wait until all work queued on the stream is done."""
@@ -58,6 +62,7 @@ class Stream:
         stop writing to it (its handle may be reused by the next stream CUDA creates)."""
         if not self._impl.closed:
             _registry.forget_slots(_registry.STREAM, [self._impl.handle])
+        self._ref = None
         self._impl.close()
 
     def __enter__(self) -> "Stream":
@@ -108,6 +113,7 @@ class DeviceBuffer:
         self.dtype = dt
         self.shape = shape
         self._impl = _backend.current().DeviceMemory(index, nbytes)
+        self._ref: Optional[BufferRef] = BufferRef(self._impl.ptr, nbytes, index, "l2ctl.DeviceBuffer", self, True)
 
     @classmethod
     def from_numpy(cls, array: np.ndarray, device: object = None, stream: object = None) -> "DeviceBuffer":
@@ -148,7 +154,9 @@ class DeviceBuffer:
         return resolve_stream(stream).handle
 
     def _l2ctl_buffer_ref(self) -> BufferRef:
-        return BufferRef(self.ptr, self.nbytes, self.device, "l2ctl.DeviceBuffer", self)
+        if self._ref is None:
+            raise ValueError("the device buffer has been freed")
+        return self._ref
 
     def copy_from(self, array: np.ndarray, stream: object = None) -> None:
         """Copy host data in (same byte size); waits until the copy is done."""
@@ -169,6 +177,7 @@ class DeviceBuffer:
 
     def free(self) -> None:
         """Release the memory now (idempotent). The caller must make sure no queued work still uses it."""
+        self._ref = None
         self._impl.free()
 
     def __enter__(self) -> "DeviceBuffer":

@@ -6,15 +6,14 @@ from __future__ import annotations
 import numbers
 import warnings
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
 from . import _registry
-from ._device import check_pointer, require_persistence
+from ._device import check_owned_pointer, properties, require_persistence, stream_device
 from ._errors import L2BudgetWarning, WindowClippedWarning
-from ._interop import resolve_buffer, resolve_stream
-from ._limit import granularity_step
+from ._interop import BufferRef, StreamRef, resolve_buffer, resolve_stream
 from ._plan import check_nbytes, clip_window, normalize_hit_ratio
 from ._stream_window import resolve_target
 from ._window import AccessPolicyWindow, AccessProperty, check_property
@@ -22,6 +21,9 @@ from ._window import AccessPolicyWindow, AccessProperty, check_property
 __all__ = ["persist", "Persist", "Policy", "Budget", "budget"]
 
 LimitRequest = Union[int, str, None]
+_PERSISTING, _STREAMING = AccessProperty.PERSISTING, AccessProperty.STREAMING
+#: Hit ratios up to here are below 1.0 in float32 too, so they need no further normalisation.
+_SURELY_FLOAT32 = 0.9999999
 
 
 @dataclass(frozen=True)
@@ -138,31 +140,45 @@ class Persist:
         share: bool = False,
         policy: Optional[Any] = None,
     ) -> None:
-        # Every argument is checked here, before any device query or CUDA call.
-        requested = None if hit_ratio is None else normalize_hit_ratio(hit_ratio)
-        limit = _check_limit_request(set_aside)
+        # Every argument is checked here, before any device query or CUDA call; the common forms of each
+        # take a short path first (a persist scope wraps every step of a user's loop).
+        if type(hit_ratio) is float and 0.0 <= hit_ratio <= _SURELY_FLOAT32:
+            requested: Optional[float] = hit_ratio
+        else:
+            requested = None if hit_ratio is None else normalize_hit_ratio(hit_ratio)
+        limit = set_aside if set_aside is None or set_aside == "auto" else _check_limit_request(set_aside)
         self._enabled = True
         if policy is not None:
             if hit_ratio is not None or set_aside != "auto":
                 raise ValueError("pass either policy= or hit_ratio/set_aside, not both")
             requested, limit, self._enabled = _policy_fields(policy)
-        if getattr(type(stream), "_l2ctl_target", None) is None:
-            resolve_stream(stream)  # type errors now, not at entry
+        # A stream is resolved now (its errors now, not at entry); a graph's nodes at entry. l2ctl's own
+        # streams and buffers hand over their references directly.
+        own_stream = getattr(type(stream), "_l2ctl_stream_ref", None)
+        if own_stream is not None:
+            self._ref: Optional[StreamRef] = own_stream(stream)
+        else:
+            self._ref = None if hasattr(type(stream), "_l2ctl_target") else resolve_stream(stream)
         self._target_object = stream
-        self._buffer = resolve_buffer(buf)
+        own_buffer = getattr(type(buf), "_l2ctl_buffer_ref", None)
+        self._buffer: BufferRef = own_buffer(buf) if own_buffer is not None else resolve_buffer(buf)
+        if type(offset) is int and offset == 0 and num_bytes is None:
+            self._offset, self._num_bytes = 0, None
+        else:
+            self._offset = check_nbytes(offset, "offset", allow_zero=True)
+            self._num_bytes = None if num_bytes is None else check_nbytes(num_bytes, "num_bytes")
+            clip_window(self._offset, self._num_bytes, self._buffer.nbytes, 0)  # the byte range; no device yet
+        self._hit_prop = hit_prop if hit_prop is _PERSISTING else check_property(hit_prop, "hit_prop")
+        self._miss_prop = miss_prop if miss_prop is _STREAMING else check_property(miss_prop, "miss_prop", miss=True)
         self._requested_hit_ratio = requested
-        self._offset = check_nbytes(offset, "offset", allow_zero=True)
-        self._num_bytes = None if num_bytes is None else check_nbytes(num_bytes, "num_bytes")
-        clip_window(self._offset, self._num_bytes, self._buffer.nbytes, 0)  # the byte range; no device yet
-        self._hit_prop = check_property(hit_prop, "hit_prop")
-        self._miss_prop = check_property(miss_prop, "miss_prop", miss=True)
         self._limit_request: LimitRequest = limit
-        if not isinstance(reset_on_exit, bool) or not isinstance(share, bool):
+        if reset_on_exit is not True and reset_on_exit is not False or share is not True and share is not False:
             raise TypeError("reset_on_exit and share must be bools")
         self._reset_on_exit = reset_on_exit
         self._share = share
         self._scope: Optional[_registry.Scope] = None
-        self._target: Optional[_registry.Target] = None
+        self._slots: tuple[_registry.Slot, ...] = ()
+        self._changed: Optional[Callable[[], None]] = None
         self.window: Optional[AccessPolicyWindow] = None
         self.device: Optional[int] = None
         self.clipped = False
@@ -174,9 +190,9 @@ class Persist:
     @property
     def stream(self) -> int:
         """The handle of the stream (or graph) the window is on, once entered."""
-        if self._target is None or not self._target.slots:
+        if not self._slots:
             raise RuntimeError("the scope has not been entered")
-        return self._target.slots[0][1]
+        return self._slots[0][1]
 
     @property
     def set_aside(self) -> Optional[int]:
@@ -191,59 +207,69 @@ class Persist:
             raise RuntimeError("this persist scope is already active; create a new one with l2ctl.persist(...)")
         if not self._enabled:
             return self
-        target = resolve_target(self._target_object)  # a graph predicate runs here, outside the lock
-        device = target.device
-        if self._buffer.device is not None and self._buffer.device != device:
+        ref = self._ref
+        if ref is not None:  # a stream: the common case, without a Target
+            device = ref.device if ref.device is not None else stream_device(ref)
+            slots: tuple[_registry.Slot, ...] = (_registry.stream_slot(ref.handle),)
+            owner, changed = ref.owner, None
+        else:
+            device, slots, owner, changed = resolve_target(self._target_object)  # a graph predicate runs here
+        buffer = self._buffer
+        if buffer.device is not None and buffer.device != device:
             raise ValueError(
-                f"the buffer is on device {self._buffer.device} but the stream is on device {device}; "
+                f"the buffer is on device {buffer.device} but the stream is on device {device}; "
                 "use a stream of the buffer's device"
             )
-        props = require_persistence(device)
-        nbytes, clipped = clip_window(self._offset, self._num_bytes, self._buffer.nbytes,
-                                      props.access_policy_max_window_size)
-        base = self._buffer.ptr + self._offset
-        check_pointer(base, nbytes, device, "the buffer")
+        props = properties(device)
+        if not props.supports_persistence:
+            require_persistence(device)  # raises, saying why
+        if self._offset == 0 and self._num_bytes is None and buffer.nbytes <= props.access_policy_max_window_size:
+            nbytes, clipped = buffer.nbytes, False
+        else:
+            nbytes, clipped = clip_window(self._offset, self._num_bytes, buffer.nbytes,
+                                          props.access_policy_max_window_size)
+        base = buffer.ptr + self._offset
+        if not buffer.allocation:  # l2ctl's own buffers are one allocation of a known device
+            check_owned_pointer(base, nbytes, device, buffer.owner, "the buffer")
         ratio = 1.0 if self._requested_hit_ratio is None else self._requested_hit_ratio
         window = AccessPolicyWindow(base, nbytes, ratio, self._hit_prop, self._miss_prop)
-        scope = _registry.Scope(device, target.slots, window, self._limit_request, self._share, self._reset_on_exit,
-                                fit_hit_ratio=self._requested_hit_ratio is None,
-                                owner=(target.owner, self._buffer.owner))
-        maximum = props.persisting_l2_cache_max_size
-        limit, demand = _registry.enter(scope, maximum, lambda: granularity_step(device))
-        self._scope, self._target, self.device, self.clipped = scope, target, device, clipped
+        scope = _registry.Scope(device, slots, window, self._limit_request, self._share, self._reset_on_exit,
+                                self._requested_hit_ratio is None, False, False, (owner, buffer.owner))
+        limit, demand = _registry.enter(scope, props.persisting_l2_cache_max_size)
+        self._scope, self._slots, self._changed, self.device, self.clipped = scope, slots, changed, device, clipped
         self.window = scope.window
+        if changed is None and not clipped and (window.hit_prop is not _PERSISTING or demand <= limit):
+            return self  # the common case: nothing to tell
         try:
-            if target.changed is not None:
-                target.changed()
+            if changed is not None:
+                changed()
             # Warnings go out after the registry's lock is released: a filter may raise (then the scope
             # ends here) or run user code.
             if clipped:
-                full = self._buffer.nbytes - self._offset if self._num_bytes is None else self._num_bytes
+                full = buffer.nbytes - self._offset if self._num_bytes is None else self._num_bytes
                 warnings.warn(
                     f"window of {full} bytes clipped to accessPolicyMaxWindowSize ({props.access_policy_max_window_size}"
                     f" bytes) of device {device}; only the first {nbytes} bytes persist",
                     WindowClippedWarning, stacklevel=2)
-            if window.hit_prop == AccessProperty.PERSISTING:
-                in_force = limit if limit is not None else _registry.observed_limit(device, maximum)
-                if demand > in_force * (1 + 1e-9):
-                    warnings.warn(
-                        f"device {device}: live persisting windows ask for {demand:.0f} bytes (hit_ratio x num_bytes) "
-                        f"but the set-aside is {in_force} bytes; lines will evict each other (thrash). Use "
-                        "share=True, a smaller hit_ratio, or a larger set_aside",
-                        L2BudgetWarning, stacklevel=2)
+            if window.hit_prop == AccessProperty.PERSISTING and demand > limit * (1 + 1e-9):
+                warnings.warn(
+                    f"device {device}: live persisting windows ask for {demand:.0f} bytes (hit_ratio x num_bytes) "
+                    f"but the set-aside is {limit} bytes; lines will evict each other (thrash). Use "
+                    "share=True, a smaller hit_ratio, or a larger set_aside",
+                    L2BudgetWarning, stacklevel=2)
         except BaseException:
             self.__exit__(None, None, None)
             raise
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        scope, target, self._scope = self._scope, self._target, None
-        if scope is None or target is None:
+        scope, self._scope = self._scope, None
+        if scope is None:
             return
         try:
-            _registry.exit(scope, lambda: granularity_step(scope.device))
-            if target.changed is not None:
-                target.changed()
+            _registry.exit(scope)
+            if self._changed is not None:
+                self._changed()
         except BaseException as error:
             if exc is None:
                 raise

@@ -18,8 +18,8 @@ import itertools
 import os
 import threading
 import weakref
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Optional, Union
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, NamedTuple, Optional, Union
 
 from . import _backend
 from ._backend import Backend, WindowTuple
@@ -37,6 +37,7 @@ __all__ = [
     "Snapshot",
     "stream_slot",
     "node_slot",
+    "node_slots",
     "enter",
     "exit",
     "set_base_window",
@@ -69,8 +70,7 @@ lock = threading.RLock()
 _EMPTY: WindowTuple = (0, 0, 0.0, 0, 0)
 
 
-@dataclass(frozen=True)
-class Target:
+class Target(NamedTuple):
     """Where a scope's window goes: the device, its slots (a stream, or graph kernel nodes), the object to
     keep alive, and what to call (outside the lock) after the slots' windows changed."""
 
@@ -80,7 +80,7 @@ class Target:
     changed: Optional[Callable[[], None]] = None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Scope:
     """What one live scope asks of its device. ``window`` goes on every slot in ``slots`` (None: a
     limit-only scope); ``limit`` is an exact request in bytes, "auto" (enough for the windows in force)
@@ -121,6 +121,9 @@ class _DeviceState:
     # for deciding what to restore (a change made outside l2ctl may have happened since).
     observed_limit: Optional[int] = None
     in_force_demand: float = 0.0  # of the effective windows in force after the last sync
+    shared: int = 0  # live scopes with share=True
+    autos: int = 0  # live scopes asking for "auto"
+    limited: int = 0  # live scopes asking for any limit
 
 
 @dataclass(frozen=True)
@@ -144,6 +147,10 @@ class _Registry:
         self.generations: "weakref.WeakKeyDictionary[Any, dict[tuple[int, int], int]]" = weakref.WeakKeyDictionary()
         self.granularity: "weakref.WeakKeyDictionary[Any, dict[int, tuple[int, str]]]" = weakref.WeakKeyDictionary()
         self.ids = itertools.count(1)
+        # The last backend looked up and its states and generations: weak keys cost a lookup each time.
+        self.last_backend: Any = None
+        self.last_states: dict[int, _DeviceState] = {}
+        self.last_generations: dict[tuple[int, int], int] = {}
 
 
 _registry = _Registry()
@@ -161,7 +168,13 @@ if hasattr(os, "register_at_fork"):
 
 
 def _state(backend: Backend, device: int, maximum: int) -> _DeviceState:
+    if backend is _registry.last_backend:  # the common case: one backend for the whole process
+        state = _registry.last_states.get(device)
+        if state is not None:
+            return state
     per_backend = _registry.states.setdefault(backend, {})
+    _registry.last_backend, _registry.last_states = backend, per_backend
+    _registry.last_generations = _registry.generations.setdefault(backend, {})
     state = per_backend.get(device)
     if state is None:
         state = per_backend[device] = _DeviceState(device, maximum)
@@ -169,18 +182,33 @@ def _state(backend: Backend, device: int, maximum: int) -> _DeviceState:
 
 
 def _generation(backend: Backend, kind: int, handle: int) -> int:
+    if backend is _registry.last_backend:
+        return _registry.last_generations.get((kind, handle), 0)
     return _registry.generations.get(backend, {}).get((kind, handle), 0)
 
 
 def stream_slot(handle: int) -> Slot:
-    return (STREAM, int(handle), _generation(_backend.current(), STREAM, int(handle)))
+    backend = _backend.current()
+    if backend is _registry.last_backend:
+        return (STREAM, handle, _registry.last_generations.get((STREAM, handle), 0))
+    return (STREAM, handle, _generation(backend, STREAM, handle))
 
 
 def node_slot(handle: int) -> Slot:
-    return (NODE, int(handle), _generation(_backend.current(), NODE, int(handle)))
+    return node_slots([handle])[0]
+
+
+def node_slots(handles: Iterable[int]) -> tuple[Slot, ...]:
+    """Slots of many kernel nodes at once (a graph of N nodes is N slots)."""
+    backend = _backend.current()
+    generations = _registry.last_generations if backend is _registry.last_backend else \
+        _registry.generations.get(backend, {})
+    return tuple((NODE, h, generations.get((NODE, h), 0)) for h in handles)
 
 
 def _live(backend: Backend, slot: Slot) -> bool:
+    if backend is _registry.last_backend:
+        return slot[2] == _registry.last_generations.get((slot[0], slot[1]), 0)
     return slot[2] == _generation(backend, slot[0], slot[1])
 
 
@@ -205,19 +233,37 @@ def _requested_demand(scopes: Iterable[Scope]) -> float:
     return sum(s.window.demand for s in scopes if s.window is not None)
 
 
-def _planned_limit(backend: Backend, state: _DeviceState, step: Callable[[], int]) -> Optional[int]:
-    """Fold the live scopes' limit requests in entry order: an exact request sets the limit, "auto" raises
-    it (never lowers it) to the demand of the windows in force among the scopes entered so far, rounded up
-    to the driver's granularity and capped at the max. None when no scope asks and the base is unknown."""
-    limit = state.base_limit
+def _planned_limit(backend: Backend, state: _DeviceState) -> tuple[Optional[int], bool]:
+    """Fold the live scopes' limit requests in entry order, from the base limit: an exact request sets the
+    limit, "auto" raises it (never lowers it) to the demand of the windows in force among the scopes entered
+    so far, rounded up to the driver's granularity and capped at the max.
+
+    Returns (request, at_least). With the base unknown, a fold that depends on it is the request "at least
+    X" (the device raises its limit to X only if below, and reports what it had: that is the base). None:
+    nothing asks for a limit and none needs restoring."""
+    exact: Optional[int] = None  # the fold's value once an exact request was seen
+    floor = 0  # until then the value is max(base, floor)
+    auto = False
     scopes = list(state.scopes.values())
     for k, scope in enumerate(scopes):
         if isinstance(scope.limit, int):
-            limit = scope.limit
+            exact = scope.limit
         elif scope.limit == "auto":
+            auto = True
             demand = _requested_demand(_in_force(backend, scopes[: k + 1]))
-            limit = auto_set_aside(demand, limit or 0, step() if demand > 0 else 1, state.maximum)
-    return limit
+            if exact is None:
+                floor = auto_set_aside(demand, floor, _step(state) if demand > 0 else 1, state.maximum)
+            else:
+                exact = auto_set_aside(demand, exact, _step(state) if demand > 0 else 1, state.maximum)
+    if exact is not None:
+        return exact, False
+    if state.base_limit is not None:
+        return max(state.base_limit, floor), False
+    return (floor, True) if auto else (None, False)
+
+
+def _step(state: _DeviceState) -> int:
+    return granularity(state.device, state.maximum)[0]
 
 
 def _share(backend: Backend, in_force: list[Scope], limit: Optional[int]) -> None:
@@ -232,10 +278,30 @@ def _share(backend: Backend, in_force: list[Scope], limit: Optional[int]) -> Non
     requests = [(s.window.hit_ratio, s.window.num_bytes) for s in shared if s.window is not None]
     for scope, ratio in zip(shared, shared_hit_ratios(requests, max(0, int(limit - fixed)))):
         assert scope.window is not None
-        scope.effective = replace(scope.window, hit_ratio=ratio)
+        scope.effective = scope.window._replace(hit_ratio=ratio)
+
+
+def _plan(backend: Backend, state: _DeviceState) -> tuple[Optional[int], bool, dict[Slot, WindowTuple], list[Scope]]:
+    """What the device should hold: (limit request, at_least, window per live active slot, scopes in force)."""
+    limit, at_least = _planned_limit(backend, state)
+    in_force = _in_force(backend, state.scopes.values())
+    _share(backend, in_force, limit if limit is not None and not at_least else state.applied_limit)
+    desired: dict[Slot, WindowTuple] = {}
+    for scope in state.scopes.values():  # later scopes overwrite earlier ones on shared slots
+        if scope.window is not None:
+            window = (scope.effective if scope in in_force and scope.effective is not None else scope.window).as_tuple()
+            for slot in scope.slots:
+                if _live(backend, slot):
+                    desired[slot] = window
+    for slot, base in state.base_windows.items():
+        desired.setdefault(slot, base)
+    return limit, at_least, desired, in_force
 
 
 # ---- applying -------------------------------------------------------------------------------------
+
+# Tests set this: after every fast path the general plan is computed too and must agree.
+CHECK_FAST_PATHS = False
 
 
 def _read_window(backend: Backend, slot: Slot) -> WindowTuple:
@@ -245,13 +311,10 @@ def _read_window(backend: Backend, slot: Slot) -> WindowTuple:
 
 
 def _activate(backend: Backend, state: _DeviceState, scope: Scope) -> None:
-    """Learn what l2ctl will have to return to: the windows on the scope's slots that no live scope owns
-    yet, and the limit when planning needs it and no live scope has made l2ctl the owner of it."""
-    for slot in scope.slots:
-        if slot not in state.base_windows and _live(backend, slot):
-            window = _read_window(backend, slot)
-            state.base_windows[slot] = state.applied_windows[slot] = window
-    if state.base_limit is None and (scope.needs_limit or any(s.needs_limit for s in state.scopes.values())):
+    """Learn the limit before planning when the plan needs its value (a hit ratio fitted to the room left,
+    shared windows). Everything else l2ctl returns to (the windows of newly covered slots, the limit an
+    exact or "auto" request replaces) it learns from the batch that changes it."""
+    if state.base_limit is None and (scope.share or scope.fit_hit_ratio or any(s.share for s in state.scopes.values())):
         limit = int(backend.get_persisting_limit(state.device))
         state.base_limit = state.applied_limit = state.applied_request = state.observed_limit = limit
 
@@ -262,40 +325,44 @@ def _translate(exc: CudaError, device: int) -> BaseException:
     return exc
 
 
-def _sync(backend: Backend, state: _DeviceState, step: Callable[[], int], *, reset: bool = False) -> None:
-    """Make the device match the live scopes with one batched call: the windows that differ from what
-    l2ctl last applied, the limit when its request differs, and a reset of persisting lines if asked."""
-    limit = _planned_limit(backend, state, step)
-    in_force = _in_force(backend, state.scopes.values())
-    _share(backend, in_force, limit if limit is not None else state.applied_limit)
-    desired: dict[Slot, WindowTuple] = {}
-    for scope in state.scopes.values():  # later scopes overwrite earlier ones on shared slots
-        if scope.window is not None:
-            for slot in scope.slots:
-                if _live(backend, slot):
-                    window = scope.effective if scope in in_force and scope.effective is not None else scope.window
-                    desired[slot] = window.as_tuple()
-    for slot, base in state.base_windows.items():
-        desired.setdefault(slot, base)
-    streams = [(s[1], w) for s, w in desired.items() if s[0] == STREAM and state.applied_windows.get(s) != w]
-    nodes = [(s[1], w) for s, w in desired.items() if s[0] == NODE and state.applied_windows.get(s) != w]
-    request = -1 if limit is None or limit == state.applied_request else int(limit)
-    if streams or nodes or request >= 0 or reset:
-        try:
-            granted = int(backend.apply_state(state.device, request, streams, nodes, reset))
-        except CudaError as exc:
-            _resync(backend, state, [s for s in desired if state.applied_windows.get(s) != desired[s]])
-            raise _translate(exc, state.device) from exc
-        except BaseException:
-            _resync(backend, state, [s for s in desired if state.applied_windows.get(s) != desired[s]])
-            raise
-        for slot in desired:
-            state.applied_windows[slot] = desired[slot]
-        if request >= 0:
-            state.applied_request, state.applied_limit, state.observed_limit = request, granted, granted
-    state.in_force_demand = sum((s.effective or s.window).demand for s in in_force if s.window is not None)
-    # Slots no live scope covers are back to their base: l2ctl forgets them (it re-reads them when a
-    # scope next covers them, so changes made outside l2ctl in between are respected).
+def _apply(backend: Backend, state: _DeviceState, changes: dict[Slot, WindowTuple], limit: Optional[int],
+           at_least: bool, reset: bool) -> None:
+    """One batched call; afterwards the registry knows what it applied, the base of every slot it covered
+    for the first time (read in the same call), and the base limit when it was unknown."""
+    streams: list[tuple[int, WindowTuple]] = []
+    nodes: list[tuple[int, WindowTuple]] = []
+    bases = state.base_windows
+    fresh = False
+    for slot, window in changes.items():
+        (streams if slot[0] == STREAM else nodes).append((slot[1], window))
+        fresh = fresh or slot not in bases
+    # The order of the previous windows returned: streams first, then nodes.
+    order = [s for s in changes if s[0] == STREAM] + [s for s in changes if s[0] != STREAM] if fresh else []
+    request = -1 if limit is None else int(limit)
+    try:
+        before, after, previous = backend.apply_state(state.device, request, at_least, streams, nodes, reset, fresh)
+    except CudaError as exc:
+        _resync(backend, state, list(changes))
+        raise _translate(exc, state.device) from exc
+    except BaseException:
+        _resync(backend, state, list(changes))
+        raise
+    if fresh:
+        for slot, old in zip(order, previous):
+            if slot not in bases:
+                bases[slot] = tuple(old)  # type: ignore[assignment]
+    for slot, window in changes.items():
+        state.applied_windows[slot] = window
+    if request >= 0:
+        if state.base_limit is None:
+            state.base_limit = int(before)  # nothing of l2ctl's had changed it: what was there is the base
+        state.applied_request = int(after) if at_least else request
+        state.applied_limit = state.observed_limit = int(after)
+
+
+def _forget_idle(backend: Backend, state: _DeviceState) -> None:
+    """Slots no live scope covers are back to their base and forgotten (re-read when a scope next covers
+    them, so changes made outside l2ctl in between are respected); so is the limit once nothing is live."""
     covered = {slot for s in state.scopes.values() for slot in s.slots}
     for slot in [s for s in state.base_windows if s not in covered or not _live(backend, s)]:
         del state.base_windows[slot]
@@ -304,14 +371,172 @@ def _sync(backend: Backend, state: _DeviceState, step: Callable[[], int], *, res
         state.base_limit = state.applied_limit = state.applied_request = None
 
 
+def _sync(backend: Backend, state: _DeviceState, *, reset: bool = False) -> None:
+    """Make the device match the live scopes with one batched call: the windows that differ from what
+    l2ctl last applied, the limit when its request differs, and a reset of persisting lines if asked."""
+    limit, at_least, desired, in_force = _plan(backend, state)
+    changes = {slot: w for slot, w in desired.items() if state.applied_windows.get(slot) != w}
+    if limit is not None and not at_least and limit == state.applied_request:
+        limit = None
+    if changes or limit is not None or reset:
+        _apply(backend, state, changes, limit, at_least, reset)
+    if at_least:  # the plan depended on the base, which the batch has now read
+        follow, _, _, _ = _plan(backend, state)
+        if follow is not None and follow != state.applied_request:
+            _apply(backend, state, {}, follow, False, False)
+    state.in_force_demand = sum((s.effective or s.window).demand for s in in_force if s.window is not None)
+    _forget_idle(backend, state)
+
+
+def _add(state: _DeviceState, scope: Scope) -> None:
+    scope.id = next(_registry.ids)
+    state.scopes[scope.id] = scope
+    state.shared += scope.share
+    state.autos += scope.limit == "auto"
+    state.limited += scope.limit is not None
+
+
+def _remove(state: _DeviceState, scope: Scope) -> None:
+    del state.scopes[scope.id]
+    state.shared -= scope.share
+    state.autos -= scope.limit == "auto"
+    state.limited -= scope.limit is not None
+
+
+def _fast_enter(backend: Backend, state: _DeviceState, scope: Scope) -> bool:
+    """The common entries, with the same outcome as the general plan: a scope that shares nothing, fixes its
+    hit ratio and asks for no limit, or for "auto" while no other scope asks for any, where no live scope
+    shares. Its window becomes the window of its slots (it is the latest scope, so no earlier "auto" request
+    depends on it); an "auto" request raises the limit to the demand of the windows in force. One batch,
+    which also reads what the device held (the base of new slots; the limit, with "at least").
+    False: use the general path."""
+    window = scope.window
+    if scope.share or scope.fit_hit_ratio or state.shared or not (scope.limit is None or state.limited == 1):
+        return False
+    scope.effective = window
+    applied = state.applied_windows
+    request: Optional[int] = None
+    at_least = False
+    if scope.limit == "auto":
+        assert window is not None  # an "auto" request comes with a window
+        demand = window.demand if len(state.scopes) == 1 else _requested_demand(_in_force(backend, state.scopes.values()))
+        need = auto_set_aside(demand, 0, _step(state) if demand > 0 else 1, state.maximum)
+        if state.base_limit is None:
+            request, at_least = need, True
+        elif max(state.base_limit, need) != state.applied_request:
+            request = max(state.base_limit, need)
+    elif isinstance(scope.limit, int) and scope.limit != state.applied_request:
+        request = scope.limit  # the only exact request: it is the limit (the batch reads the base)
+    if window is None:  # a limit-only scope (set_aside)
+        if request is not None:
+            _apply(backend, state, {}, request, at_least, False)
+        return True
+    slots = scope.slots
+    if request is None and len(slots) == 1 and slots[0][0] == STREAM:  # one stream: the shortest way
+        slot = slots[0]
+        if applied.get(slot) == window or not (
+                slot[2] == _registry.last_generations.get((STREAM, slot[1]), 0) if backend is _registry.last_backend
+                else _live(backend, slot)):
+            return True
+        bases = state.base_windows
+        fresh = slot not in bases
+        try:
+            _, _, previous = backend.apply_state(state.device, -1, False, [(slot[1], window)], [], False, fresh)
+        except BaseException:
+            _resync(backend, state, [slot])
+            raise
+        if fresh:
+            bases[slot] = tuple(previous[0])  # type: ignore[assignment]
+        applied[slot] = window
+        return True
+    changes: dict[Slot, WindowTuple] = {s: window for s in slots if applied.get(s) != window and _live(backend, s)}
+    if changes or request is not None:
+        _apply(backend, state, changes, request, at_least, False)
+    return True
+
+
+def _fast_exit(backend: Backend, state: _DeviceState, scope: Scope, reset: bool) -> bool:
+    """The common exits: such a scope ending (asking for no limit, when no later scope asks for "auto",
+    whose demand could have counted it; or the only one asking for a limit) where no live scope shares:
+    its slots return to the latest other scope on them, or to their base; the limit, when no live scope
+    asks for one any more, to its base."""
+    if scope.share or state.shared:
+        return False
+    if scope.limit is None:
+        if state.autos and any(s.limit == "auto" and s.id > scope.id for s in state.scopes.values()):
+            return False
+    elif state.limited:
+        return False
+    bases = state.base_windows
+    if not state.scopes and len(scope.slots) == 1 and not (state.base_limit is not None and
+                                                           state.applied_request != state.base_limit):
+        # The last scope of one stream: back to the base, the shortest way.
+        slot = scope.slots[0]
+        base = bases.get(slot)
+        live = (slot[2] == _registry.last_generations.get((slot[0], slot[1]), 0) if backend is _registry.last_backend
+                else _live(backend, slot))
+        if base is not None and live and (state.applied_windows.get(slot) != base or reset):
+            changed = [(slot[1], base)] if state.applied_windows.get(slot) != base else []
+            try:
+                backend.apply_state(state.device, -1, False, changed if slot[0] == STREAM else [],
+                                    changed if slot[0] != STREAM else [], reset, False)
+            except BaseException:
+                _resync(backend, state, [slot])
+                raise
+        elif reset:
+            backend.apply_state(state.device, -1, False, [], [], True, False)
+        bases.clear()
+        state.applied_windows.clear()
+        state.base_limit = state.applied_limit = state.applied_request = None
+        return True
+    changes: dict[Slot, WindowTuple] = {}
+    others = list(state.scopes.values())
+    for slot in scope.slots:
+        window = bases.get(slot)
+        if window is None or not _live(backend, slot):
+            continue
+        for other in reversed(others):
+            if other.window is not None and slot in other.slots:
+                window = other.effective or other.window
+                break
+        if state.applied_windows.get(slot) != window:
+            changes[slot] = window
+    limit: Optional[int] = None
+    if not state.limited and state.base_limit is not None and state.applied_request != state.base_limit:
+        limit = state.base_limit
+    if changes or limit is not None or reset:
+        _apply(backend, state, changes, limit, False, reset)
+    if others:
+        _forget_idle(backend, state)
+    else:  # nothing live: forget the device's slots and limit until a scope needs them again
+        bases.clear()
+        state.applied_windows.clear()
+        state.base_limit = state.applied_limit = state.applied_request = None
+    return True
+
+
+def _check_fast_path(backend: Backend, state: _DeviceState) -> None:
+    limit, at_least, desired, _ = _plan(backend, state)
+    for slot, window in desired.items():
+        assert state.applied_windows.get(slot) == window, ("fast path disagrees with the plan", slot, window,
+                                                           state.applied_windows.get(slot))
+    if limit is not None and not at_least:
+        assert limit == state.applied_request, ("fast path disagrees with the plan on the limit", limit,
+                                                state.applied_request)
+
+
 def _resync(backend: Backend, state: _DeviceState, slots: list[Slot]) -> None:
-    """After a failed batch, learn what the device really holds (some changes may have been applied)."""
+    """After a failed batch, learn what the device really holds: the batch put back the limit and the
+    slots it had read first (every slot l2ctl covered for the first time); the others may have changed."""
     for slot in slots:
+        if slot not in state.base_windows:
+            state.applied_windows.pop(slot, None)  # put back to what l2ctl never knew: nothing to track
+            continue
         try:
             state.applied_windows[slot] = _read_window(backend, slot)
         except Exception:
             state.applied_windows.pop(slot, None)  # unknown: the next plan writes it again
-    if state.applied_limit is not None:
+    if state.applied_limit is not None or state.base_limit is None:
         try:
             limit = int(backend.get_persisting_limit(state.device))
             state.applied_limit = state.applied_request = state.observed_limit = limit
@@ -322,28 +547,46 @@ def _resync(backend: Backend, state: _DeviceState, slots: list[Slot]) -> None:
 # ---- entry points ---------------------------------------------------------------------------------
 
 
-def enter(scope: Scope, maximum: int, step: Callable[[], int]) -> tuple[Optional[int], float]:
+def enter(scope: Scope, maximum: int) -> tuple[int, float]:
     """Register ``scope`` and make the device match. Atomic: on any exception nothing stays registered and
-    the device is put back as it was. ``step()`` gives the driver's limit granularity (probed once).
-    Returns the limit in force when l2ctl owns it (None otherwise) and the demand of the windows in force."""
+    the device is put back as it was. Returns the limit in force (as l2ctl last saw it when it does not
+    own it: read once) and the demand of the windows in force, for the caller's budget warning."""
     backend = _backend.current()
     with lock:
-        state = _state(backend, scope.device, maximum)
-        _activate(backend, state, scope)
-        scope.id = next(_registry.ids)
+        state = _registry.last_states.get(scope.device) if backend is _registry.last_backend else None
+        if state is None:
+            state = _state(backend, scope.device, maximum)
+        if state.base_limit is None and (scope.share or scope.fit_hit_ratio or state.shared):
+            _activate(backend, state, scope)
+        scope.id = next(_registry.ids)  # _add, inline: this is every scope's path
         state.scopes[scope.id] = scope
+        if scope.share:
+            state.shared += 1
+        if scope.limit is not None:
+            state.limited += 1
+            state.autos += scope.limit == "auto"
         try:
+            if _fast_enter(backend, state, scope):
+                if CHECK_FAST_PATHS:
+                    _check_fast_path(backend, state)
+                window = scope.window
+                if len(state.scopes) == 1 and window is not None:
+                    state.in_force_demand = window.hit_ratio * window.num_bytes if window.hit_prop == 2 else 0.0
+                else:
+                    state.in_force_demand = _requested_demand(_in_force(backend, state.scopes.values()))
+                limit = state.applied_limit if state.applied_limit is not None else _seen_limit(backend, state)
+                return limit, state.in_force_demand
             if scope.fit_hit_ratio and scope.window is not None:
                 # As much of the window as the set-aside can hold next to the other windows in force.
-                limit = _planned_limit(backend, state, step)
-                room = max(0.0, (limit or 0) - _requested_demand(s for s in _in_force(backend, state.scopes.values())
+                planned, _ = _planned_limit(backend, state)
+                room = max(0.0, (planned or 0) - _requested_demand(s for s in _in_force(backend, state.scopes.values())
                                                                   if s is not scope))
-                scope.window = replace(scope.window, hit_ratio=default_hit_ratio(int(room), scope.window.num_bytes))
-            _sync(backend, state, step)
+                scope.window = scope.window._replace(hit_ratio=default_hit_ratio(int(room), scope.window.num_bytes))
+            _sync(backend, state)
         except BaseException:
-            del state.scopes[scope.id]
+            _remove(state, scope)
             try:
-                _sync(backend, state, step)
+                _sync(backend, state)
             except Exception:
                 pass  # the first error is what the caller needs; the state was resynchronised
             raise
@@ -354,21 +597,31 @@ def enter(scope: Scope, maximum: int, step: Callable[[], int]) -> tuple[Optional
             orphans = [s.id for s in state.scopes.values() if s.standing and s.orphaned]
             if orphans:
                 for old in [s for s in state.scopes.values() if s.standing and s.id < max(orphans)]:
-                    del state.scopes[old.id]
-        return state.applied_limit, state.in_force_demand
+                    _remove(state, old)
+        return _seen_limit(backend, state), state.in_force_demand
 
 
-def exit(scope: Scope, step: Callable[[], int]) -> None:
+def exit(scope: Scope) -> None:
     """Unregister ``scope`` (idempotent) and make the device match the scopes left. The persisting lines
     are reset when the scope asked for it and no other scope with a window is live on the device."""
     backend = _backend.current()
     with lock:
-        state = _registry.states.get(backend, {}).get(scope.device)
+        state = _registry.last_states.get(scope.device) if backend is _registry.last_backend else \
+            _registry.states.get(backend, {}).get(scope.device)
         if state is None or state.scopes.get(scope.id) is not scope:
             return
-        del state.scopes[scope.id]
-        reset = scope.reset_on_exit and not any(s.window is not None for s in state.scopes.values())
-        _sync(backend, state, step, reset=reset)
+        del state.scopes[scope.id]  # _remove, inline: this is every scope's path
+        if scope.share:
+            state.shared -= 1
+        if scope.limit is not None:
+            state.limited -= 1
+            state.autos -= scope.limit == "auto"
+        reset = scope.reset_on_exit and (not state.scopes or not any(s.window is not None for s in state.scopes.values()))
+        if _fast_exit(backend, state, scope, reset):
+            if CHECK_FAST_PATHS:
+                _check_fast_path(backend, state)
+            return
+        _sync(backend, state, reset=reset)
 
 
 def set_base_window(slots: Iterable[Slot], device: int, maximum: int, window: AccessPolicyWindow) -> None:
@@ -387,7 +640,7 @@ def set_base_window(slots: Iterable[Slot], device: int, maximum: int, window: Ac
         streams = [(s[1], value) for s in idle if s[0] == STREAM]
         nodes = [(s[1], value) for s in idle if s[0] == NODE]
         if streams or nodes:
-            backend.apply_state(device, -1, streams, nodes, False)
+            backend.apply_state(device, -1, False, streams, nodes, False, False)
 
 
 def forget_slots(kind: int, handles: Iterable[int]) -> None:
@@ -395,6 +648,8 @@ def forget_slots(kind: int, handles: Iterable[int]) -> None:
     backend = _backend.current()
     with lock:
         generations = _registry.generations.setdefault(backend, {})
+        if backend is _registry.last_backend:
+            _registry.last_generations = generations
         for handle in handles:
             key = (kind, int(handle))
             generations[key] = generations.get(key, 0) + 1
@@ -405,8 +660,7 @@ def forget_slots(kind: int, handles: Iterable[int]) -> None:
                 state.applied_windows.pop(slot, None)
             if dead and state.scopes:
                 # Windows that were in force there are no longer: the limit and shared ratios follow.
-                device, maximum = state.device, state.maximum
-                _sync(backend, state, lambda: granularity(device, maximum)[0])
+                _sync(backend, state)
 
 
 def known_limit(device: int) -> Optional[int]:
@@ -416,16 +670,19 @@ def known_limit(device: int) -> Optional[int]:
         return None if state is None else state.applied_limit
 
 
+def _seen_limit(backend: Backend, state: _DeviceState) -> int:
+    if state.applied_limit is not None:
+        return state.applied_limit
+    if state.observed_limit is None:
+        state.observed_limit = int(backend.get_persisting_limit(state.device))
+    return state.observed_limit
+
+
 def observed_limit(device: int, maximum: int) -> int:
     """The limit in force as l2ctl last saw it (read once when it never has): for warnings and reports."""
     backend = _backend.current()
     with lock:
-        state = _state(backend, device, maximum)
-        if state.applied_limit is not None:
-            return state.applied_limit
-        if state.observed_limit is None:
-            state.observed_limit = int(backend.get_persisting_limit(device))
-        return state.observed_limit
+        return _seen_limit(backend, _state(backend, device, maximum))
 
 
 def snapshot(device: int, maximum: int) -> Snapshot:
@@ -522,8 +779,9 @@ def restore_all() -> None:
                 if not state.scopes:
                     continue
                 state.scopes.clear()
+                state.shared = state.autos = state.limited = 0
                 try:
-                    _sync(backend, state, lambda: 1, reset=True)
+                    _sync(backend, state, reset=True)
                 except Exception:
                     pass  # the process is ending; nothing left to tell
 

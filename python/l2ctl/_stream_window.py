@@ -8,7 +8,6 @@ from typing import Any, Optional
 from . import _backend, _registry
 from ._device import check_pointer, properties, require_persistence, stream_device
 from ._interop import resolve_stream
-from ._limit import granularity_step
 from ._window import AccessPolicyWindow, validate_window
 
 __all__ = ["get_window", "set_window", "clear_window", "resolve_target", "ScopedWindow", "check_window_fits"]
@@ -81,8 +80,7 @@ class ScopedWindow:
         target = resolve_target(self._object)
         check_window_fits(self._window, target.device)
         scope = _registry.Scope(target.device, target.slots, self._window, owner=target.owner)
-        device = target.device
-        _registry.enter(scope, properties(device).persisting_l2_cache_max_size, lambda: granularity_step(device))
+        _registry.enter(scope, properties(target.device).persisting_l2_cache_max_size)
         self._scope, self._target = scope, target
         if target.changed is not None:
             target.changed()
@@ -92,6 +90,6 @@ class ScopedWindow:
         scope, target, self._scope = self._scope, self._target, None
         if scope is None or target is None:
             return
-        _registry.exit(scope, lambda: granularity_step(scope.device))
+        _registry.exit(scope)
         if target.changed is not None:
             target.changed()

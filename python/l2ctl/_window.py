@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import enum
 import numbers
-from dataclasses import dataclass, replace
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -24,10 +23,10 @@ class AccessProperty(enum.IntEnum):
     PERSISTING = 2
 
 
-@dataclass(frozen=True)
-class AccessPolicyWindow:
+class AccessPolicyWindow(NamedTuple):
     """cudaAccessPolicyWindow. ``base_ptr`` is a device address, ``num_bytes`` the window size in bytes;
-    a fraction ``hit_ratio`` of the lines in it get ``hit_prop``, the rest ``miss_prop``."""
+    a fraction ``hit_ratio`` of the lines in it get ``hit_prop``, the rest ``miss_prop``. An immutable
+    value (a named tuple: cheap to make, as every persist scope makes one)."""
 
     base_ptr: int = 0
     num_bytes: int = 0
@@ -46,7 +45,8 @@ class AccessPolicyWindow:
         return self.hit_ratio * self.num_bytes if self.hit_prop == AccessProperty.PERSISTING else 0.0
 
     def as_tuple(self) -> tuple[int, int, float, int, int]:
-        return (self.base_ptr, self.num_bytes, self.hit_ratio, int(self.hit_prop), int(self.miss_prop))
+        """The five fields as the extension takes them (the properties are ints already)."""
+        return self
 
     @classmethod
     def from_tuple(cls, raw: tuple[int, int, float, int, int]) -> "AccessPolicyWindow":
@@ -98,8 +98,7 @@ def validate_window(window: AccessPolicyWindow) -> AccessPolicyWindow:
     miss_prop = check_property(window.miss_prop, "miss_prop", miss=True)
     if nbytes and not base:
         raise ValueError("a non-empty window needs a base_ptr")
-    return replace(
-        window,
+    return window._replace(
         base_ptr=base,
         num_bytes=nbytes,
         hit_ratio=normalize_hit_ratio(window.hit_ratio),

@@ -138,7 +138,7 @@ class Graph:
         window = validate_window(window)
         check_window_fits(window, self.device)
         nodes = self._selected(predicate)  # the predicate runs here, outside the registry's lock
-        _registry.set_base_window([_registry.node_slot(n) for n in nodes], self.device,
+        _registry.set_base_window(_registry.node_slots(nodes), self.device,
                                   properties(self.device).persisting_l2_cache_max_size, window)
         self._dirty = self._dirty or bool(nodes)
         return len(nodes)
@@ -204,8 +204,7 @@ class Graph:
         nodes = self._selected(predicate)
         if not nodes:
             raise ValueError("the graph has no kernel node to put the window on")
-        return _registry.Target(self.device, tuple(_registry.node_slot(n) for n in nodes), self,
-                                self._node_windows_changed)
+        return _registry.Target(self.device, _registry.node_slots(nodes), self, self._node_windows_changed)
 
     def __repr__(self) -> str:
         if self._impl is None:

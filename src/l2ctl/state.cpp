@@ -1,15 +1,48 @@
 #include "l2ctl/state.hpp"
 
 #include "l2ctl/device.hpp"
+#include "l2ctl/error.hpp"
 
 namespace l2ctl {
 
-long long apply_state(int device, long long limit, const std::vector<WindowChange>& windows, bool reset_lines) {
-  for (const WindowChange& change : windows) set_window(change.holder, change.handle, change.window);
-  long long granted = -1;
-  if (limit >= 0) granted = static_cast<long long>(set_persisting_limit(device, static_cast<std::size_t>(limit)));
-  if (reset_lines) reset_persisting_lines(device);
-  return granted;
+StateResult apply_state(int device, long long limit, bool at_least, const std::vector<WindowChange>& windows,
+                        bool reset_lines, bool read_previous) {
+  StateResult result;
+  bool limit_changed = false;
+  std::size_t applied = 0;
+  try {
+    if (limit >= 0) {
+      const auto current = static_cast<long long>(get_persisting_limit(device));
+      result.previous_limit = result.granted_limit = current;
+      if (at_least ? current < limit : current != limit) {
+        result.granted_limit = static_cast<long long>(set_persisting_limit(device, static_cast<std::size_t>(limit)));
+        limit_changed = true;
+      }
+    }
+    if (read_previous) result.previous.reserve(windows.size());
+    for (const WindowChange& change : windows) {
+      if (read_previous) result.previous.push_back(get_window(change.holder, change.handle));
+      set_window(change.holder, change.handle, change.window);
+      ++applied;
+    }
+    if (reset_lines) reset_persisting_lines(device);
+  } catch (const CudaError&) {
+    // Best effort: the caller gets the first error, and the state it knew as far as possible.
+    for (std::size_t i = 0; read_previous && i < applied; ++i) {
+      try {
+        set_window(windows[i].holder, windows[i].handle, result.previous[i]);
+      } catch (const CudaError&) {
+      }
+    }
+    if (limit_changed) {
+      try {
+        set_persisting_limit(device, static_cast<std::size_t>(result.previous_limit));
+      } catch (const CudaError&) {
+      }
+    }
+    throw;
+  }
+  return result;
 }
 
 }  // namespace l2ctl

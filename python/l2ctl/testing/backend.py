@@ -46,6 +46,7 @@ __all__ = ["FakeBackend", "FakeStream", "FakeEvent", "FakeDeviceMemory", "FakeGr
 
 WindowTuple = tuple[int, int, float, int, int]
 EMPTY_WINDOW: WindowTuple = (0, 0, 0.0, 0, 0)
+_SET_STREAM_WINDOW = "cudaStreamSetAttribute(stream, cudaStreamAttributeAccessPolicyWindow, &value)"
 SPECIAL_STREAMS = (0, 1, 2)  # legacy default stream, cudaStreamLegacy, cudaStreamPerThread
 
 # Handles and address spaces unique in the process, so a stream, buffer or graph of one simulated
@@ -107,8 +108,21 @@ class _Graph:
     nodes: list[_Node]
 
 
+_float32_cache: dict[float, float] = {}
+
+
+def _float32(x: float) -> float:
+    """x rounded to float32, as CUDA stores a hit ratio; a scope's few ratios recur, so they are remembered."""
+    known = _float32_cache.get(x)
+    if known is None:
+        if len(_float32_cache) > 4096:
+            _float32_cache.clear()
+        known = _float32_cache[x] = float(np.float32(x))
+    return known
+
+
 def _window(base: int, num_bytes: int, hit_ratio: float, hit_prop: int, miss_prop: int) -> WindowTuple:
-    return (int(base), int(num_bytes), float(np.float32(hit_ratio)), int(hit_prop), int(miss_prop))
+    return (int(base), int(num_bytes), _float32(hit_ratio), int(hit_prop), int(miss_prop))
 
 
 # ---- the objects the factories return --------------------------------------------------------------
@@ -166,6 +180,29 @@ class FakeStream:
 
     def __repr__(self) -> str:
         return f"<FakeStream 0x{self._handle:x} device {self._device}>" if self._handle else "<FakeStream closed>"
+
+
+class _Locked:
+    """The backend's lock as a context manager that also runs work deferred by destructors (a plain class:
+    every simulated call takes it, and a generator-based context manager costs several times more)."""
+
+    __slots__ = ("_backend",)
+
+    def __init__(self, backend: "FakeBackend") -> None:
+        self._backend = backend
+
+    def __enter__(self) -> None:
+        backend = self._backend
+        backend._lock.acquire()
+        while backend._pending:
+            action = backend._pending.pop()
+            try:
+                action()
+            except Exception:  # pragma: no cover - a destructor's cleanup of something already gone
+                pass
+
+    def __exit__(self, *exc: object) -> None:
+        self._backend._lock.release()
 
 
 class FakeEvent:
@@ -393,6 +430,7 @@ class FakeBackend:
         self.kernel_log: deque[LaunchRecord] = deque(maxlen=100_000)
         self._lock = threading.RLock()
         self._pending: list[Callable[[], None]] = []
+        self._locker = _Locked(self)
         space = next(_spaces)
         self.memory = Memory(0x7F00_0000_0000 + (space << 44), [d.total_global_memory for d in devices])
         self.models = [DeviceModel(d, seed, i) for i, d in enumerate(devices)]
@@ -468,16 +506,8 @@ class FakeBackend:
             self._launch(st.device, stream, launch)
 
     # ---- internals --------------------------------------------------------------------------------------
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        with self._lock:
-            while self._pending:
-                action = self._pending.pop()
-                try:
-                    action()
-                except Exception:  # pragma: no cover - a destructor's cleanup of something already gone
-                    pass
-            yield
+    def _locked(self) -> "_Locked":
+        return self._locker
 
     def _defer(self, action: Callable[[], None]) -> None:
         """Work from a destructor, run at the next call (destructors may run inside a locked call)."""
@@ -491,6 +521,8 @@ class FakeBackend:
             raise cuda_error(call, "cudaErrorNoDevice")
 
     def _device(self, index: int, call: str = "cudaSetDevice(device)") -> FakeDevice:
+        if type(index) is int and 0 <= index < len(self.devices):  # the common case first
+            return self.devices[index]
         self._require_devices(call)
         if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 0 <= index < len(self.devices):
             raise cuda_error(call, "cudaErrorInvalidDevice", f"device {index}")
@@ -771,48 +803,90 @@ class FakeBackend:
             return self.windows.get(stream, EMPTY_WINDOW)
 
     def _check_window(self, call: str, device: FakeDevice, num_bytes: int, hit_ratio: float, hit_prop: int,
-                      miss_prop: int, what: str) -> WindowTuple:
+                      miss_prop: int, what: str, handle: int) -> WindowTuple:
         ratio = float(np.float32(hit_ratio))
         if (not 0.0 <= ratio <= 1.0 or num_bytes > device.access_policy_max_window_size or num_bytes < 0
                 or hit_prop not in (0, 1, 2) or miss_prop not in (0, 1)):
             raise cuda_error(call, "cudaErrorInvalidValue",
-                             f"{what}, num_bytes {num_bytes}, hitRatio {hit_ratio}, hitProp {hit_prop}, "
+                             f"{what} 0x{handle:x}, num_bytes {num_bytes}, hitRatio {hit_ratio}, hitProp {hit_prop}, "
                              f"missProp {miss_prop}")
         return (0, int(num_bytes), ratio, int(hit_prop), int(miss_prop))
 
     def set_stream_window(self, stream: int, base: int, num_bytes: int, hit_ratio: float, hit_prop: int,
                           miss_prop: int) -> None:
-        call = "cudaStreamSetAttribute(stream, cudaStreamAttributeAccessPolicyWindow, &value)"
-        with self._locked():
-            st = self._stream(stream, call)
-            self._record("cudaStreamSetAttribute")
-            self._check_window(call, self.devices[st.device], num_bytes, hit_ratio, hit_prop, miss_prop,
-                               f"stream 0x{stream:x}")
-            if num_bytes == 0:
-                self.windows.pop(stream, None)
-            else:
-                self.windows[stream] = _window(base, num_bytes, hit_ratio, hit_prop, miss_prop)
+        with self._locker:
+            self._set_stream_window(stream, (base, num_bytes, hit_ratio, hit_prop, miss_prop))
+
+    def _set_stream_window(self, stream: int, w: WindowTuple) -> None:
+        st = self._streams.get(stream) or self._stream(stream, _SET_STREAM_WINDOW)
+        self.calls.append("cudaStreamSetAttribute")
+        base, num_bytes, hit_ratio, hit_prop, miss_prop = w
+        ratio = _float32(hit_ratio)  # what CUDA holds
+        if (not 0.0 <= ratio <= 1.0 or not 0 <= num_bytes <= self.devices[st.device].access_policy_max_window_size
+                or hit_prop not in (0, 1, 2) or miss_prop not in (0, 1)):
+            self._check_window(_SET_STREAM_WINDOW, self.devices[st.device], num_bytes, hit_ratio, hit_prop, miss_prop,
+                               "stream", stream)  # raises, with CUDA's error
+        if num_bytes == 0:
+            self.windows.pop(stream, None)
+        else:
+            self.windows[stream] = (int(base), int(num_bytes), ratio, int(hit_prop), int(miss_prop))
 
     def Event(self) -> FakeEvent:
         return FakeEvent(self)
 
-    def apply_state(self, device: int, limit: int, stream_windows: Sequence[tuple[int, WindowTuple]],
-                    node_windows: Sequence[tuple[int, WindowTuple]], reset_lines: bool) -> int:
-        """Windows (streams, then kernel nodes) in order, then the limit when ``limit`` >= 0, then a
-        reset of persisting lines; returns the granted limit or -1. A failing change raises with the
-        earlier ones applied (src/l2ctl/state.hpp)."""
-        with self._locked():
-            self._device(device)
-            for handle, w in stream_windows:
-                self.set_stream_window(handle, *w)
-            for handle, w in node_windows:
-                self.set_node_window(handle, *w)
-            granted = -1
-            if limit >= 0:
-                granted = self.set_persisting_limit(device, limit)
-            if reset_lines:
-                self.reset_persisting_lines(device)
-            return granted
+    def apply_state(self, device: int, limit: int, at_least: bool, stream_windows: Sequence[tuple[int, WindowTuple]],
+                    node_windows: Sequence[tuple[int, WindowTuple]], reset_lines: bool,
+                    read_previous: bool) -> tuple[int, int, list[WindowTuple]]:
+        """The limit when ``limit`` >= 0 (``at_least``: only raised), the windows (streams, then kernel
+        nodes), each read first when ``read_previous``, then a reset of persisting lines. Returns (limit
+        before, limit after, previous windows). A failing call puts back the limit and the windows whose
+        previous value was read, then raises (src/l2ctl/state.hpp)."""
+        with self._locker:
+            if type(device) is not int or not 0 <= device < len(self.devices):
+                self._device(device)  # raises, with CUDA's error
+            previous: list[WindowTuple] = []
+            before = after = -1
+            changed: list[tuple[bool, int]] = []  # (is a stream, handle) in the order applied
+            if limit < 0 and not node_windows and not reset_lines and len(stream_windows) == 1:
+                # The commonest call (a scope's entry or exit): one stream window. A failure leaves the
+                # window as it was, as in C++.
+                handle, w = stream_windows[0]
+                if read_previous:
+                    if handle not in self._streams:
+                        self._stream(handle, "cudaStreamGetAttribute(stream, cudaStreamAttributeAccessPolicyWindow)")
+                    self.calls.append("cudaStreamGetAttribute")
+                    previous.append(self.windows.get(handle, EMPTY_WINDOW))
+                self._set_stream_window(handle, w)
+                return before, after, previous
+            try:
+                if limit >= 0:
+                    before = after = self.get_persisting_limit(device)
+                    if (before < limit) if at_least else (before != limit):
+                        after = self.set_persisting_limit(device, limit)
+                for handle, w in stream_windows:  # the common case, without the public calls' lock and checks
+                    if read_previous:
+                        self._stream(handle, "cudaStreamGetAttribute(stream, cudaStreamAttributeAccessPolicyWindow)")
+                        self.calls.append("cudaStreamGetAttribute")
+                        previous.append(self.windows.get(handle, EMPTY_WINDOW))
+                    self._set_stream_window(handle, w)
+                    changed.append((True, handle))
+                for handle, w in node_windows:
+                    if read_previous:
+                        self.calls.append("cudaGraphKernelNodeGetAttribute")
+                        if handle not in self.node_windows:
+                            self._node(handle, "cudaGraphKernelNodeGetAttribute(node, ...)")
+                        previous.append(self.node_windows.get(handle, EMPTY_WINDOW))
+                    self._set_node_window(handle, w)
+                    changed.append((False, handle))
+                if reset_lines:
+                    self.reset_persisting_lines(device)
+            except CudaError:
+                for (is_stream, handle), old in zip(changed, previous if read_previous else []):
+                    (self.set_stream_window if is_stream else self.set_node_window)(handle, *old)
+                if after != before:
+                    self.set_persisting_limit(device, before)
+                raise
+            return before, after, previous
 
     # memory -----------------------------------------------------------------------------------------------
     def DeviceMemory(self, device: int, nbytes: int) -> FakeDeviceMemory:
@@ -971,13 +1045,22 @@ class FakeBackend:
 
     def set_node_window(self, node: int, base: int, num_bytes: int, hit_ratio: float, hit_prop: int,
                         miss_prop: int) -> None:
+        with self._locker:
+            self._set_node_window(node, (base, num_bytes, hit_ratio, hit_prop, miss_prop))
+
+    def _set_node_window(self, node: int, w: WindowTuple) -> None:
         call = "cudaGraphKernelNodeSetAttribute(node, cudaKernelNodeAttributeAccessPolicyWindow, &value)"
-        with self._locked():
-            self._record("cudaGraphKernelNodeSetAttribute")
-            self._node(node, call)
-            device = self.devices[self._graphs[self._node_graph[node]].device]
-            self._check_window(call, device, num_bytes, hit_ratio, hit_prop, miss_prop, f"kernel node 0x{node:x}")
-            self.node_windows[node] = _window(base, num_bytes, hit_ratio, hit_prop, miss_prop)
+        self.calls.append("cudaGraphKernelNodeSetAttribute")
+        n = self._nodes.get(node)
+        if n is None or n.kind != "kernel":
+            self._node(node, call)  # raises, with CUDA's error
+        base, num_bytes, hit_ratio, hit_prop, miss_prop = w
+        ratio = _float32(hit_ratio)
+        device = self.devices[self._graphs[self._node_graph[node]].device]
+        if (not 0.0 <= ratio <= 1.0 or not 0 <= num_bytes <= device.access_policy_max_window_size
+                or hit_prop not in (0, 1, 2) or miss_prop not in (0, 1)):
+            self._check_window(call, device, num_bytes, hit_ratio, hit_prop, miss_prop, "kernel node", node)
+        self.node_windows[node] = (int(base), int(num_bytes), ratio, int(hit_prop), int(miss_prop))
 
     # hardware counters -------------------------------------------------------------------------------------
     def cupti_load(self, path: str) -> None:

@@ -1,0 +1,148 @@
+"""The fast path of a persist scope (issue "A persist scope costs no more than the raw CUDA calls"): one
+crossing into the backend per side, no property query or limit read on the hot path, validation done once,
+and the same outcome as the registry's general plan (conftest turns on that check for every test)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import pytest
+
+import l2ctl
+from l2ctl import _device, _registry
+from l2ctl.testing import FakeBackend, FakeDevice
+
+MiB = 1 << 20
+
+
+class Crossings:
+    """Counts the calls l2ctl makes into the backend (each one a crossing into C++ on a GPU)."""
+
+    def __init__(self, fake: FakeBackend, names: tuple[str, ...]) -> None:
+        self.count: dict[str, int] = {}
+        self.depth = 0  # the simulator's own calls to its other methods are not crossings
+        for name in names:
+            original = getattr(fake, name)
+
+            def counted(*args: Any, _name: str = name, _original: Callable[..., Any] = original) -> Any:
+                if self.depth == 0:
+                    self.count[_name] = self.count.get(_name, 0) + 1
+                self.depth += 1
+                try:
+                    return _original(*args)
+                finally:
+                    self.depth -= 1
+
+            setattr(fake, name, counted)
+
+    def total(self) -> int:
+        return sum(self.count.values())
+
+
+NAMES = ("apply_state", "get_stream_window", "set_stream_window", "get_persisting_limit", "set_persisting_limit",
+         "reset_persisting_lines", "device_properties", "device_count", "pointer_info", "stream_device",
+         "current_device")
+
+
+@pytest.mark.parametrize("settings,per_scope", [
+    (dict(set_aside=None, reset_on_exit=False), 2),  # lean: the window on, the window off
+    ({}, 2),  # default: "auto" limit and the window in one batch, then window, limit and reset in one
+    (dict(policy=l2ctl.Policy(set_aside=4 * 3_276_800, hit_ratio=0.75)), 2),
+])
+def test_one_crossing_per_side(fake, settings, per_scope):
+    s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(4 * MiB)
+    ratio = {} if "policy" in settings else {"hit_ratio": 0.75}
+    with l2ctl.persist(s, buf, **ratio, **settings):
+        pass  # the first scope may learn the device (granularity probe, properties)
+    counter = Crossings(fake, NAMES)
+    for _ in range(20):
+        with l2ctl.persist(s, buf, **ratio, **settings):
+            pass
+    assert counter.count.get("device_properties", 0) == 0 and counter.count.get("device_count", 0) == 0
+    assert counter.total() == 20 * per_scope, counter.count
+    assert fake.state()[1] == () and fake.device(0).limit == fake.device(0).initial_limit
+
+
+def test_set_aside_scope_is_one_crossing_per_side(fake):
+    with l2ctl.set_aside(3_276_800):
+        pass
+    counter = Crossings(fake, NAMES)
+    for _ in range(10):
+        with l2ctl.set_aside(3_276_800):
+            pass
+    # set_aside reads the limit it replaces and the one granted (for SetAside.previous and the int it is)
+    assert counter.count.get("apply_state", 0) == 20 and counter.count.get("device_properties", 0) == 0
+
+
+def test_foreign_buffers_are_checked_once_while_their_owner_lives(fake):
+    s, block = l2ctl.Stream(), l2ctl.DeviceBuffer(8 * MiB)
+
+    class Array:  # what CuPy or Numba hand over: an interface over someone else's allocation
+        def __init__(self, ptr: int, nbytes: int) -> None:
+            self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3}
+
+    array = Array(block.ptr + MiB, 2 * MiB)
+    counter = Crossings(fake, ("pointer_info",))
+    for _ in range(5):
+        with l2ctl.persist(s, array, 0.5, set_aside=None):
+            pass
+    assert counter.count["pointer_info"] == 1
+    del array
+    gc.collect()
+    again = Array(block.ptr + MiB, 2 * MiB)  # a new object: checked again, whatever its address
+    with l2ctl.persist(s, again, 0.5, set_aside=None):
+        pass
+    assert counter.count["pointer_info"] == 2
+    past = Array(block.ptr + 7 * MiB, 2 * MiB)
+    with pytest.raises(ValueError, match="runs past its allocation"):
+        l2ctl.persist(s, past, 0.5).__enter__()
+
+
+def test_freed_and_closed_objects_are_still_refused(fake):
+    s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(MiB)
+    with l2ctl.persist(s, buf, 0.5):
+        pass
+    buf.free()
+    with pytest.raises(ValueError, match="freed"):
+        l2ctl.persist(s, buf, 0.5)
+    s.close()
+    with pytest.raises(ValueError, match="closed"):
+        l2ctl.persist(s, l2ctl.DeviceBuffer(MiB), 0.5)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_forgets_the_parents_view(fake):
+    s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(MiB)
+    l2ctl.device_info()
+    scope = l2ctl.persist(s, buf, 0.5)
+    scope.__enter__()
+    pid = os.fork()
+    if pid == 0:  # the child: no cached properties, no registry, a lock it can take
+        ok = not _device._cache and not _registry._registry.states and _registry.lock.acquire(timeout=1)
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    scope.__exit__(None, None, None)
+    assert os.WEXITSTATUS(status) == 0
+
+
+@pytest.mark.slow
+def test_lean_scope_on_the_simulator_stays_cheap(monkeypatch):
+    """A guard with a generous bound (the overhead benchmark is the measure: <= 8 us on the simulated H100)."""
+    monkeypatch.setattr(_registry, "CHECK_FAST_PATHS", False)  # the tests' cross-check costs a plan per scope
+    with FakeBackend.installed(FakeDevice.h100()):
+        s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(4 * MiB)
+        samples = []
+        for _ in range(7):
+            start = time.perf_counter()
+            for _ in range(2000):
+                with l2ctl.persist(s, buf, 0.75, set_aside=None, reset_on_exit=False):
+                    pass
+            samples.append((time.perf_counter() - start) / 2000 * 1e6)
+        median = statistics.median(samples)
+        print(f"lean scope on the simulated H100: {median:.1f} us ({sys.version.split()[0]})")
+        assert median < 40, samples
