@@ -197,6 +197,22 @@ PYBIND11_MODULE(_core, m) {
       "graph"_a);
   bind_window_accessors(m, "node", l2ctl::WindowHolder::kernel_node);
 
+  // One stream's window exchanged: the commonest change of a scope, with scalar arguments (cheap to convert)
+  // and the GIL kept (a stream attribute is host-side state; the call returns in well under a microsecond).
+  m.def(
+      "swap_stream_window",
+      [](std::uintptr_t stream, std::uintptr_t base, std::size_t num_bytes, float hit_ratio, int hit_prop,
+         int miss_prop, bool read_previous) -> py::object {
+        l2ctl::Window previous;
+        if (read_previous) previous = l2ctl::get_window(l2ctl::WindowHolder::stream, stream);
+        l2ctl::set_window(l2ctl::WindowHolder::stream, stream,
+                          make_window(WindowTuple(base, num_bytes, hit_ratio, hit_prop, miss_prop)));
+        if (!read_previous) return py::none();
+        return py::make_tuple(previous.base, previous.num_bytes, previous.hit_ratio, previous.hit_prop,
+                              previous.miss_prop);
+      },
+      "stream"_a, "base"_a, "num_bytes"_a, "hit_ratio"_a, "hit_prop"_a, "miss_prop"_a, "read_previous"_a);
+
   // Device state in one crossing (see l2ctl/state.hpp).
   m.def(
       "apply_state",

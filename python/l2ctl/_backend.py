@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from typing import Any, Iterator, Protocol, Sequence, Tuple
+from typing import Any, Iterator, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
@@ -108,6 +108,8 @@ class Backend(Protocol):
     def set_stream_window(self, stream: int, base: int, num_bytes: int, hit_ratio: float, hit_prop: int,
                           miss_prop: int) -> None: ...
     def Event(self) -> EventImpl: ...
+    def swap_stream_window(self, stream: int, base: int, num_bytes: int, hit_ratio: float, hit_prop: int,
+                           miss_prop: int, read_previous: bool) -> Optional[WindowTuple]: ...
     def apply_state(self, device: int, limit: int, at_least: bool, stream_windows: Sequence[WindowChange],
                     node_windows: Sequence[WindowChange], reset_lines: bool,
                     read_previous: bool) -> tuple[int, int, list[WindowTuple]]: ...

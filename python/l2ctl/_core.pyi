@@ -48,6 +48,11 @@ class Event:
     def synchronize(self) -> None: ...
     def elapsed_since(self, start: Event) -> float: ...
 
+# One stream's window set, returning the window it replaces when read_previous (else None): the commonest change
+# of a scope, in the cheapest call.
+def swap_stream_window(stream: int, base: int, num_bytes: int, hit_ratio: float, hit_prop: int, miss_prop: int,
+                       read_previous: bool) -> tuple[int, int, float, int, int] | None: ...
+
 # In one call: the limit when limit >= 0 (at_least: raised to it if below, never lowered); the windows
 # (stream_windows on streams, then node_windows on graph kernel nodes, each a list of (handle, (base,
 # num_bytes, hit_ratio, hit_prop, miss_prop))), reading each holder's window first when read_previous; a

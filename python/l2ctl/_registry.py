@@ -441,12 +441,12 @@ def _fast_enter(backend: Backend, state: _DeviceState, scope: Scope) -> bool:
         bases = state.base_windows
         fresh = slot not in bases
         try:
-            _, _, previous = backend.apply_state(state.device, -1, False, [(slot[1], window)], [], False, fresh)
+            previous = backend.swap_stream_window(slot[1], window[0], window[1], window[2], window[3], window[4], fresh)
         except BaseException:
             _resync(backend, state, [slot])
             raise
-        if fresh:
-            bases[slot] = tuple(previous[0])  # type: ignore[assignment]
+        if fresh and previous is not None:
+            bases[slot] = tuple(previous)  # type: ignore[assignment]
         applied[slot] = window
         return True
     changes: dict[Slot, WindowTuple] = {s: window for s in slots if applied.get(s) != window and _live(backend, s)}
@@ -478,8 +478,11 @@ def _fast_exit(backend: Backend, state: _DeviceState, scope: Scope, reset: bool)
         if base is not None and live and (state.applied_windows.get(slot) != base or reset):
             changed = [(slot[1], base)] if state.applied_windows.get(slot) != base else []
             try:
-                backend.apply_state(state.device, -1, False, changed if slot[0] == STREAM else [],
-                                    changed if slot[0] != STREAM else [], reset, False)
+                if changed and not reset and slot[0] == STREAM:
+                    backend.swap_stream_window(slot[1], base[0], base[1], base[2], base[3], base[4], False)
+                else:
+                    backend.apply_state(state.device, -1, False, changed if slot[0] == STREAM else [],
+                                        changed if slot[0] != STREAM else [], reset, False)
             except BaseException:
                 _resync(backend, state, [slot])
                 raise

@@ -834,6 +834,19 @@ class FakeBackend:
     def Event(self) -> FakeEvent:
         return FakeEvent(self)
 
+    def swap_stream_window(self, stream: int, base: int, num_bytes: int, hit_ratio: float, hit_prop: int,
+                           miss_prop: int, read_previous: bool) -> Optional[WindowTuple]:
+        """One stream's window set, returning the one it replaces when ``read_previous``."""
+        with self._locker:
+            previous: Optional[WindowTuple] = None
+            if read_previous:
+                if stream not in self._streams:
+                    self._stream(stream, "cudaStreamGetAttribute(stream, cudaStreamAttributeAccessPolicyWindow)")
+                self.calls.append("cudaStreamGetAttribute")
+                previous = self.windows.get(stream, EMPTY_WINDOW)
+            self._set_stream_window(stream, (base, num_bytes, hit_ratio, hit_prop, miss_prop))
+            return previous
+
     def apply_state(self, device: int, limit: int, at_least: bool, stream_windows: Sequence[tuple[int, WindowTuple]],
                     node_windows: Sequence[tuple[int, WindowTuple]], reset_lines: bool,
                     read_previous: bool) -> tuple[int, int, list[WindowTuple]]:
