@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # One batch on the GPU machine: build l2ctl there, run the whole test suite (GPU tests included), the
 # CUDA behaviour probe and the benchmarks; results go to $OUT (or ./.out when run by hand).
-# Usage: bash scripts/gpu_run.sh [full|quick|check|sanitize]   (quick: fewer LUT sizes, no sweeps;
-#        check: the test suite, the overhead benchmark and compute-sanitizer, no other benchmarks;
-#        sanitize: build, then compute-sanitizer over the kernels and GPU tests only)
+# Usage: bash scripts/gpu_run.sh [full|quick|check|sanitize|workloads|gallery]
+#   quick: fewer LUT sizes, no sweeps; check: the test suite, the overhead benchmark and compute-sanitizer;
+#   sanitize: build, then compute-sanitizer over the kernels and GPU tests only;
+#   workloads: the test suite (notebooks executed, Nsight comparison left out), overhead, the framework
+#   gallery and the tax sweep; gallery: only the GPU workload tests, the gallery and the tax sweep.
+# PYTEST_K adds a -k filter to the test run.
 set -uo pipefail
 FINAL=${OUT:-$PWD/.out}
 OUT=$(mktemp -d)  # everything lands here, then travels back as one archive (8 files at most come back)
@@ -47,12 +50,39 @@ step "probe CUDA behaviour"
 python3 "$src/scripts/probe_cuda.py" "$OUT/probe.json" > /dev/null || status=1
 python3 -m l2ctl info --probe | tee "$OUT/info.txt" || status=1
 
+gallery() {
+  step "framework gallery"
+  python3 -m l2ctl bench workloads --json "$OUT/workloads.json" 2>"$OUT/workloads_progress.txt" | tee "$OUT/bench_workloads.txt" || status=1
+  step "tax sweep"
+  mkdir -p "$OUT/plots"
+  python3 -m l2ctl sweep tax --quiet --json "$OUT/tax.json" --plot "$OUT/plots/tax.png" | tee "$OUT/sweep_tax.txt" || status=1
+  step "limit left as found"
+  python3 -c "import l2ctl; print('limit now', l2ctl.get_set_aside())"
+}
+
+if [ "$mode" = gallery ]; then
+  step "GPU workload tests"
+  python3 -m pytest -q -p no:cacheprovider "$src/tests/test_gpu_workloads.py" "$src/tests/test_gpu.py" -k "auto or persist" 2>&1 | tail -15 | tee "$OUT/pytest.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  gallery
+  exit $status
+fi
+
 step "tests"
 # The committed notebooks get their outputs from this run (L2CTL_NOTEBOOK_OUT), so the check that the
 # committed copies carry outputs is left to CI.
+filter="not committed_with_gpu_outputs"
+[ "$mode" = workloads ] && filter="$filter and not agrees_with_nsight_compute"
+[ -n "${PYTEST_K:-}" ] && filter="$filter and ($PYTEST_K)"
 L2CTL_NCU_JSON="$OUT/ncu_compare.json" L2CTL_NOTEBOOK_OUT="$OUT/notebooks" python3 -m pytest -q -p no:cacheprovider "$src/tests" \
-  -k "not committed_with_gpu_outputs" --junitxml="$OUT/junit.xml" 2>&1 | tail -40 | tee "$OUT/pytest.txt"
+  -k "$filter" --junitxml="$OUT/junit.xml" 2>&1 | tail -40 | tee "$OUT/pytest.txt"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+if [ "$mode" = workloads ]; then
+  overhead
+  gallery
+  exit $status
+fi
 
 
 if [ "$mode" = check ]; then

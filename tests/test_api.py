@@ -91,12 +91,25 @@ def test_set_aside_refuses_before_cuda(fake, bad, error):
 
 def test_persist_applies_and_restores(fake):
     s, lut = l2ctl.Stream(), l2ctl.DeviceBuffer(16 * MiB)
-    with l2ctl.persist(s, lut, hit_ratio=0.75) as p:
+    with l2ctl.persist(s, lut, hit_ratio=0.75, set_aside=4 * 3_276_800) as p:  # 12 MiB asked for explicitly
         assert l2ctl.get_window(s) == p.window
         assert p.window == AccessPolicyWindow(lut.ptr, lut.nbytes, 0.75, AccessProperty.PERSISTING,
                                               AccessProperty.STREAMING)
-        assert p.set_aside == fake.device(0).limit == 4 * 3_276_800  # 12 MiB rounded up to granules
+        assert p.set_aside == fake.device(0).limit == 4 * 3_276_800
     assert l2ctl.get_window(s).empty and fake.device(0).limit == 9_830_400 and fake.device(0).resets == 1
+
+
+def test_auto_stops_at_the_drivers_default_and_says_so(fake):
+    s, lut = l2ctl.Stream(), l2ctl.DeviceBuffer(16 * MiB)
+    with pytest.warns(l2ctl.SetAsideTaxWarning, match="driver's default"):
+        with l2ctl.persist(s, lut, hit_ratio=0.75) as p:  # 12 MiB wanted, 9.375 MiB is where the tax begins
+            assert p.set_aside == fake.device(0).limit == 9_830_400
+    with l2ctl.set_aside(0):  # below the default, auto grows, up to the default
+        with l2ctl.persist(s, l2ctl.DeviceBuffer(4 * MiB), 1.0) as p:
+            assert p.set_aside == 2 * 3_276_800
+    with l2ctl.persist(s, lut, 0.75, set_aside="max") as p:  # asked for: no warning
+        assert p.set_aside == 32_768_000
+    assert fake.device(0).limit == 9_830_400
 
 
 def test_persist_auto_never_shrinks_and_default_hit_ratio(fake):
@@ -104,7 +117,10 @@ def test_persist_auto_never_shrinks_and_default_hit_ratio(fake):
     with l2ctl.persist(s, l2ctl.DeviceBuffer(MiB)) as p:
         assert p.set_aside == 9_830_400 and p.window.hit_ratio == 1.0
     big = l2ctl.DeviceBuffer(64 * MiB)
-    with l2ctl.persist(s, big) as p:
+    with pytest.warns(l2ctl.SetAsideTaxWarning, match="hit ratio was fitted"):
+        with l2ctl.persist(s, big) as p:  # the hit ratio fits the default limit: no tax, and a warning
+            assert p.set_aside == 9_830_400 and p.window.hit_ratio == pytest.approx(9_830_400 / (64 * MiB))
+    with l2ctl.persist(s, big, set_aside="max") as p:
         assert p.set_aside == 32_768_000 and p.window.hit_ratio == pytest.approx(32_768_000 / (64 * MiB))
     with l2ctl.persist(s, big, set_aside=None) as p:
         assert p.set_aside == 9_830_400
@@ -125,7 +141,7 @@ def test_persist_offset_and_num_bytes(fake):
 def test_persist_clips_with_warning(fake):
     s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(200 * MiB)
     with pytest.warns(l2ctl.WindowClippedWarning, match="clipped"):
-        with l2ctl.persist(s, buf, 0.1) as p:
+        with l2ctl.persist(s, buf, 0.1, set_aside="max") as p:
             assert p.clipped and p.window.num_bytes == 128 * MiB
 
 
@@ -140,25 +156,26 @@ def test_persist_restores_after_exception(fake):
 
 
 def test_nesting_and_out_of_order_exit(fake):
+    g = 3_276_800
     s1, s2 = l2ctl.Stream(), l2ctl.Stream()
-    a, b = l2ctl.DeviceBuffer(8 * MiB), l2ctl.DeviceBuffer(16 * MiB)
+    a, b = l2ctl.DeviceBuffer(2 * MiB), l2ctl.DeviceBuffer(4 * MiB)
     outer = l2ctl.persist(s1, a, 1.0)
     inner = l2ctl.persist(s1, b, 1.0)
     other = l2ctl.persist(s2, b, 1.0)
-    outer.__enter__()
-    inner.__enter__()
-    assert l2ctl.get_window(s1).base_ptr == b.ptr
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", l2ctl.L2BudgetWarning)
+    with l2ctl.set_aside(0):  # a low limit, so that "auto" has room to grow (up to the driver's default)
+        outer.__enter__()
+        assert fake.device(0).limit == g
+        inner.__enter__()
+        assert l2ctl.get_window(s1).base_ptr == b.ptr and fake.device(0).limit == 2 * g
         other.__enter__()
-    assert fake.device(0).limit == 32_768_000  # grown for the union of live scopes (capped)
-    inner.__exit__(None, None, None)
-    assert l2ctl.get_window(s1) == outer.window
-    outer.__exit__(None, None, None)  # ends before `other`: the limit is what `other` still needs
-    assert fake.device(0).limit == 6 * 3_276_800 and l2ctl.get_window(s1).empty  # 16 MiB in granules
-    other.__exit__(None, None, None)
-    assert fake.device(0).limit == 9_830_400 and not fake.windows
-    assert l2ctl.budget().scopes == ()
+        assert fake.device(0).limit == 3 * g  # grown for the windows in force: 4 + 4 MiB
+        inner.__exit__(None, None, None)
+        assert l2ctl.get_window(s1) == outer.window and fake.device(0).limit == 2 * g  # 2 + 4 MiB
+        outer.__exit__(None, None, None)  # ends before `other`: the limit is what `other` still needs
+        assert fake.device(0).limit == 2 * g and l2ctl.get_window(s1).empty
+        other.__exit__(None, None, None)
+        assert fake.device(0).limit == 0 and not fake.windows
+    assert fake.device(0).limit == 9_830_400 and l2ctl.budget().scopes == ()
 
 
 def test_share_scales_hit_ratios(fake):

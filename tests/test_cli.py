@@ -77,7 +77,7 @@ def test_parser_defaults():
     args = cli.parse_args(["bench", "stride", "--strides", "4,8", "--json", "x.json"])
     assert args.strides == [4, 8] and args.json == "x.json" and args.threads == 1 << 25
     args = cli.parse_args(["tune"])
-    assert args.func is cli.cmd_tune and (args.repeat, args.warmup, args.lut_sizes) == (7, 2, [4 << 20])
+    assert args.func is cli.cmd_tune and (args.repeat, args.warmup, args.lut_sizes) == (5, 1, [4 << 20])
     args = cli.parse_args(["sweep", "tax"])
     assert args.func is cli.cmd_sweep_tax and not hasattr(args, "lut_bytes")
 
@@ -157,10 +157,32 @@ def fake_tax(*_, **__):
     return Report("sweep-tax", ENV, records)
 
 
-def fake_tune(*_, bystander=False, **__):
-    by = {"copy_gbps_without": 2500.0, "copy_gbps_with": 2400.0, "copy_slowdown": 1.04} if bystander else None
-    return tuner.TunedPolicy(l2ctl.Policy(set_aside=4 * MiB, hit_ratio=1.0), 2.0, 1.0, 0.01,
-                             [_rec("tune", "baseline", {"set_aside_granted": 0}, 2.0)], 0.5, by, ENV)
+def fake_tune(*_, **__):
+    point = tuner.TunePoint("lut", 4 * MiB, 1.0, 0, 4 * MiB)
+    result = tuner.PointResult(point, 2.0, (1.9, 2.1), 1.0, 2.0, "confirm", True)
+    tax = bench.Tax(4 * MiB, 1.04, (1.0, 1.1), 256 * MiB, 0.2, 0.208)
+    return tuner.TunedPolicy(l2ctl.Policy(set_aside=4 * MiB, hit_ratio=1.0), "lut", object(), 2.0, 1.0, (1.9, 2.1),
+                             0.95, {"lut": tuner.CandidateResult("lut", 4 * MiB, [result])}, result, tax, tax,
+                             "the smallest set-aside within noise of the best", [_rec("tune", "baseline",
+                                                                                     {"set_aside_granted": 0}, 2.0)],
+                             0.5, 9 * MiB, ENV)
+
+
+def fake_workloads(*_, runs=3, **__):
+    row = {"workload": "broadcast", "hot": "bias", "hot_bytes": 16 * MiB, "baseline_ms": 1.0, "recipe_speedup": 0.5,
+           "recipe_ci": [0.49, 0.51], "recipe_set_aside": 30 * MiB, "recipe_copy_slowdown": 2.3, "hit1_speedup": 1.1,
+           "hit1_ci": [1.0, 1.2], "tuned_buffer": "bias", "tuned_set_aside": 9 * MiB, "tuned_hit_ratio": 1.0,
+           "tuned_num_bytes": 9 * MiB, "tuned_speedups": [1.2] * runs, "tuned_cis": [[1.1, 1.3]] * runs,
+           "tuned_min_speedup": 1.2, "tuned_copy_slowdown": 1.0, "tune_confirmed_speedup": 1.2,
+           "tune_reason": "confirmed", "grid_best": {"candidate": "bias", "set_aside": 12 * MiB, "hit_ratio": 0.8,
+                                                      "offset": 0, "num_bytes": 16 * MiB, "speedup": 1.21,
+                                                      "ci": [1.1, 1.3], "copy_slowdown": 1.1},
+           "tune_seconds": 1.5, "candidates": 2, "tune_seconds_per_candidate": 0.75, "setup_seconds": 0.1,
+           "tune_points": []}
+    report = Report("workloads", ENV, [_rec("workloads", "baseline", {"workload": "broadcast"}, 1.0)])
+    report.summary = {"rows": [row], "skipped": {"spmv": "needs CuPy"}, "runs": runs, "rounds": 5, "repeat": 5,
+                      "recipe_set_aside": 30 * MiB, "policies": {}, "never_slower": True}
+    return report
 
 
 class FakeStream:
@@ -225,7 +247,8 @@ def calls(monkeypatch) -> Calls:
     c = Calls()
     for name, fake in (("bench_reset_data", fake_reset_data), ("bench_stride", fake_stride),
                        ("bench_cache_streaming", fake_cache_streaming), ("bench_graph", fake_graph),
-                       ("bench_concurrent", fake_concurrent), ("bench_overhead", fake_overhead)):
+                       ("bench_concurrent", fake_concurrent), ("bench_overhead", fake_overhead),
+                       ("bench_workloads", fake_workloads)):
         monkeypatch.setattr(bench, name, c.recorder(name, getattr(bench, name), fake))
     for name in ("sweep_hit_ratio", "sweep_set_aside", "sweep_surface"):
         monkeypatch.setattr(sweep, name, c.recorder(name, getattr(sweep, name), fake_sweep))
@@ -299,9 +322,13 @@ CASES: dict[str, tuple[str, list[tuple[list[str], Any]]]] = {
     "sweep set-aside": ("sweep_set_aside", COMMON[1:] + [SWEEP_DEVICE] + PLOT + WORKLOAD),
     "sweep surface": ("sweep_surface", COMMON[1:] + [SWEEP_DEVICE] + PLOT + WORKLOAD),
     "sweep tax": ("sweep_tax", COMMON[1:] + [(["--device", "1"], {"Stream": {"device": 1}})] + PLOT),
+    "bench workloads": ("bench_workloads", COMMON + [
+        (["--names", "broadcast,spmv"], {"*": {"names": ["broadcast", "spmv"]}}),
+        (["--runs", "2"], {"*": {"runs": 2}}),
+        (["--rounds", "4"], {"*": {"rounds": 4}})]),
     "tune": ("tune", COMMON[1:] + [SWEEP_DEVICE] + WORKLOAD[1:] + [
         (["--lut-sizes", "8M"], {"ResetDataWorkload": {"lut_bytes": 8 * MiB}}),
-        (["--bystander"], {"*": {"bystander": True}})]),
+        (["--rounds", "4"], {"*": {"rounds": 4}})]),
 }
 
 
@@ -389,7 +416,12 @@ def test_defaults_reach_the_functions(calls, capsys):
     assert calls.one("ResetDataWorkload")["lut_bytes"] == 4 * MiB and calls.one("sweep_hit_ratio")["set_aside"] is None
     calls.log.clear()
     assert main("tune") == 0
-    assert (calls.one("tune")["repeat"], calls.one("tune")["warmup"], calls.one("tune")["progress"]) == (7, 2, True)
+    got = calls.one("tune")
+    assert (got["repeat"], got["warmup"], got["rounds"], got["progress"]) == (5, 1, 5, True)
+    calls.log.clear()
+    assert main("bench", "workloads") == 0
+    got = calls.one("bench_workloads")
+    assert (got["names"], got["runs"], got["rounds"], got["repeat"], got["warmup"]) == (None, 3, 5, 5, 1)
 
 
 def test_tune_writes_one_file_per_lut_size(calls, capsys, tmp_path):
@@ -402,8 +434,12 @@ def test_tables(calls, capsys):
     assert main("bench", "--counters", "--columns", "baseline,right_sized") == 0
     out = capsys.readouterr().out
     assert "right_sized" in out and "Hardware counters" in out and "Verdict" in out
-    assert main("tune", "--bystander") == 0
-    assert "bystander copy" in capsys.readouterr().out
+    assert main("tune") == 0
+    out = capsys.readouterr().out
+    assert "persist lut" in out and "plain copy" in out and "grid best" in out and "<- chosen" in out
+    assert main("bench", "workloads") == 0
+    out = capsys.readouterr().out
+    assert "broadcast" in out and "1.20 1.20 1.20x" in out and "spmv" in out and "skipped: needs CuPy" in out
     assert main("info", "--probe") == 0
     out = capsys.readouterr().out
     assert "device 0: Fake GPU 0" in out and "device 1: Fake GPU 1" in out and "granularity" in out
@@ -414,8 +450,8 @@ def test_tables(calls, capsys):
 SAMPLE = {"--lut-sizes": ["1M"], "--out-bytes": ["1M"], "--columns": ["baseline"], "--counters": [],
           "--plot": ["{tmp}/x.png"], "--device": ["1"], "--repeat": ["2"], "--warmup": ["1"],
           "--json": ["{tmp}/x.json"], "--csv": ["{tmp}/x.csv"], "--quiet": [], "--strides": ["8"],
-          "--threads": ["64"], "--n": ["100"], "--rounds": ["2"], "--iterations": ["10"], "--lut-bytes": ["1M"], "--set-aside": ["1M"],
-          "--variant": ["plain"], "--bystander": [], "--probe": []}
+          "--threads": ["64"], "--n": ["100"], "--rounds": ["3"], "--iterations": ["10"], "--lut-bytes": ["1M"], "--set-aside": ["1M"],
+          "--variant": ["plain"], "--names": ["broadcast"], "--runs": ["1"], "--probe": []}
 
 
 def test_samples_cover_every_option():
@@ -574,4 +610,4 @@ def test_help_in_a_subprocess():
     text = " ".join(r.stdout.split())  # as wrapped for the terminal's width
     assert r.returncode == 0 and "(default: 4,8,16,32,64,128)" in text and "(default: 15)" in text
     text = " ".join(run("tune", "--help").stdout.split())
-    assert "(default: 7)" in text and "(default: 4M)" in text
+    assert "(default: 5)" in text and "(default: 4M)" in text

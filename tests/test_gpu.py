@@ -106,22 +106,36 @@ def test_cuda_rejects_what_l2ctl_refuses_first(stream):
 def test_persist_applies_and_restores(stream, info):
     before = l2ctl.get_set_aside()
     g = l2ctl.set_aside_granularity()
-    with l2ctl.DeviceBuffer(16 * MiB) as lut:
+    cap = l2ctl.auto_set_aside_cap()
+    size = max(MiB, (cap // 2) // MiB * MiB)  # 0.75 of it fits under the cap: "auto" grants it silently
+    with l2ctl.DeviceBuffer(size) as lut:
         with l2ctl.persist(stream, lut, hit_ratio=0.75) as p:
             w = l2ctl.get_window(stream)
             assert w == p.window and w.base_ptr == lut.ptr and w.num_bytes == lut.nbytes
             assert w.hit_ratio == pytest.approx(0.75)
             limit = l2ctl.get_set_aside()
-            assert limit == p.set_aside >= min(info.persisting_l2_cache_max_size, 0.75 * lut.nbytes)
-            assert limit == max(before, min(info.persisting_l2_cache_max_size, -(-int(0.75 * lut.nbytes) // g) * g))
+            assert limit == p.set_aside >= 0.75 * lut.nbytes
+            assert limit == max(before, -(-int(0.75 * lut.nbytes) // g) * g)
         assert l2ctl.get_window(stream).empty
+        assert l2ctl.get_set_aside() == before
+
+
+def test_auto_stops_at_the_cap_and_says_so(stream, info):
+    before = l2ctl.get_set_aside()
+    cap = l2ctl.auto_set_aside_cap()
+    assert cap <= info.persisting_l2_cache_max_size
+    with l2ctl.DeviceBuffer(2 * cap) as lut:
+        with pytest.warns(l2ctl.SetAsideTaxWarning, match="default"):
+            with l2ctl.persist(stream, lut) as p:
+                assert p.set_aside == max(before, cap) == l2ctl.get_set_aside()
+                assert p.window.hit_ratio == pytest.approx(p.set_aside / lut.nbytes, rel=1e-6)
         assert l2ctl.get_set_aside() == before
 
 
 def test_persist_default_hit_ratio_uses_granted(stream, info):
     big = info.persisting_l2_cache_max_size * 2
     with l2ctl.DeviceBuffer(big) as buf:
-        with l2ctl.persist(stream, buf) as p:
+        with l2ctl.persist(stream, buf, set_aside="max") as p:
             assert p.set_aside == info.persisting_l2_cache_max_size
             assert p.window.hit_ratio == pytest.approx(p.set_aside / big, rel=1e-6)
 
@@ -143,7 +157,7 @@ def test_persist_restores_after_exception_and_nesting(stream):
 def test_window_over_max_is_clipped(stream, info):
     with l2ctl.DeviceBuffer(info.access_policy_max_window_size + MiB) as buf:
         with pytest.warns(l2ctl.WindowClippedWarning):
-            with l2ctl.persist(stream, buf, 0.1) as p:
+            with l2ctl.persist(stream, buf, 0.05) as p:  # 0.05 x 128 MiB stays under the auto cap
                 assert p.clipped and l2ctl.get_window(stream).num_bytes == info.access_policy_max_window_size
 
 

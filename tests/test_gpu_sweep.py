@@ -41,11 +41,11 @@ def test_tax_and_tuner(setup):
     grid = sweep.set_aside_grid()
     tax = sweep.sweep_tax(s, set_asides=[0, grid[-1]], nbytes=256 * MiB, repeat=3, warmup=1, progress=False)
     assert len(tax.records) == 2 and tax.summary["copy_slowdown_at_max"] > 0
-    tuned = l2ctl.tune(w, s, w.buf, repeat=3, warmup=1, bystander=True)
+    tuned = l2ctl.tune(w, s, w.buf, repeat=3, warmup=1)
     assert tuned.table and tuned.seconds < 60
-    assert tuned.bystander["copy_gbps_without"] > 0
+    assert tuned.tax.copy_slowdown > 0 and tuned.grid_best_tax.copy_slowdown > 0
     assert tuned.best_ms <= tuned.baseline_ms
-    with l2ctl.persist(s, w.buf, policy=tuned) as p:
+    with l2ctl.persist(s, w.buf, policy=tuned) as p:  # warnings are errors here: the policy fits
         if tuned.persists:
             assert p.set_aside == tuned.policy.set_aside and p.window.hit_ratio == pytest.approx(tuned.policy.hit_ratio)
         else:

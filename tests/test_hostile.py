@@ -183,7 +183,12 @@ def cases(o: Objects) -> list[Case]:
         ("tune(buffer None)", lambda: l2ctl.tune(o.work, s, None), TypeError),
         ("tune(repeat 0)", lambda: l2ctl.tune(o.work, s, buf, repeat=0), ValueError),
         ("tune(warmup 2**63)", lambda: l2ctl.tune(o.work, s, buf, warmup=2**63), ValueError),
-        ("tune(bystander 'yes')", lambda: l2ctl.tune(o.work, s, buf, bystander="yes"), TypeError),  # type: ignore[arg-type]
+        ("tune(progress 'yes')", lambda: l2ctl.tune(o.work, s, buf, progress="yes"), TypeError),  # type: ignore[arg-type]
+        ("tune(rounds 2)", lambda: l2ctl.tune(o.work, s, buf, rounds=2), ValueError),
+        ("tune(confidence 1.0)", lambda: l2ctl.tune(o.work, s, buf, confidence=1.0), ValueError),
+        ("tune(min_gain -0.1)", lambda: l2ctl.tune(o.work, s, buf, min_gain=-0.1), ValueError),
+        ("tune(no candidates)", lambda: l2ctl.tune(o.work, s, {}), ValueError),
+        ("tune(a host candidate)", lambda: l2ctl.tune(o.work, s, {"host": np.zeros(4)}), ValueError),
         ("ResetDataWorkload(6)", lambda: ResetDataWorkload(6), ValueError),
         ("ResetDataWorkload(out -1)", lambda: ResetDataWorkload(MiB, -1), ValueError),
         ("ResetDataWorkload(variant)", lambda: ResetDataWorkload(MiB, variant="x"), ValueError),

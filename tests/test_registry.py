@@ -196,16 +196,17 @@ def test_rebalancing_never_overwrites_the_window_in_force(fake):
 # 5. An "auto" scope lost its set-aside when a nested explicit set_aside=0 scope ended.
 
 def test_auto_scope_keeps_its_set_aside_after_a_nested_explicit_zero(fake):
-    s, big, small = l2ctl.Stream(), l2ctl.DeviceBuffer(16 * MiB), l2ctl.DeviceBuffer(MiB)
+    s, big, small = l2ctl.Stream(), l2ctl.DeviceBuffer(4 * MiB), l2ctl.DeviceBuffer(MiB)
+    l2ctl.set_aside(0)  # below the driver's default, so that "auto" has room to grow
     with l2ctl.persist(s, big, 1.0) as outer:
         need = fake.device(0).limit
-        assert need == 6 * G == outer.set_aside
+        assert need == 2 * G == outer.set_aside
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", l2ctl.L2BudgetWarning)
             with l2ctl.persist(l2ctl.Stream(), small, 0.5, set_aside=0):
                 assert fake.device(0).limit == 0
         assert fake.device(0).limit == need
-    assert fake.device(0).limit == fake.device(0).initial_limit
+    assert fake.device(0).limit == 0
 
 
 # 6. The atexit hook used whatever backend was current at exit.

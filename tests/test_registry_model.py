@@ -32,6 +32,7 @@ from l2ctl.testing import FakeBackend, FakeDevice
 MiB = 1 << 20
 MAX = 32_768_000
 G = MAX // 10
+CAP = 3 * G  # where "auto" stops: the driver's default limit, 30% of the max
 MAX_WINDOW = 128 * MiB
 EXAMPLES = int(os.environ.get("L2CTL_MODEL_EXAMPLES", "60"))
 BUFFER_SIZES = [MiB, 4 * MiB, 12 * MiB, 40 * MiB, 160 * MiB]  # the last one is clipped to the max window
@@ -87,16 +88,22 @@ class Model:
         return [s for s in scopes if s.id in ids]
 
     def limit(self, scopes: Optional[list[ModelScope]] = None) -> int:
-        scopes = self.scopes if scopes is None else scopes
+        return self.fold(self.scopes if scopes is None else scopes)[0]
+
+    def fold(self, scopes: list[ModelScope]) -> tuple[int, bool]:
+        """(limit, whether an "auto" request was held at the cap)."""
         limit = self.base_limit if self.base_limit is not None else self.initial_limit
+        capped = False
         for k, s in enumerate(scopes):
             if isinstance(s.limit, int):
                 limit = s.limit
             elif s.limit == "auto":
                 demand = sum(x.demand() for x in self.in_force(scopes[: k + 1]))
                 if demand > 0:
-                    limit = max(limit, min(MAX, round_up(demand, G)))
-        return limit
+                    need = min(MAX, round_up(demand, G))
+                    limit = max(limit, min(CAP, need))
+                    capped = capped or limit < need
+        return limit, capped
 
     def effective(self) -> dict[int, float]:
         in_force = self.in_force(self.scopes)
@@ -192,7 +199,7 @@ class RegistryMachine(RuleBasedStateMachine):
         return self.streams[i], (f"s{i}",)
 
     @rule(data=st.data(), size=st.sampled_from(BUFFER_SIZES), ratio=st.sampled_from([None, 0.25, 0.5, 1.0]),
-          limit=st.sampled_from(["auto", None, 0, G, 4 * G, MAX]), share=st.booleans(),
+          limit=st.sampled_from(["auto", None, "max", 0, G, 4 * G, MAX]), share=st.booleans(),
           strict=st.booleans(), reset=st.booleans())
     def enter_persist(self, data: st.DataObject, size: int, ratio: Optional[float], limit: Union[int, str, None],
                       share: bool, strict: bool, reset: bool) -> None:
@@ -200,10 +207,13 @@ class RegistryMachine(RuleBasedStateMachine):
         buf = self.buffers[size]
         nbytes = min(size, MAX_WINDOW)
         self.ids += 1
-        scope = ModelScope(self.ids, targets, buf.ptr, nbytes, 1.0 if ratio is None else ratio, limit, share, reset)
+        model_limit = MAX if limit == "max" else limit
+        scope = ModelScope(self.ids, targets, buf.ptr, nbytes, 1.0 if ratio is None else ratio, model_limit, share,
+                           reset)
         model = self.model
         trial = model.scopes + [scope]
         base_limit = model.base_limit
+        _, fit_capped = model.fold(trial)  # a fitted ratio starts from the whole window
         if ratio is None:  # as much as the set-aside holds next to the other windows in force
             planned = model.limit(trial)
             others = sum(s.demand() for s in model.in_force(trial) if s is not scope)
@@ -212,14 +222,16 @@ class RegistryMachine(RuleBasedStateMachine):
         ratios = model.effective()
         in_force = model.in_force(trial)
         demand = sum(s.demand(ratios[s.id]) for s in in_force)
-        warns = size > MAX_WINDOW or demand > model.limit() * (1 + 1e-9)
+        _, capped = model.fold(trial)
+        capped = capped or (ratio is None and fit_capped)
+        warns = size > MAX_WINDOW or (model_limit == "auto" and capped) or demand > model.limit() * (1 + 1e-9)
         handle = l2ctl.persist(obj, buf, ratio, set_aside=limit, share=share, reset_on_exit=reset)
         with warnings.catch_warnings():
             warnings.simplefilter("error" if strict else "ignore")
             if strict and warns:
                 model.scopes = model.scopes[:-1]
                 model.base_limit = base_limit
-                with pytest.raises((l2ctl.L2BudgetWarning, l2ctl.WindowClippedWarning)):
+                with pytest.raises((l2ctl.L2BudgetWarning, l2ctl.WindowClippedWarning, l2ctl.SetAsideTaxWarning)):
                     handle.__enter__()
                 return
             handle.__enter__()

@@ -23,6 +23,7 @@ from ._device import device_count, versions
 from ._limit import (
     DeviceInfo,
     SetAside,
+    auto_set_aside_cap,
     device_info,
     get_set_aside,
     reset_persisting_lines,
@@ -37,6 +38,7 @@ from ._errors import (
     L2ctlError,
     NoDeviceError,
     NotSupportedError,
+    SetAsideTaxWarning,
     WindowClippedWarning,
 )
 from ._memory import DeviceBuffer, Stream
@@ -112,6 +114,7 @@ __all__ = [
     "Policy",
     "SECTOR_METRICS",
     "SetAside",
+    "SetAsideTaxWarning",
     "Stream",
     "Timer",
     "TunedPolicy",
@@ -136,6 +139,7 @@ __all__ = [
     "set_aside",
     "set_aside_granularity",
     "set_aside_rounding",
+    "auto_set_aside_cap",
     "set_window",
     "shared_hit_ratios",
     "sweep",

@@ -10,6 +10,7 @@ __all__ = [
     "CountersUnavailableError",
     "CuptiError",
     "L2BudgetWarning",
+    "SetAsideTaxWarning",
     "WindowClippedWarning",
 ]
 
@@ -67,6 +68,12 @@ class CuptiError(CountersUnavailableError):
 
 class L2BudgetWarning(UserWarning):
     """The live persisting windows on a device ask for more L2 than its set-aside holds."""
+
+
+class SetAsideTaxWarning(UserWarning):
+    """``set_aside="auto"`` kept the limit at the driver's default although the windows ask for more: beyond it
+    the set-aside slows every other kernel on the GPU. Ask for more explicitly (an int, or "max") after
+    measuring what it costs (l2ctl.tune reports the tax)."""
 
 
 class WindowClippedWarning(UserWarning):

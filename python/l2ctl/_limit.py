@@ -8,7 +8,7 @@ from typing import Any, Optional, Union
 
 from . import _backend, _registry
 from ._device import properties, require_persistence, resolve_device
-from ._plan import check_set_aside_request, parse_set_aside_request
+from ._plan import check_set_aside_request, parse_set_aside_request, tax_free_limit
 
 __all__ = [
     "DeviceInfo",
@@ -19,6 +19,7 @@ __all__ = [
     "reset_persisting_lines",
     "set_aside_granularity",
     "set_aside_rounding",
+    "auto_set_aside_cap",
     "granularity_step",
 ]
 
@@ -169,6 +170,14 @@ def set_aside_granularity(device: object = None) -> int:
     """
     props = require_persistence(device)
     return _registry.granularity(props.index, props.persisting_l2_cache_max_size)[0]
+
+
+def auto_set_aside_cap(device: object = None) -> int:
+    """Where ``persist(..., set_aside="auto")`` stops growing the limit (bytes): the driver's default limit,
+    30% of persistingL2CacheMaxSize rounded up to the granularity. Below it the set-aside costs other
+    kernels nothing measurable; above it, it does (docs/results.md), so more is granted only on request."""
+    props = require_persistence(device)
+    return tax_free_limit(props.persisting_l2_cache_max_size, granularity_step(props.index))
 
 
 def set_aside_rounding(device: object = None) -> str:

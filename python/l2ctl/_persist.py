@@ -12,9 +12,9 @@ import numpy as np
 
 from . import _registry
 from ._device import check_owned_pointer, properties, require_persistence, stream_device
-from ._errors import L2BudgetWarning, WindowClippedWarning
+from ._errors import L2BudgetWarning, SetAsideTaxWarning, WindowClippedWarning
 from ._interop import BufferRef, StreamRef, resolve_buffer, resolve_stream
-from ._plan import check_nbytes, clip_window, normalize_hit_ratio
+from ._plan import DEFAULT_LIMIT_FRACTION, check_nbytes, clip_window, normalize_hit_ratio
 from ._stream_window import resolve_target
 from ._window import AccessPolicyWindow, AccessProperty, check_property
 
@@ -28,13 +28,16 @@ _SURELY_FLOAT32 = 0.9999999
 
 @dataclass(frozen=True)
 class Policy:
-    """A persistence policy: the set-aside (bytes, ``"auto"`` or None to leave it) and the hit ratio
-    (None: as much as the set-aside holds). ``enabled=False`` means "no persistence": ``persist``
-    then changes nothing. The tuner returns one of these."""
+    """A persistence policy: the set-aside (bytes, ``"auto"``, ``"max"`` or None to leave it), the hit
+    ratio (None: as much as the set-aside holds) and, optionally, the byte range of the buffer the window
+    covers (``offset``, ``num_bytes``; None: to the buffer's end). ``enabled=False`` means "no
+    persistence": ``persist`` then changes nothing. The tuner returns one of these."""
 
     set_aside: LimitRequest = "auto"
     hit_ratio: Optional[float] = None
     enabled: bool = True
+    offset: int = 0
+    num_bytes: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -62,16 +65,16 @@ def budget(device: object = None) -> Budget:
 
 
 def _check_limit_request(value: object) -> LimitRequest:
-    if value is None or (isinstance(value, str) and value == "auto"):
+    if value is None or (isinstance(value, str) and value in ("auto", "max")):
         return value
     if isinstance(value, str):
-        raise ValueError(f"set_aside must be 'auto', None or a byte count, got {value!r}")
+        raise ValueError(f"set_aside must be 'auto', 'max', None or a byte count, got {value!r}")
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"set_aside must be 'auto', None or an int byte count, not {type(value).__name__}")
+        raise TypeError(f"set_aside must be 'auto', 'max', None or an int byte count, not {type(value).__name__}")
     return check_nbytes(value, "set_aside", allow_zero=True)
 
 
-def _policy_fields(policy: object) -> tuple[Optional[float], LimitRequest, bool]:
+def _policy_fields(policy: object) -> tuple[Optional[float], LimitRequest, bool, int, Optional[int]]:
     inner = getattr(policy, "policy", policy)  # a TunedPolicy carries its Policy
     if not all(hasattr(inner, a) for a in ("set_aside", "hit_ratio")):
         raise TypeError(f"policy must be an l2ctl.Policy (or a tuned policy), not {type(policy).__name__}")
@@ -79,8 +82,11 @@ def _policy_fields(policy: object) -> tuple[Optional[float], LimitRequest, bool]
     if not isinstance(enabled, bool):
         raise TypeError("policy.enabled must be a bool")
     hit_ratio = getattr(inner, "hit_ratio")
-    return (None if hit_ratio is None else normalize_hit_ratio(hit_ratio)), _check_limit_request(
-        getattr(inner, "set_aside")), enabled
+    offset = check_nbytes(getattr(inner, "offset", 0), "policy.offset", allow_zero=True)
+    num_bytes = getattr(inner, "num_bytes", None)
+    return ((None if hit_ratio is None else normalize_hit_ratio(hit_ratio)), _check_limit_request(
+        getattr(inner, "set_aside")), enabled, offset,
+        None if num_bytes is None else check_nbytes(num_bytes, "policy.num_bytes"))
 
 
 class Persist:
@@ -94,19 +100,20 @@ class Persist:
       holds next to the other windows in force, min(1, room / window bytes). Values in (1, 1 + 1e-6]
       count as 1.0; NaN, negatives and larger values raise ValueError.
     - ``set_aside="auto"`` raises the device's persisting limit just enough for the windows in force
-      (rounded up to the driver's granularity, capped at persistingL2CacheMaxSize), never below what it
-      was. An int asks for exactly that many bytes (the driver rounds it; ``p.set_aside`` is what it
-      granted); None leaves the limit alone.
-
-      The set-aside is a tax on everything else: L2 reserved for persisting lines is lost to every
-      other kernel on the GPU (an H100 at the max set-aside streams plain copies up to 2.5x slower).
-      That is why "auto" grows it no further than the windows need; measure with l2ctl.tune().
+      (rounded up to the driver's granularity), never below what it was, and never past the driver's
+      default limit (30% of persistingL2CacheMaxSize: 9.375 MiB on an H100, 11.25 MiB on an H200).
+      When the windows ask for more, it stops there and says so (SetAsideTaxWarning): the set-aside is a
+      tax on everything else, L2 reserved for persisting lines is lost to every other kernel on the GPU
+      (an H100 at the max set-aside streams plain copies up to 2.5x slower), and below the default limit
+      the measured tax is nil. An int asks for exactly that many bytes (the driver rounds it;
+      ``p.set_aside`` is what it granted), ``"max"`` for persistingL2CacheMaxSize; None leaves the
+      limit alone. l2ctl.tune() measures what a larger set-aside buys and costs.
     - A window larger than accessPolicyMaxWindowSize is clipped to it, with a WindowClippedWarning.
     - ``share=True``: hit ratios of all shared scopes in force on the device are scaled so their total
       demand fits what the other windows leave of the set-aside (two windows as large as the set-aside
       get half each).
-    - ``policy``: a Policy (or what l2ctl.tune returned) instead of ``hit_ratio`` and ``set_aside``;
-      passing both is an error.
+    - ``policy``: a Policy (or what l2ctl.tune returned) instead of ``hit_ratio`` and ``set_aside`` (and,
+      when the policy has a byte range, ``offset``/``num_bytes``); passing both is an error.
 
     The stream, the graph nodes and the limit always hold what the live scopes ask for, recomputed after
     every entry and exit: nested scopes, scopes ended in any order, scopes in other threads and scopes
@@ -151,7 +158,12 @@ class Persist:
         if policy is not None:
             if hit_ratio is not None or set_aside != "auto":
                 raise ValueError("pass either policy= or hit_ratio/set_aside, not both")
-            requested, limit, self._enabled = _policy_fields(policy)
+            requested, limit, self._enabled, policy_offset, policy_bytes = _policy_fields(policy)
+            if policy_offset or policy_bytes is not None:
+                if offset != 0 or num_bytes is not None:
+                    raise ValueError("the policy sets the window's byte range; pass offset/num_bytes or a policy "
+                                     "with a range, not both")
+                offset, num_bytes = policy_offset, policy_bytes
         # A stream is resolved now (its errors now, not at entry); a graph's nodes at entry. l2ctl's own
         # streams and buffers hand over their references directly.
         own_stream = getattr(type(stream), "_l2ctl_stream_ref", None)
@@ -233,12 +245,19 @@ class Persist:
             check_owned_pointer(base, nbytes, device, buffer.owner, "the buffer")
         ratio = 1.0 if self._requested_hit_ratio is None else self._requested_hit_ratio
         window = AccessPolicyWindow(base, nbytes, ratio, self._hit_prop, self._miss_prop)
-        scope = _registry.Scope(device, slots, window, self._limit_request, self._share, self._reset_on_exit,
+        request = self._limit_request
+        if request == "max":
+            request = props.persisting_l2_cache_max_size
+        elif isinstance(request, int) and request > props.persisting_l2_cache_max_size:
+            raise ValueError(f"set_aside of {request} bytes exceeds persistingL2CacheMaxSize "
+                             f"({props.persisting_l2_cache_max_size} bytes) of device {device}; ask for at most that, "
+                             "or 'max'")
+        scope = _registry.Scope(device, slots, window, request, self._share, self._reset_on_exit,
                                 self._requested_hit_ratio is None, False, False, (owner, buffer.owner))
-        limit, demand = _registry.enter(scope, props.persisting_l2_cache_max_size)
+        limit, demand, capped = _registry.enter(scope, props.persisting_l2_cache_max_size)
         self._scope, self._slots, self._changed, self.device, self.clipped = scope, slots, changed, device, clipped
         self.window = scope.window
-        if changed is None and not clipped and (window.hit_prop is not _PERSISTING or demand <= limit):
+        if changed is None and not clipped and not capped and (window.hit_prop is not _PERSISTING or demand <= limit):
             return self  # the common case: nothing to tell
         try:
             if changed is not None:
@@ -251,7 +270,15 @@ class Persist:
                     f"window of {full} bytes clipped to accessPolicyMaxWindowSize ({props.access_policy_max_window_size}"
                     f" bytes) of device {device}; only the first {nbytes} bytes persist",
                     WindowClippedWarning, stacklevel=2)
-            if window.hit_prop == AccessProperty.PERSISTING and demand > limit * (1 + 1e-9):
+            if capped:
+                warnings.warn(
+                    f"device {device}: set_aside='auto' kept the persisting limit at {limit} bytes, the driver's default "
+                    f"({DEFAULT_LIMIT_FRACTION:.0%} of the max): the windows in force ask for {demand:.0f} bytes, but a "
+                    "larger set-aside slows every other kernel on the GPU (up to 2.5x at the max on an H100). "
+                    f"{'The hit ratio was fitted to it. ' if self._requested_hit_ratio is None else ''}"
+                    "Pass set_aside=<bytes> or 'max' to pay that knowingly; l2ctl.tune measures both sides",
+                    SetAsideTaxWarning, stacklevel=2)
+            elif window.hit_prop == AccessProperty.PERSISTING and demand > limit * (1 + 1e-9):
                 warnings.warn(
                     f"device {device}: live persisting windows ask for {demand:.0f} bytes (hit_ratio x num_bytes) "
                     f"but the set-aside is {limit} bytes; lines will evict each other (thrash). Use "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import math
 import os
 import threading
 import weakref
@@ -24,7 +25,7 @@ from typing import Any, Callable, Iterable, NamedTuple, Optional, Union
 from . import _backend
 from ._backend import Backend, WindowTuple
 from ._errors import CudaError, NotSupportedError
-from ._plan import auto_set_aside, default_hit_ratio, shared_hit_ratios
+from ._plan import auto_set_aside, default_hit_ratio, round_up, shared_hit_ratios, tax_free_limit
 from ._window import AccessPolicyWindow, AccessProperty
 
 __all__ = [
@@ -121,6 +122,7 @@ class _DeviceState:
     # for deciding what to restore (a change made outside l2ctl may have happened since).
     observed_limit: Optional[int] = None
     in_force_demand: float = 0.0  # of the effective windows in force after the last sync
+    auto_capped: bool = False  # the last plan kept an "auto" request at the tax-free limit
     shared: int = 0  # live scopes with share=True
     autos: int = 0  # live scopes asking for "auto"
     limited: int = 0  # live scopes asking for any limit
@@ -244,6 +246,7 @@ def _planned_limit(backend: Backend, state: _DeviceState) -> tuple[Optional[int]
     exact: Optional[int] = None  # the fold's value once an exact request was seen
     floor = 0  # until then the value is max(base, floor)
     auto = False
+    state.auto_capped = False
     scopes = list(state.scopes.values())
     for k, scope in enumerate(scopes):
         if isinstance(scope.limit, int):
@@ -252,9 +255,9 @@ def _planned_limit(backend: Backend, state: _DeviceState) -> tuple[Optional[int]
             auto = True
             demand = _requested_demand(_in_force(backend, scopes[: k + 1]))
             if exact is None:
-                floor = auto_set_aside(demand, floor, _step(state) if demand > 0 else 1, state.maximum)
+                floor = _auto(state, demand, floor)
             else:
-                exact = auto_set_aside(demand, exact, _step(state) if demand > 0 else 1, state.maximum)
+                exact = _auto(state, demand, exact)
     if exact is not None:
         return exact, False
     if state.base_limit is not None:
@@ -264,6 +267,19 @@ def _planned_limit(backend: Backend, state: _DeviceState) -> tuple[Optional[int]
 
 def _step(state: _DeviceState) -> int:
     return granularity(state.device, state.maximum)[0]
+
+
+def _auto(state: _DeviceState, demand: float, current: int) -> int:
+    """An "auto" request from ``current``: the demand rounded up to the granularity, never lowering the limit,
+    and never past the tax-free limit (the driver's default); notes in ``state`` when that cap bound."""
+    if demand <= 0:
+        return current
+    step = _step(state)
+    cap = tax_free_limit(state.maximum, step)
+    limit = auto_set_aside(demand, current, step, cap)
+    if limit < min(state.maximum, round_up(math.ceil(demand), step)):
+        state.auto_capped = True
+    return limit
 
 
 def _share(backend: Backend, in_force: list[Scope], limit: Optional[int]) -> None:
@@ -420,7 +436,8 @@ def _fast_enter(backend: Backend, state: _DeviceState, scope: Scope) -> bool:
     if scope.limit == "auto":
         assert window is not None  # an "auto" request comes with a window
         demand = window.demand if len(state.scopes) == 1 else _requested_demand(_in_force(backend, state.scopes.values()))
-        need = auto_set_aside(demand, 0, _step(state) if demand > 0 else 1, state.maximum)
+        state.auto_capped = False
+        need = _auto(state, demand, 0)
         if state.base_limit is None:
             request, at_least = need, True
         elif max(state.base_limit, need) != state.applied_request:
@@ -550,10 +567,11 @@ def _resync(backend: Backend, state: _DeviceState, slots: list[Slot]) -> None:
 # ---- entry points ---------------------------------------------------------------------------------
 
 
-def enter(scope: Scope, maximum: int) -> tuple[int, float]:
+def enter(scope: Scope, maximum: int) -> tuple[int, float, bool]:
     """Register ``scope`` and make the device match. Atomic: on any exception nothing stays registered and
     the device is put back as it was. Returns the limit in force (as l2ctl last saw it when it does not
-    own it: read once) and the demand of the windows in force, for the caller's budget warning."""
+    own it: read once), the demand of the windows in force, and whether an "auto" request was kept at the
+    tax-free limit: what the caller's warnings need."""
     backend = _backend.current()
     with lock:
         state = _registry.last_states.get(scope.device) if backend is _registry.last_backend else None
@@ -578,14 +596,17 @@ def enter(scope: Scope, maximum: int) -> tuple[int, float]:
                 else:
                     state.in_force_demand = _requested_demand(_in_force(backend, state.scopes.values()))
                 limit = state.applied_limit if state.applied_limit is not None else _seen_limit(backend, state)
-                return limit, state.in_force_demand
+                return limit, state.in_force_demand, scope.limit == "auto" and state.auto_capped
+            fit_capped = False
             if scope.fit_hit_ratio and scope.window is not None:
                 # As much of the window as the set-aside can hold next to the other windows in force.
                 planned, _ = _planned_limit(backend, state)
+                fit_capped = state.auto_capped  # the whole window wanted more than "auto" gives
                 room = max(0.0, (planned or 0) - _requested_demand(s for s in _in_force(backend, state.scopes.values())
                                                                   if s is not scope))
                 scope.window = scope.window._replace(hit_ratio=default_hit_ratio(int(room), scope.window.num_bytes))
             _sync(backend, state)
+            state.auto_capped = state.auto_capped or fit_capped
         except BaseException:
             _remove(state, scope)
             try:
@@ -601,7 +622,7 @@ def enter(scope: Scope, maximum: int) -> tuple[int, float]:
             if orphans:
                 for old in [s for s in state.scopes.values() if s.standing and s.id < max(orphans)]:
                     _remove(state, old)
-        return _seen_limit(backend, state), state.in_force_demand
+        return _seen_limit(backend, state), state.in_force_demand, scope.limit == "auto" and state.auto_capped
 
 
 def exit(scope: Scope) -> None:

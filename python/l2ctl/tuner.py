@@ -1,44 +1,136 @@
-"""The tuner: the set-aside and hit ratio that make a workload fastest with a buffer persisted, or the
-answer "no persistence" when nothing beats the baseline beyond the noise."""
+"""The tuner: which of a workload's buffers to persist (or none), with which set-aside, hit ratio and
+window range, decided by paired measurements with stated confidence, and at the least tax.
+
+The search, for candidates c with window bytes N_c (the buffer, or its first accessPolicyMaxWindowSize
+bytes):
+
+1. **Screen.** One paired comparison (bench.compare: shuffled rounds, a baseline block in each) of every
+   candidate at set-asides of 1, 2, 3, 4, 6, 8 granules and the max, up to the first that holds all of
+   N_c (a larger one holds the same window and only costs more), each with the hit ratio that fits,
+   min(1, set-aside / N_c): a chosen policy never oversubscribes its set-aside, so ``persist(policy=...)``
+   raises no warning.
+2. **Refine** the two candidates whose best screened point won: that point again, the neighbouring
+   granules, lower hit ratios (0.5 and 0.75 of the fitting one) and the window cut to the first
+   set-aside bytes of the buffer with hit ratio 1.0.
+3. **Choose.** A point *wins* when its speedup's lower confidence bound is above 1 and the speedup is at
+   least ``1 + min_gain``. A set-aside above the driver's default limit (where the bystander tax begins,
+   l2ctl.auto_set_aside_cap) must also gain 2% at its lower bound, and 2% over the best point below it.
+   Among the winners whose interval reaches the best one's speedup (within noise of the best), the
+   smallest set-aside is chosen.
+4. **Confirm.** The choice and the baseline are measured again in fresh rounds; if the choice is not
+   faster beyond the noise there, the answer is "no persistence".
+
+The tax of the chosen set-aside (and of the grid's best, for comparison) on a plain copy is always
+measured and reported; it is cached per set-aside for the process.
+"""
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
 from ._device import require_persistence, stream_device
-from ._interop import resolve_buffer, resolve_stream
-from ._persist import Policy
-from ._plan import normalize_hit_ratio
-from .bench import Progress, Record, Report, check_repeats, clean_state, environment, measure_ceilings
-from .sweep import measure_point, set_aside_grid
-from .workloads import enqueue_of
+from ._interop import BufferRef, resolve_buffer, resolve_stream
+from ._limit import auto_set_aside_cap
+from ._persist import Policy, persist
+from ._plan import check_count, normalize_hit_ratio
+from .bench import Progress, Record, Report, environment
+from .bench.paired import Arm, Comparison, check_confidence, compare
+from .bench.tax import Tax, measure_tax
+from .bench.timing import check_repeats
+from .sweep import set_aside_grid
+from .workloads import describe, enqueue_of
 
-__all__ = ["TunedPolicy", "tune"]
+__all__ = ["TunedPolicy", "CandidateResult", "PointResult", "TunePoint", "tune", "TAX_GAIN", "resolve_candidates",
+           "winners", "choose"]
 
 MiB = 1 << 20
+#: A set-aside above the driver's default limit must buy at least this much (and this much more than the
+#: best point below it): the bystander tax there is real (docs/results.md).
+TAX_GAIN = 0.02
+COARSE_GRANULES = (1, 2, 3, 4, 6, 8)
+REFINED_CANDIDATES = 2
+
+
+class TunePoint(NamedTuple):
+    """One configuration: persist ``candidate`` with ``hit_ratio`` over ``num_bytes`` from ``offset``,
+    under a limit of ``set_aside`` bytes."""
+
+    candidate: str
+    set_aside: int
+    hit_ratio: float
+    offset: int
+    num_bytes: int
+
+    def describe(self) -> str:
+        where = f"{self.num_bytes / MiB:.2f} MiB" + (f" at +{self.offset}" if self.offset else "")
+        return (f"{self.candidate}: set-aside {self.set_aside / MiB:.2f} MiB, hit ratio {self.hit_ratio:.3f} over "
+                f"{where}")
+
+
+@dataclass
+class PointResult:
+    """A point's paired measurement: speedup over the baseline of its own rounds, with its interval."""
+
+    point: TunePoint
+    speedup: float
+    ci: tuple[float, float]
+    median_ms: float
+    baseline_ms: float
+    stage: str
+    verified: bool
+
+
+@dataclass
+class CandidateResult:
+    """What one candidate buffer can do: every point measured on it and the best of them."""
+
+    name: str
+    window_bytes: int
+    points: list[PointResult] = field(default_factory=list)
+
+    @property
+    def best(self) -> Optional[PointResult]:
+        return max(self.points, key=lambda p: p.speedup) if self.points else None
 
 
 @dataclass
 class TunedPolicy:
-    """What tune() found. ``policy`` is what to pass to ``persist(stream, buf, policy=...)``; when nothing
-    beat the baseline beyond the noise it is "no persistence" (``policy.enabled`` is False)."""
+    """What tune() found. ``policy`` goes to ``persist(stream, buffer, policy=...)`` (or call
+    ``tuned.persist(stream)``); when nothing beat the baseline beyond the noise it is "no persistence"
+    (``policy.enabled`` is False, ``buffer_name`` None) and persist then changes nothing.
+
+    ``speedup`` and ``ci`` come from the confirmation: the choice and the baseline re-measured side by side
+    after the search. ``candidates`` holds every candidate's points, ``grid_best`` the fastest point seen
+    (it may use a larger set-aside for a gain within noise), ``tax`` the chosen set-aside's cost to a
+    plain copy elsewhere on the GPU and ``grid_best_tax`` the grid best's.
+    """
 
     policy: Policy
+    buffer_name: Optional[str]
+    buffer: Any = field(repr=False)
     baseline_ms: float
     best_ms: float
-    noise: float
+    ci: tuple[float, float]
+    confidence: float
+    candidates: dict[str, CandidateResult]
+    grid_best: Optional[PointResult]
+    tax: Tax
+    grid_best_tax: Tax
+    reason: str
     table: list[Record]
     seconds: float
-    bystander: Optional[dict[str, Any]] = None
+    cap: int
     environment: dict[str, Any] = field(default_factory=dict)
 
     @property
     def speedup(self) -> float:
-        return self.baseline_ms / self.best_ms
+        return self.baseline_ms / self.best_ms if self.best_ms else 1.0
 
     @property
     def persists(self) -> bool:
@@ -52,112 +144,247 @@ class TunedPolicy:
     def hit_ratio(self) -> Any:
         return self.policy.hit_ratio
 
+    @property
+    def noise(self) -> float:
+        """Half the width of the confirmation's interval, relative: how precisely the speedup is known."""
+        return (self.ci[1] - self.ci[0]) / 2
+
+    def persist(self, stream: object, **kwargs: Any) -> Any:
+        """``l2ctl.persist(stream, <the chosen buffer>, policy=self)``; a scope that changes nothing when the
+        answer is "no persistence"."""
+        return persist(stream, self.buffer, policy=self.policy, **kwargs)
+
     def __str__(self) -> str:
+        n = sum(len(c.points) for c in self.candidates.values())
         if not self.persists:
-            return (f"no persistence: nothing beat the baseline ({self.baseline_ms:.3f} ms) by more than the noise "
-                    f"({self.noise:.1%}); {len(self.table)} points in {self.seconds:.1f} s")
-        return (f"set-aside {self.policy.set_aside:,} B, hit ratio {self.policy.hit_ratio:.3f}: {self.best_ms:.3f} ms vs "
-                f"{self.baseline_ms:.3f} ms without persistence ({self.speedup:.2f}x); {len(self.table)} points in "
-                f"{self.seconds:.1f} s")
+            return (f"no persistence: {self.reason}; {n} points over {len(self.candidates)} candidate(s) in "
+                    f"{self.seconds:.1f} s")
+        p = self.policy
+        assert isinstance(p.set_aside, int) and p.hit_ratio is not None
+        span = "" if p.num_bytes is None else f" over its first {p.num_bytes / MiB:.2f} MiB"
+        return (f"persist {self.buffer_name}{span}: set-aside {p.set_aside / MiB:.2f} MiB, hit ratio {p.hit_ratio:.3f}: "
+                f"{self.best_ms:.3f} ms vs {self.baseline_ms:.3f} ms ({self.speedup:.2f}x, {self.confidence:.0%} CI "
+                f"{self.ci[0]:.2f}-{self.ci[1]:.2f}); a plain copy elsewhere runs {self.tax.copy_slowdown:.2f}x slower "
+                f"meanwhile; {n} points in {self.seconds:.1f} s")
 
     def report(self) -> Report:
         r = Report("tune", self.environment, list(self.table))
-        r.summary = {"policy": {"enabled": self.policy.enabled, "set_aside": self.policy.set_aside,
-                                "hit_ratio": self.policy.hit_ratio},
-                     "baseline_ms": self.baseline_ms, "best_ms": self.best_ms, "speedup": self.speedup,
-                     "noise": self.noise, "seconds": self.seconds, "bystander": self.bystander}
+        p = self.policy
+        r.summary = {
+            "policy": {"enabled": p.enabled, "set_aside": p.set_aside, "hit_ratio": p.hit_ratio, "offset": p.offset,
+                       "num_bytes": p.num_bytes},
+            "buffer": self.buffer_name, "reason": self.reason,
+            "baseline_ms": self.baseline_ms, "best_ms": self.best_ms, "speedup": self.speedup, "ci": list(self.ci),
+            "confidence": self.confidence, "seconds": self.seconds, "auto_set_aside_cap": self.cap,
+            "tax": self.tax.as_dict(), "grid_best_tax": self.grid_best_tax.as_dict(),
+            "grid_best": None if self.grid_best is None else {**self.grid_best.point._asdict(),
+                                                             "speedup": self.grid_best.speedup,
+                                                             "ci": list(self.grid_best.ci)},
+            "candidates": {name: {"window_bytes": c.window_bytes,
+                                  "best": None if c.best is None else {**c.best.point._asdict(),
+                                                                       "speedup": c.best.speedup,
+                                                                       "ci": list(c.best.ci)}}
+                           for name, c in self.candidates.items()},
+        }
         return r
 
 
-def tune(workload: Any, stream: object, buf: object, *, warmup: int = 2, repeat: int = 7, bystander: bool = False,
-         progress: bool = False) -> TunedPolicy:
-    """Find the set-aside and hit ratio that make ``workload`` fastest with ``buf`` persisted, or decide
-    that persistence does not pay.
+def _raw_pair(value: object) -> bool:
+    return isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, (int, np.integer)) for v in value)
 
-    1. The baseline (no set-aside, no window), measured twice: the noise is how far the two medians
-       differ (at least 0.5%).
-    2. Coarse: set-asides of 1, 2, 3, 4, 6, 8 granules and the max, each with hit ratio 1.0 and
-       min(1, set-aside / buf).
-    3. Fine: around the best point, the neighbouring granules, and hit ratios from half to twice
-       set-aside / buf in 0.1 steps.
-    4. The best point wins only if it beats the baseline by more than the noise; it is then measured
-       again and must still win. Otherwise the answer is "no persistence".
-    ``bystander=True`` also reports the copy bandwidth of unrelated work at the chosen set-aside vs none.
+
+def resolve_candidates(candidates: object) -> dict[str, tuple[object, BufferRef]]:
+    """name -> (the object, its buffer reference) from one buffer, a sequence or a dict of buffers."""
+    if isinstance(candidates, Mapping):
+        items = [(str(k), v) for k, v in candidates.items()]
+    elif isinstance(candidates, list) or (isinstance(candidates, tuple) and not _raw_pair(candidates)):
+        items = [(f"[{i}]", v) for i, v in enumerate(candidates)]
+    else:
+        items = [("buffer", candidates)]
+    if not items:
+        raise ValueError("candidates: give at least one buffer (a buffer, a sequence or a dict name -> buffer)")
+    out: dict[str, tuple[object, BufferRef]] = {}
+    for name, obj in items:
+        try:
+            out[name] = (obj, resolve_buffer(obj))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"candidate {name!r}: {exc}") from None
+    return out
+
+
+def _fit(set_aside: int, nbytes: int) -> float:
+    return normalize_hit_ratio(min(1.0, set_aside / nbytes))
+
+
+def tune(workload: Any, stream: object, candidates: object, *, rounds: int = 5, repeat: int = 5, warmup: int = 1,
+         confidence: float = 0.95, min_gain: float = 0.01, seed: int = 0, progress: bool = False) -> TunedPolicy:
+    """Find which of ``candidates`` to persist while ``workload`` runs on ``stream``, and how, or decide
+    that persistence does not pay. ``candidates``: one buffer, a sequence or a dict name -> buffer
+    (tensors, CuPy arrays, DeviceBuffers, (ptr, nbytes), anything with __cuda_array_interface__ or DLPack).
+
+    ``rounds`` x ``repeat`` timed runs per point and stage (after ``warmup`` runs per block); a point
+    counts only when faster than the baseline at ``confidence`` by at least ``min_gain``. See the module
+    docstring for the search and the rule that picks the smallest set-aside within noise of the best.
     """
     start = time.monotonic()
     enqueue_of(workload)
-    resolve_buffer(buf)
+    named = resolve_candidates(candidates)
     warmup, repeat = check_repeats(warmup, repeat)
-    if not isinstance(bystander, bool) or not isinstance(progress, bool):
-        raise TypeError("bystander and progress must be bools")
+    rounds = check_count(rounds, "rounds", minimum=3, maximum=1000)
+    confidence = check_confidence(confidence)
+    if isinstance(min_gain, bool) or not isinstance(min_gain, (int, float)) or not 0 <= float(min_gain) < 1:
+        raise ValueError(f"min_gain must be a fraction in [0, 1), got {min_gain!r}")
+    check_count(seed, "seed", minimum=0)
+    if not isinstance(progress, bool):
+        raise TypeError("progress must be a bool")
     ref = resolve_stream(stream)
     device = stream_device(ref)
     info = require_persistence(device)
+    for name, (_, buf) in named.items():
+        if buf.device is not None and buf.device != device:
+            raise ValueError(f"candidate {name!r} is on device {buf.device}, the stream on device {device}")
     grid = set_aside_grid(device, include_zero=False)
-    nbytes = min(resolve_buffer(buf).nbytes, info.access_policy_max_window_size)
-    coarse = sorted({grid[min(k, len(grid)) - 1] for k in (1, 2, 3, 4, 6, 8)} | {grid[-1]})
-    # The plan: two baselines and two ratios per coarse set-aside; the fine stage adds itself when known.
-    bar = Progress(2 + 2 * len(coarse), "tune", progress)
+    cap = auto_set_aside_cap(device)
+    max_window = info.access_policy_max_window_size
+    results = {name: CandidateResult(name, min(buf.nbytes, max_window)) for name, (_, buf) in named.items()}
+    table: list[Record] = []
+    bar = Progress(0, "tune", progress)
+    base_config = describe(workload)
 
-    def point(size: int, ratio: Optional[float], label: str) -> Record:
-        rec = measure_point(workload, stream, buf, size, ratio, warmup=warmup, repeat=repeat, label=label)
-        bar.step(f"{label} {size / MiB:.2f} MiB {ratio}")
-        return rec
+    def arm(point: TunePoint) -> Arm:
+        obj = named[point.candidate][0]
+        whole = point.offset == 0 and point.num_bytes == named[point.candidate][1].nbytes
 
-    b1, b2 = point(0, None, "baseline"), point(0, None, "baseline")
-    if min(b1.median_ms, b2.median_ms) <= 0:
-        bar.close()
-        raise ValueError("the workload took 0 ms: it queued no GPU work on the stream it was given, so there is "
-                         "nothing to tune (launch its kernels on that stream)")
-    baseline_ms = min(b1.median_ms, b2.median_ms)
-    # The noise of a median: how far two independent baseline medians differ (at least 0.5%). The
-    # per-repetition spread would overstate it and refuse real gains of a few percent.
-    noise = max(0.005, abs(b1.median_ms - b2.median_ms) / baseline_ms)
-    table: list[Record] = [b1, b2]
-    seen: dict[tuple[int, float], Record] = {}
+        def scope() -> Any:
+            if whole:
+                return persist(stream, obj, point.hit_ratio, set_aside=None)
+            return persist(stream, obj, point.hit_ratio, offset=point.offset, num_bytes=point.num_bytes, set_aside=None)
 
-    def measure(size: int, ratio: float, label: str) -> Record:
-        key = (size, round(ratio, 4))
-        if key not in seen:
-            seen[key] = point(size, normalize_hit_ratio(ratio), label)
-            table.append(seen[key])
-        return seen[key]
+        return Arm(point.describe(), point.set_aside, scope, {**base_config, **point._asdict()})
 
-    for size in coarse:
-        for ratio in {1.0, min(1.0, size / nbytes)}:
-            measure(size, ratio, "coarse")
-    best = min(seen.items(), key=lambda kv: kv[1].median_ms)
-    (size0, ratio0) = best[0]
-    index = grid.index(size0)
-    fine = []
-    for size in grid[max(0, index - 1): index + 2]:
-        fit = min(1.0, size / nbytes)
-        ratios = {fit, 1.0} | {round(r, 1) for r in np.arange(0.1, 1.01, 0.1) if fit / 2 <= r <= min(1.0, 2 * fit)}
-        fine += [(size, ratio) for ratio in sorted(ratios) if (size, round(ratio, 4)) not in seen]
-    bar.grow(len(fine) + 1)  # + the confirmation
-    for size, ratio in fine:
-        measure(size, ratio, "fine")
-    (size_best, ratio_best), rec_best = min(seen.items(), key=lambda kv: kv[1].median_ms)
-    policy = Policy(enabled=False)
-    best_ms = baseline_ms
-    if rec_best.median_ms < baseline_ms * (1 - noise):
-        again = point(size_best, normalize_hit_ratio(ratio_best), "confirm")
-        table.append(again)
-        confirmed = max(rec_best.median_ms, again.median_ms)
-        if confirmed < baseline_ms * (1 - noise):
-            policy = Policy(set_aside=rec_best.config["set_aside_granted"], hit_ratio=normalize_hit_ratio(ratio_best))
-            best_ms = confirmed
+    def run(points: list[TunePoint], stage: str, stage_seed: int) -> list[PointResult]:
+        bar.grow(rounds * (len(points) + 1))
+        base, comps = compare(workload, stream, [arm(p) for p in points], rounds=rounds, repeat=repeat, warmup=warmup,
+                              confidence=confidence, seed=stage_seed, benchmark="tune", progress=bar)
+        table.append(base.record("tune", {**base_config, "stage": stage}))
+        out = []
+        for p, c in zip(points, comps):
+            table.append(c.record("tune", {"stage": stage}))
+            out.append(PointResult(p, c.speedup, c.ci, c.median_ms, c.baseline_median_ms, stage, c.verified))
+        return out
+
+    # 1. screen every candidate
+    screen: list[TunePoint] = []
+    for name, res in results.items():
+        sizes = _screen_sizes(grid, res.window_bytes)
+        screen += [TunePoint(name, s, _fit(s, res.window_bytes), 0, res.window_bytes) for s in sizes]
+    for pr in run(screen, "screen", seed):
+        results[pr.point.candidate].points.append(pr)
+
+    # 2. refine the candidates whose best screened point won
+    won = winners([p for c in results.values() for p in c.points], cap, min_gain)
+    leaders = sorted((c for c in results.values() if any(p in won for p in c.points)),
+                     key=lambda c: -max(p.speedup for p in c.points if p in won))[:REFINED_CANDIDATES]
+    refine: list[TunePoint] = []
+    for c in leaders:
+        anchor = max((p for p in c.points if p in won), key=lambda p: p.speedup).point
+        refine += _refine_points(anchor, grid, c)
+    if refine:
+        fresh = run(refine, "refine", seed + 1)
+        redone = {p.point for p in fresh}
+        for c in results.values():
+            c.points = [p for p in c.points if p.point not in redone]
+        for pr in fresh:
+            results[pr.point.candidate].points.append(pr)
+
+    # 3. choose: the smallest set-aside among the winners within noise of the best
+    everything = [p for c in results.values() for p in c.points]
+    chosen = choose(everything, cap, min_gain)
+    grid_best = max(everything, key=lambda p: p.speedup) if everything else None
+    chosen_name: Optional[str] = None
+    policy, buffer = Policy(enabled=False), next(iter(named.values()))[0]  # persist ignores the buffer then
+    baseline_ms = float(np.median([p.baseline_ms for p in everything])) if everything else 0.0
+    best_ms, ci = baseline_ms, (1.0, 1.0)
+    if chosen is None:
+        reason = ("no point was faster than the baseline beyond the noise"
+                  + (f" (the best, {grid_best.point.describe()}, measured {grid_best.speedup:.3f}x, "
+                     f"{confidence:.0%} CI {grid_best.ci[0]:.3f}-{grid_best.ci[1]:.3f})" if grid_best else ""))
+    else:
+        # 4. confirm in fresh rounds
+        (confirmed,) = run([chosen.point], "confirm", seed + 2)
+        results[chosen.point.candidate].points.append(confirmed)
+        ok = bool(winners([confirmed], cap, min_gain))
+        if ok:
+            pt = chosen.point
+            whole = pt.offset == 0 and pt.num_bytes == named[pt.candidate][1].nbytes
+            policy = Policy(set_aside=pt.set_aside, hit_ratio=pt.hit_ratio, offset=pt.offset,
+                            num_bytes=None if whole else pt.num_bytes)
+            chosen_name, buffer = pt.candidate, named[pt.candidate][0]
+            baseline_ms, best_ms, ci = confirmed.baseline_ms, confirmed.median_ms, confirmed.ci
+            reason = (f"{chosen.point.describe()} was the smallest set-aside within noise of the best point "
+                      f"and was confirmed")
+        else:
+            reason = (f"the choice ({chosen.point.describe()}, {chosen.speedup:.3f}x in the search) did not reproduce: "
+                      f"{confirmed.speedup:.3f}x, {confidence:.0%} CI {confirmed.ci[0]:.3f}-{confirmed.ci[1]:.3f}")
     bar.close()
-    tax = None
-    if bystander:
-        tax = _bystander(stream, int(policy.set_aside) if policy.enabled and isinstance(policy.set_aside, int) else 0)
-    return TunedPolicy(policy, baseline_ms, best_ms, noise, table, time.monotonic() - start, tax, environment(device))
+    tax = measure_tax(stream, int(policy.set_aside)) if policy.enabled and isinstance(policy.set_aside, int) else \
+        measure_tax(stream, 0)
+    grid_tax = measure_tax(stream, grid_best.point.set_aside) if grid_best is not None else measure_tax(stream, 0)
+    return TunedPolicy(policy, chosen_name, buffer, baseline_ms, best_ms, ci, confidence, results, grid_best, tax, grid_tax,
+                       reason, table, time.monotonic() - start, cap, environment(device))
 
 
-def _bystander(stream: object, set_aside: int, nbytes: int = 512 * MiB) -> dict[str, Any]:
-    with clean_state(stream, set_aside=0):
-        free = measure_ceilings(stream, nbytes, warmup=2, repeat=7)
-    with clean_state(stream, set_aside=set_aside):
-        taxed = measure_ceilings(stream, nbytes, warmup=2, repeat=7)
-    return {"set_aside": set_aside, "copy_gbps_without": free.copy_gbps, "copy_gbps_with": taxed.copy_gbps,
-            "copy_slowdown": free.copy_gbps / taxed.copy_gbps}
+def winners(points: list[PointResult], cap: int, min_gain: float) -> list[PointResult]:
+    """The points that count: faster than their baseline beyond the noise (lower bound above 1) by at
+    least ``min_gain``; above the ``cap`` (the tax-free limit) also by TAX_GAIN at the lower bound and by
+    TAX_GAIN over the best winner at or below the cap."""
+    def counts(p: PointResult) -> bool:
+        return p.ci[0] > 1.0 and p.speedup >= 1.0 + min_gain
+
+    below = [p for p in points if p.point.set_aside <= cap and counts(p)]
+    floor = max((p.speedup for p in below), default=1.0)
+    above = [p for p in points if p.point.set_aside > cap and counts(p) and p.ci[0] >= 1.0 + TAX_GAIN
+             and p.speedup >= (1.0 + TAX_GAIN) * floor]
+    return [p for p in points if p in below or p in above]
+
+
+def choose(points: list[PointResult], cap: int, min_gain: float) -> Optional[PointResult]:
+    """The smallest set-aside among the winners whose interval reaches the best winner's speedup (within
+    noise of the best); ties go to the faster. None: nothing won."""
+    won = winners(points, cap, min_gain)
+    if not won:
+        return None
+    top = max(p.speedup for p in won)
+    near = [p for p in won if p.ci[1] >= top]
+    return min(near, key=lambda p: (p.point.set_aside, -p.speedup))
+
+
+def _screen_sizes(grid: list[int], window_bytes: int) -> list[int]:
+    """The screened set-asides: granule counts 1, 2, 3, 4, 6, 8 and the max, up to the first size that holds
+    the whole window."""
+    useful = [s for s in grid if s < window_bytes] + [s for s in grid if s >= window_bytes][:1]
+    if len(useful) <= len(COARSE_GRANULES):
+        return useful
+    picked = {useful[k - 1] for k in COARSE_GRANULES if k <= len(useful)} | {useful[-1]}
+    return sorted(picked)
+
+
+def _refine_points(anchor: TunePoint, grid: list[int], result: CandidateResult) -> list[TunePoint]:
+    """The anchor again, its neighbouring set-asides, lower hit ratios and the window cut to the set-aside."""
+    n = result.window_bytes
+    seen = {(p.point.set_aside, round(p.point.hit_ratio, 6), p.point.num_bytes) for p in result.points}
+    useful = [s for s in grid if s < n] + [s for s in grid if s >= n][:1]
+    k = useful.index(anchor.set_aside) if anchor.set_aside in useful else 0
+    points = [anchor]
+    for s in useful[max(0, k - 1): k + 2]:
+        if (s, round(_fit(s, n), 6), n) not in seen and s != anchor.set_aside:
+            points.append(TunePoint(anchor.candidate, s, _fit(s, n), 0, n))
+    fit = _fit(anchor.set_aside, n)
+    for share in (0.5, 0.75):
+        ratio = normalize_hit_ratio(fit * share)
+        if ratio >= 0.05:
+            points.append(TunePoint(anchor.candidate, anchor.set_aside, ratio, 0, n))
+    if n > anchor.set_aside:
+        span = max(1, math.floor(anchor.set_aside / 256) * 256)
+        points.append(TunePoint(anchor.candidate, anchor.set_aside, 1.0, 0, span))
+    return list(dict.fromkeys(points))

@@ -13,13 +13,16 @@ from .ceilings import Ceilings, measure_ceilings
 from .concurrent import bench_concurrent
 from .graph_replay import bench_graph
 from .overhead import OVERHEAD_VARIANTS, bench_overhead
+from .paired import Arm, Comparison, bootstrap_speedup, compare
 from .progress import Progress
 from .records import Record, Report, environment
 from .reset_data import RESET_COLUMNS, bench_reset_data, default_lut_sizes
 from .state import clean_state, flush_l2, owned_stream
 from .stride import bench_stride
+from .tax import Tax, forget_taxes, measure_tax
 from .timing import MAX_REPEAT, Timer, Timing, check_repeats, time_gpu
 from .verify import VerificationError, check
+from .workloads import WORKLOAD_POLICIES, bench_workloads, recipe_set_aside
 
 __all__ = [
     "VerificationError",
@@ -47,4 +50,14 @@ __all__ = [
     "bench_concurrent",
     "bench_overhead",
     "OVERHEAD_VARIANTS",
+    "Arm",
+    "Comparison",
+    "compare",
+    "bootstrap_speedup",
+    "Tax",
+    "measure_tax",
+    "forget_taxes",
+    "bench_workloads",
+    "recipe_set_aside",
+    "WORKLOAD_POLICIES",
 ]

@@ -9,13 +9,13 @@ from __future__ import annotations
 import argparse
 
 from .exitcodes import EXIT_OK
-from .options import (COLUMN_NAMES, COMMON, CSV, DEVICE, JSON, LUT_BYTES, LUT_SIZES, OUT_BYTES, PLOT, QUIET, SET_ASIDE,
-                      Option, columns, count, strides)
+from .options import (COLUMN_NAMES, COMMON, CSV, DEVICE, GALLERY_NAMES, JSON, LUT_BYTES, LUT_SIZES, OUT_BYTES, PLOT,
+                      QUIET, REPEAT, ROUNDS, SET_ASIDE, WARMUP, Option, columns, count, gallery_names, strides)
 from .output import fmt_bytes, header, save_plot, write_report
 from .parsing import Command, Group
 
 __all__ = ["cmd_bench_reset", "cmd_bench_stride", "cmd_bench_cs", "cmd_bench_graph", "cmd_bench_concurrent",
-           "cmd_bench_overhead", "RESET_DATA", "STRIDE", "CACHE_STREAMING", "GRAPH", "CONCURRENT", "OVERHEAD",
+           "cmd_bench_overhead", "cmd_bench_workloads", "WORKLOADS", "RESET_DATA", "STRIDE", "CACHE_STREAMING", "GRAPH", "CONCURRENT", "OVERHEAD",
            "BENCHMARKS", "BENCH"]
 
 
@@ -151,6 +151,43 @@ def cmd_bench_overhead(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_bench_workloads(args: argparse.Namespace) -> int:
+    from .. import bench
+
+    report = bench.bench_workloads(names=args.names, runs=args.runs, rounds=args.rounds, repeat=args.repeat,
+                                   warmup=args.warmup, device=args.device, progress=not args.quiet)
+    print(header(report))
+    s = report.summary
+    print(f"framework workloads, paired rounds against the baseline ({s['rounds']} rounds x {s['repeat']} runs per "
+          f"arm), speedup over the baseline; every output verified; recipe set-aside "
+          f"{fmt_bytes(s['recipe_set_aside'])}")
+    print(f"{'workload':<14} {'base ms':>8} {'recipe':>7} {'copy':>6} {'hit 1.0':>8} {'tuned (' + str(s['runs']) + ' runs)':>20}"
+          f" {'copy':>6} {'tune s':>7}  choice")
+    for r in s["rows"]:
+        tuned = " ".join(f"{x:.2f}" for x in r["tuned_speedups"])
+        if r["tuned_buffer"] is None:
+            choice = "no persistence"
+        else:
+            span = "" if r["tuned_num_bytes"] is None else f" (first {fmt_bytes(r['tuned_num_bytes'])})"
+            choice = (f"{r['tuned_buffer']}{span}: set-aside {fmt_bytes(r['tuned_set_aside'])}, hit ratio "
+                      f"{r['tuned_hit_ratio']:.2f}")
+        print(f"{r['workload']:<14} {r['baseline_ms']:8.3f} {r['recipe_speedup']:6.2f}x {r['recipe_copy_slowdown']:5.2f}x "
+              f"{r['hit1_speedup']:7.2f}x {tuned:>19}x {r['tuned_copy_slowdown']:5.2f}x {r['tune_seconds']:7.1f}  {choice}")
+    for r in s["rows"]:
+        g = r["grid_best"]
+        if g is not None:
+            print(f"  {r['workload']}: grid best {g['candidate']} set-aside {fmt_bytes(g['set_aside'])} hit ratio "
+                  f"{g['hit_ratio']:.2f}: {g['speedup']:.3f}x (copy {g['copy_slowdown']:.2f}x slower); "
+                  f"{r['tune_reason']}")
+    for name, reason in s["skipped"].items():
+        print(f"{name:<14} skipped: {reason}")
+    print("recipe: the obvious buffer with set-aside min(0.75 x L2, max); hit 1.0: persist(s, buffer, 1.0) with the "
+          "defaults; tuned: l2ctl.tune over every candidate, re-measured; copy: how much slower a plain copy runs "
+          "under that set-aside")
+    write_report(report, args.json, args.csv)
+    return EXIT_OK
+
+
 RESET_OPTIONS = (
     LUT_SIZES,
     OUT_BYTES,
@@ -191,7 +228,7 @@ CONCURRENT = Command(
 
 OVERHEAD = Command(
     "overhead", "host cost of persist, windows, set_aside and resets, beside the raw CUDA calls",
-    (Option("--rounds", "rounds; the median is reported (1 to 1000)", 7, type=count(1, 1000, "rounds"), metavar="N"),
+    (ROUNDS.but(help="rounds; the median is reported (3 to 1000)", default=7),
      Option("--iterations", "operations per round (1 to 1,000,000)", 2000, type=count(1, 1_000_000, "iterations"),
             metavar="N"),
      DEVICE, JSON, CSV, QUIET),
@@ -200,8 +237,20 @@ OVERHEAD = Command(
     "graphs of 1 and 32 kernel nodes), set/clear of a window, a set_aside scope, a reset of persisting\n"
     "lines, and the same through cuda-python's cuda.bindings when it is installed.")
 
+WORKLOADS = Command(
+    "workloads", "the framework gallery (PyTorch, CuPy): baseline, recipe, hit 1.0 and tuned, with the tax",
+    (Option("--names", f"gallery workloads, comma-separated, from: {', '.join(GALLERY_NAMES)}", None, "all",
+            gallery_names, "NAMES"),
+     Option("--runs", "separate paired re-measures of the tuned choice (1 to 100)", 3, type=count(1, 100, "runs"),
+            metavar="N"),
+     ROUNDS, REPEAT.but(default=5), WARMUP.but(default=1), DEVICE, JSON, CSV, QUIET),
+    cmd_bench_workloads,
+    "The gallery of real framework workloads (l2ctl.workloads.gallery), each measured side by side with\n"
+    "its baseline: the textbook recipe, persist(..., 1.0) with l2ctl's defaults, and l2ctl.tune's choice\n"
+    "over all of the workload's tensors; a workload whose framework is missing is skipped with the reason.")
+
 #: The benchmarks, in the order ``bench --help`` lists them.
-BENCHMARKS: tuple[Command, ...] = (RESET_DATA, STRIDE, CACHE_STREAMING, GRAPH, CONCURRENT, OVERHEAD)
+BENCHMARKS: tuple[Command, ...] = (RESET_DATA, STRIDE, CACHE_STREAMING, GRAPH, CONCURRENT, OVERHEAD, WORKLOADS)
 
 BENCH = Group(
     "bench", "benchmarks (no name: reset-data, the main job)", BENCHMARKS, RESET_DATA.options, RESET_DATA,

@@ -18,6 +18,7 @@ import l2ctl
 
 from ..bench import MAX_REPEAT, RESET_COLUMNS
 from ..kernels import ResetVariant, check_variant
+from ..workloads import gallery
 
 __all__ = [
     "Option",
@@ -32,11 +33,14 @@ __all__ = [
     "strides",
     "columns",
     "variant",
+    "gallery_names",
+    "GALLERY_NAMES",
     "device_index",
     "output_path",
     "DEVICE",
     "REPEAT",
     "WARMUP",
+    "ROUNDS",
     "JSON",
     "CSV",
     "PLOT",
@@ -52,6 +56,7 @@ __all__ = [
 MAX_BYTES = 1 << 62  # far above any device's memory; keeps a typo from overflowing the C++ side
 COLUMN_NAMES = tuple(name for name, _ in RESET_COLUMNS)
 VARIANT_NAMES = tuple(v.name.lower() for v in ResetVariant)
+GALLERY_NAMES = tuple(gallery.names())
 
 
 def _bad(message: str) -> argparse.ArgumentTypeError:
@@ -148,6 +153,15 @@ def columns(text: str) -> list[str]:
     return names
 
 
+def gallery_names(text: str) -> list[str]:
+    """Comma-separated gallery workload names (l2ctl.workloads.gallery)."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [n for n in names if n not in GALLERY_NAMES]
+    if not names or unknown:
+        raise _bad(f"unknown workload {', '.join(unknown) or repr(text)}; choose from {', '.join(GALLERY_NAMES)}")
+    return names
+
+
 def variant(text: str) -> str:
     """A reset-data kernel variant (l2ctl.kernels.ResetVariant), by name; returned in lower case."""
     try:
@@ -230,6 +244,8 @@ DEVICE = Option("--device", "CUDA device index", None, "the current device", dev
 REPEAT = Option("--repeat", f"timed repetitions per point, the median is reported (1 to {MAX_REPEAT:_})", 15,
                 type=repeat_count, metavar="N")
 WARMUP = Option("--warmup", "untimed runs before the timed ones, per point", 3, type=warmup_count, metavar="N")
+ROUNDS = Option("--rounds", "paired rounds: each runs one block of the baseline and of every point, shuffled (3 to 1000)",
+                5, type=count(3, 1000, "rounds"), metavar="N")
 JSON = Option("--json", "write the full report (environment, configuration, every record) as JSON",
               type=output_path, metavar="PATH")
 CSV = Option("--csv", "write one CSV row per measurement", type=output_path, metavar="PATH")

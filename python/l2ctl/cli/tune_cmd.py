@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from .exitcodes import EXIT_OK
-from .options import CSV, DEVICE, JSON, LUT_SIZES, OUT_BYTES, QUIET, REPEAT, VARIANT, WARMUP, Option
+from .options import CSV, DEVICE, JSON, LUT_SIZES, OUT_BYTES, QUIET, REPEAT, ROUNDS, VARIANT, WARMUP
 from .output import fmt_bytes, header, numbered_path, write_report
 from .parsing import Command
 
@@ -24,7 +24,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     with l2ctl.Stream(args.device) as s:
         for lut in sizes:
             with sweep.ResetDataWorkload(lut, args.out_bytes, variant=args.variant, device=args.device) as w:
-                tuned = tuner.tune(w, s, w.buf, warmup=args.warmup, repeat=args.repeat, bystander=args.bystander,
+                tuned = tuner.tune(w, s, {"lut": w.buf}, warmup=args.warmup, repeat=args.repeat, rounds=args.rounds,
                                    progress=not args.quiet)
             rows.append((lut, tuned))
             # written as each size finishes: a long run interrupted keeps what it measured
@@ -33,11 +33,27 @@ def cmd_tune(args: argparse.Namespace) -> int:
     print(header(rows[0][1].report()))
     for lut, tuned in rows:
         print(f"reset-data ({args.variant}) LUT {fmt_bytes(lut)}: {tuned}")
-        if tuned.bystander:
-            b = tuned.bystander
-            print(f"  bystander copy: {b['copy_gbps_without']:,.0f} GB/s without the set-aside, "
-                  f"{b['copy_gbps_with']:,.0f} with it ({b['copy_slowdown']:.2f}x slower)")
+        for line in grid_lines(tuned):
+            print("  " + line)
     return EXIT_OK
+
+
+def grid_lines(tuned: Any) -> list[str]:
+    """The points measured on the chosen candidate (or the best one), by set-aside: what the choice was
+    made from, beside the grid's best and its tax."""
+    name = tuned.buffer_name or (tuned.grid_best.point.candidate if tuned.grid_best else None)
+    if name is None:
+        return []
+    lines = [f"points on {name} (speedup, {tuned.confidence:.0%} CI):"]
+    for p in sorted(tuned.candidates[name].points, key=lambda p: (p.point.set_aside, p.point.hit_ratio)):
+        mark = " <- chosen" if tuned.persists and p.stage == "confirm" else ""
+        lines.append(f"  {p.stage:7s} set-aside {fmt_bytes(p.point.set_aside):>9s} hit {p.point.hit_ratio:.3f} over "
+                     f"{fmt_bytes(p.point.num_bytes)}: {p.speedup:.3f}x [{p.ci[0]:.3f}, {p.ci[1]:.3f}]{mark}")
+    if tuned.grid_best is not None:
+        g, t = tuned.grid_best, tuned.grid_best_tax
+        lines.append(f"grid best: {g.point.describe()} {g.speedup:.3f}x; its set-aside slows a plain copy "
+                     f"{t.copy_slowdown:.2f}x (chosen: {tuned.tax.copy_slowdown:.2f}x)")
+    return lines
 
 
 PER_SIZE = "; with several LUT sizes, one file per size: PATH_<bytes>.ext"
@@ -45,9 +61,9 @@ PER_SIZE = "; with several LUT sizes, one file per size: PATH_<bytes>.ext"
 TUNE = Command(
     "tune", "find the best set-aside and hit ratio for reset-data, or that persistence does not pay",
     (LUT_SIZES.but(default=[4 << 20], shown_default="4M"), OUT_BYTES, VARIANT,
-     Option("--bystander", "also measure the set-aside's tax on a plain copy", False, switch=True),
-     DEVICE, REPEAT.but(default=7), WARMUP.but(default=2),
+     DEVICE, ROUNDS, REPEAT.but(default=5), WARMUP.but(default=1),
      JSON.but(help=JSON.help + PER_SIZE), CSV.but(help=CSV.help + PER_SIZE), QUIET),
     cmd_tune,
-    "The tuner (l2ctl.tune) on reset-data, one LUT size at a time: a coarse then a fine search over\n"
-    "set-aside and hit ratio; the best point wins only if it beats the baseline by more than the noise.")
+    "The tuner (l2ctl.tune) on reset-data, one LUT size at a time: paired rounds against the baseline;\n"
+    "a point wins only when faster beyond the noise at 95% confidence, and the smallest set-aside within\n"
+    "noise of the best is chosen, confirmed, and reported with its tax on a plain copy.")

@@ -5,15 +5,28 @@ A workload is a plain callable ``f(stream)`` that queues its work on ``stream``,
 ``poison(stream)`` (make the output wrong before a measurement, so a run that wrote nothing fails
 verification) and ``describe() -> dict`` (its configuration, for records). Measurements of a workload
 without ``verify`` are recorded as unverified.
+
+Built in: ``ResetDataWorkload`` (l2ctl's own kernel), ``CopyWorkload`` (the bystander of the tax), and the
+gallery of framework workloads (``gallery.GALLERY``: PyTorch broadcast, scatter-add, index_select,
+embedding, embedding_bag, a mixed step; CuPy/cuSPARSE SpMV), each with ``candidates()``, the buffers
+worth offering to l2ctl.tune. Importing this package imports no framework.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Protocol, runtime_checkable
 
+from . import gallery
+from .broadcast import BroadcastAdd
+from .copy import CopyWorkload
+from .gathers import Embedding, EmbeddingBag, IndexSelect
 from .reset_data import ResetDataWorkload
+from .scatter_add import ScatterAdd
+from .spmv import SpMV
+from .step import TrainingStep
 
-__all__ = ["Workload", "VerifiedWorkload", "enqueue_of", "describe", "ResetDataWorkload"]
+__all__ = ["Workload", "VerifiedWorkload", "enqueue_of", "describe", "ResetDataWorkload", "CopyWorkload", "gallery",
+           "BroadcastAdd", "ScatterAdd", "IndexSelect", "Embedding", "EmbeddingBag", "SpMV", "TrainingStep"]
 
 
 @runtime_checkable

@@ -1,0 +1,81 @@
+"""The bystander tax of a set-aside: how much slower a plain copy (no window anywhere) runs while the
+limit is in place, measured as a paired comparison against no set-aside. Cached per backend, device and
+granted limit for the life of the process, so every tuning can report it without paying for it twice."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from .. import _backend
+from .._device import properties, stream_device
+from .._interop import resolve_stream
+from .._limit import set_aside_granularity
+from .._plan import check_nbytes, round_up
+from ..workloads.copy import CopyWorkload
+from .paired import Arm, compare
+
+__all__ = ["Tax", "measure_tax", "forget_taxes"]
+
+_cache: "weakref.WeakKeyDictionary[Any, dict[tuple[int, int], Tax]]" = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Tax:
+    """A plain copy's time with ``set_aside`` bytes set aside over its time with none (1.0: no tax), with
+    the confidence interval of that ratio."""
+
+    set_aside: int
+    copy_slowdown: float
+    ci: tuple[float, float]
+    copy_bytes: int
+    copy_ms_without: float
+    copy_ms_with: float
+
+    @property
+    def copy_gbps_without(self) -> float:
+        return 2 * self.copy_bytes / self.copy_ms_without / 1e6
+
+    @property
+    def copy_gbps_with(self) -> float:
+        return 2 * self.copy_bytes / self.copy_ms_with / 1e6
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"set_aside": self.set_aside, "copy_slowdown": self.copy_slowdown, "copy_slowdown_ci": list(self.ci),
+                "copy_bytes": self.copy_bytes, "copy_gbps_without": self.copy_gbps_without,
+                "copy_gbps_with": self.copy_gbps_with}
+
+
+def measure_tax(stream: object, set_aside: int, *, rounds: int = 3, repeat: int = 5) -> Tax:
+    """The tax of ``set_aside`` bytes (rounded up to the driver's granularity) on a copy of 8x the L2
+    size. 0 bytes costs nothing and is not measured."""
+    set_aside = check_nbytes(set_aside, "set_aside", allow_zero=True)
+    device = stream_device(resolve_stream(stream))
+    info = properties(device)
+    if set_aside == 0 or not info.supports_persistence:
+        return Tax(0, 1.0, (1.0, 1.0), 0, 0.0, 0.0)
+    granted = min(info.persisting_l2_cache_max_size, round_up(set_aside, set_aside_granularity(device)))
+    key = (device, granted)
+    backend = _backend.current()
+    with _lock:
+        cached = _cache.get(backend, {}).get(key)
+    if cached is not None:
+        return cached
+    nbytes = round_up(8 * info.l2_cache_size, 1 << 20)
+    with CopyWorkload(nbytes, device) as copy:
+        base, (taxed,) = compare(copy, stream, [Arm("set-aside", granted)], rounds=rounds, repeat=repeat, warmup=1,
+                                 benchmark="tax")
+    slowdown, (low, high) = 1.0 / taxed.speedup, (1.0 / taxed.ci[1], 1.0 / taxed.ci[0])
+    tax = Tax(granted, slowdown, (low, high), nbytes, base.median_ms, taxed.median_ms)
+    with _lock:
+        _cache.setdefault(backend, {})[key] = tax
+    return tax
+
+
+def forget_taxes() -> None:
+    """Drop the cached measurements (after a change of clocks or tenants that the cache cannot see)."""
+    with _lock:
+        _cache.clear()

@@ -1,0 +1,75 @@
+"""What the gallery's workloads share: sizes from the device, the buffers offered to the tuner, closing."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Optional
+
+from .._device import properties
+
+__all__ = ["GalleryWorkload", "fraction_of_l2", "MiB", "GiB"]
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def fraction_of_l2(fraction: float, device: object = None, *, multiple: int = MiB) -> int:
+    """``fraction`` of the device's L2 size, rounded down to ``multiple`` bytes (at least one multiple):
+    gallery sizes follow the GPU at hand, never one GPU's constants."""
+    return max(multiple, int(fraction * properties(device).l2_cache_size) // multiple * multiple)
+
+
+class GalleryWorkload:
+    """A framework workload: ``enqueue(stream)`` runs one step on ``stream``; ``poison``/``verify`` make the
+    output wrong before a measurement and check it after; ``candidates()`` names the buffers worth
+    trying to persist; ``hot`` is the one the textbook recipe would persist."""
+
+    name: ClassVar[str] = ""
+    framework: ClassVar[str] = ""
+    hot: ClassVar[str] = ""
+
+    def __init__(self, device: object = None) -> None:
+        self.device = properties(device).index
+        self._tensors: dict[str, Any] = {}
+
+    def candidates(self) -> dict[str, Any]:
+        return dict(self._tensors)
+
+    def sizes(self) -> dict[str, int]:
+        return {name: int(t.nbytes) for name, t in self._tensors.items()}
+
+    def describe(self) -> dict[str, Any]:
+        return {"workload": self.name, "framework": self.framework, "hot": self.hot,
+                **{f"{name}_bytes": nbytes for name, nbytes in self.sizes().items()}, **self.shape()}
+
+    def shape(self) -> dict[str, Any]:
+        """The workload's own parameters for records (rows, lookups, ...)."""
+        return {}
+
+    def enqueue(self, stream: object) -> None:
+        raise NotImplementedError
+
+    def poison(self, stream: object) -> None:
+        raise NotImplementedError
+
+    def verify(self, stream: object) -> bool:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Drop the tensors (the framework's allocator frees them)."""
+        self._tensors.clear()
+        for name in list(vars(self)):
+            if name not in ("device", "_tensors"):
+                setattr(self, name, None)
+
+    def __enter__(self) -> "GalleryWorkload":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def check_fraction(value: Optional[int], default_fraction: float, device: object, name: str) -> int:
+    """A size argument: the value given (bytes) or the default fraction of the L2."""
+    from .._plan import check_nbytes
+
+    return fraction_of_l2(default_fraction, device) if value is None else check_nbytes(value, name)

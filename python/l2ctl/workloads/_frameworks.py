@@ -1,0 +1,101 @@
+"""PyTorch and CuPy for the gallery: importing them (with the reason when they cannot be used) and running
+framework operations on the stream the harness gives (an l2ctl stream, a framework stream, a handle)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, Optional
+
+from .._interop import resolve_stream
+
+__all__ = ["torch_missing", "cupy_missing", "require_torch", "require_cupy", "on_torch_stream", "on_cupy_stream"]
+
+
+def torch_missing() -> Optional[str]:
+    """Why the PyTorch workloads cannot run here (None: they can)."""
+    try:
+        import torch
+    except ImportError:
+        return "needs PyTorch (pip install torch)"
+    if not torch.cuda.is_available():
+        return f"PyTorch {torch.__version__} sees no CUDA device (a CPU-only build, or no driver)"
+    return None
+
+
+def cupy_missing() -> Optional[str]:
+    """Why the CuPy workloads cannot run here (None: they can)."""
+    try:
+        import cupy
+        import cupyx.scipy.sparse  # noqa: F401  (cuSPARSE)
+    except ImportError:
+        return "needs CuPy (pip install cupy-cuda12x or cupy-cuda13x)"
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "CuPy sees no CUDA device"
+    except Exception as exc:  # CUDARuntimeError and driver errors: the reason is the message
+        return f"CuPy cannot reach a GPU: {exc}"
+    return None
+
+
+def require_torch() -> Any:
+    reason = torch_missing()
+    if reason is not None:
+        raise RuntimeError(reason)
+    import torch
+
+    return torch
+
+
+def require_cupy() -> Any:
+    reason = cupy_missing()
+    if reason is not None:
+        raise RuntimeError(reason)
+    import cupy
+
+    return cupy
+
+
+class _Streams:
+    """Framework stream objects for raw handles, made once per handle (they are cheap but not free)."""
+
+    def __init__(self) -> None:
+        self.torch: dict[int, Any] = {}
+        self.cupy: dict[int, Any] = {}
+
+
+_streams = _Streams()
+
+
+@contextlib.contextmanager
+def on_torch_stream(stream: object) -> Iterator[Any]:
+    """Make ``stream`` PyTorch's current stream inside the block (a torch stream is used as it is)."""
+    import torch
+
+    if isinstance(stream, torch.cuda.Stream):
+        with torch.cuda.stream(stream):
+            yield stream
+        return
+    ref = resolve_stream(stream)
+    ts = _streams.torch.get(ref.handle)
+    if ts is None:
+        ts = _streams.torch[ref.handle] = torch.cuda.ExternalStream(ref.handle, device=ref.device)
+    with torch.cuda.stream(ts):
+        yield ts
+
+
+@contextlib.contextmanager
+def on_cupy_stream(stream: object) -> Iterator[Any]:
+    """Make ``stream`` CuPy's current stream inside the block (a CuPy stream is used as it is)."""
+    import cupy
+
+    if isinstance(stream, cupy.cuda.Stream):
+        with stream:
+            yield stream
+        return
+    ref = resolve_stream(stream)
+    cs = _streams.cupy.get(ref.handle)
+    if cs is None:
+        device = ref.device if ref.device is not None else cupy.cuda.runtime.getDevice()
+        cs = _streams.cupy[ref.handle] = cupy.cuda.ExternalStream(ref.handle, device)
+    with cs:
+        yield cs

@@ -1,0 +1,54 @@
+"""A broadcast elementwise op: ``out = x + bias``, a (rows, n) tensor streaming past a bias of n floats that
+every row re-reads. Persisting the bias pays when it is a good part of the L2 (measured: docs/results.md)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ._base import GiB, GalleryWorkload, check_fraction
+from ._frameworks import on_torch_stream, require_torch
+
+__all__ = ["BroadcastAdd"]
+
+
+class BroadcastAdd(GalleryWorkload):
+    """``torch.add(x, bias, out=out)`` with ``bias`` of ``operand_bytes`` (default 0.32 x L2: 16 MiB on a
+    50 MiB L2) and ``x`` of about ``stream_bytes`` (whole rows)."""
+
+    name = "broadcast"
+    framework = "torch"
+    hot = "bias"
+
+    def __init__(self, device: object = None, *, operand_bytes: Optional[int] = None, stream_bytes: int = GiB,
+                 seed: int = 0) -> None:
+        super().__init__(device)
+        torch = require_torch()
+        operand = check_fraction(operand_bytes, 0.32, self.device, "operand_bytes")
+        cols = max(1, operand // 4)
+        rows = max(1, stream_bytes // (4 * cols))
+        dev = torch.device("cuda", self.device)
+        g = torch.Generator(device=dev).manual_seed(seed)
+        self.x = torch.randn(rows, cols, device=dev, generator=g)
+        self.bias = torch.randn(cols, device=dev, generator=g)
+        self.out = torch.empty_like(self.x)
+        self._tensors = {"bias": self.bias, "x": self.x}
+        self._check_rows = sorted({0, rows // 2, rows - 1})
+
+    def shape(self) -> dict[str, Any]:
+        return {"rows": int(self.x.shape[0]), "cols": int(self.x.shape[1])}
+
+    def enqueue(self, stream: object) -> None:
+        torch = require_torch()
+        with on_torch_stream(stream):
+            torch.add(self.x, self.bias, out=self.out)
+
+    def poison(self, stream: object) -> None:
+        with on_torch_stream(stream):
+            self.out.fill_(float("nan"))
+
+    def verify(self, stream: object) -> bool:
+        torch = require_torch()
+        with on_torch_stream(stream):
+            if bool(torch.isnan(self.out).any()):
+                return False
+            return all(bool(torch.equal(self.out[r], self.x[r] + self.bias)) for r in self._check_rows)
