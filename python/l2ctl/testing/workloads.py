@@ -66,8 +66,10 @@ class ModeledWorkload:
     def scatter_add(cls, device: object = None) -> "ModeledWorkload":
         """acc.index_add_: an accumulator of 0.64 x L2 updated at random while 1.5 GiB of updates stream."""
         acc = _fraction_of_l2(0.64, device)
+        # each update is an atomic read-modify-write of a 32-byte sector of the accumulator
         return cls("scatter-add", {"acc": acc, "index": GiB, "values": GiB // 2},
-                   [ModeledKernel("index_add", 1.5 * GiB, "acc", GiB, read_fraction=0.98)], hot="acc", device=device)
+                   [ModeledKernel("index_add", 1.5 * GiB, "acc", 32 * (1.5 * GiB / 12), read_fraction=0.98)],
+                   hot="acc", device=device)
 
     @classmethod
     def gather(cls, device: object = None) -> "ModeledWorkload":
@@ -80,12 +82,12 @@ class ModeledWorkload:
     @classmethod
     def step(cls, device: object = None) -> "ModeledWorkload":
         """A step mixing the three: a gather, a broadcast and a scatter-add, each on its own buffer."""
-        bias, table, acc = (_fraction_of_l2(f, device) for f in (0.16, 0.32, 0.32))
+        bias, table, acc = (_fraction_of_l2(f, device) for f in (0.16, 0.64, 0.64))
         return cls("step", {"x": GiB // 2, "bias": bias, "table": table, "acc": acc},
                    [ModeledKernel("embedding", 160 * MiB, "table", 128 * MiB, compute_ms=0.3),
                     ModeledKernel("add", GiB, "bias", GiB // 2),
-                    ModeledKernel("index_add", 768 * MiB, "acc", 512 * MiB, read_fraction=0.98)],
-                   hot="acc", device=device)
+                    ModeledKernel("index_add", 768 * MiB, "acc", 32 * (768 * MiB / 12), read_fraction=0.98)],
+                   hot="table", device=device)
 
     # ---- the workload protocol -------------------------------------------------------------------------
 

@@ -95,7 +95,22 @@ def on_cupy_stream(stream: object) -> Iterator[Any]:
     ref = resolve_stream(stream)
     cs = _streams.cupy.get(ref.handle)
     if cs is None:
-        device = ref.device if ref.device is not None else cupy.cuda.runtime.getDevice()
-        cs = _streams.cupy[ref.handle] = cupy.cuda.ExternalStream(ref.handle, device)
+        from_external = getattr(cupy.cuda.Stream, "from_external", None)
+        if from_external is not None:  # CuPy 14: through the __cuda_stream__ protocol
+            cs = from_external(_Handle(ref.handle))
+        else:
+            device = ref.device if ref.device is not None else cupy.cuda.runtime.getDevice()
+            cs = cupy.cuda.ExternalStream(ref.handle, device)
+        _streams.cupy[ref.handle] = cs
     with cs:
         yield cs
+
+
+class _Handle:
+    """A raw stream handle as the CUDA stream protocol presents it."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
