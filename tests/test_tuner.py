@@ -304,3 +304,9 @@ def test_modeled_workloads_need_the_simulator_and_known_buffers():
             ModeledWorkload("x", {"a": MiB}, [ModeledKernel("k", MiB, "b", MiB)])
         with ModeledWorkload.broadcast() as w:
             assert not w.verify(None)  # nothing launched yet
+
+
+def test_tax_gain_raises_the_bar_above_the_cap():
+    points = [_pr(9, 1.20, 0.001), _pr(20, 1.26, 0.001)]
+    assert choose(points, CAP, 0.01, tax_gain=0.10).point.set_aside == 9 * MiB
+    assert choose([_pr(20, 1.06, 0.001)], CAP, 0.01, tax_gain=0.10) is None

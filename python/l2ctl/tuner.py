@@ -217,14 +217,17 @@ def _fit(set_aside: int, nbytes: int) -> float:
 
 
 def tune(workload: Any, stream: object, candidates: object, *, rounds: int = 5, repeat: int = 5, warmup: int = 1,
-         confidence: float = 0.95, min_gain: float = 0.01, seed: int = 0, progress: bool = False) -> TunedPolicy:
+         confidence: float = 0.95, min_gain: float = 0.01, tax_gain: float = TAX_GAIN, seed: int = 0,
+         progress: bool = False) -> TunedPolicy:
     """Find which of ``candidates`` to persist while ``workload`` runs on ``stream``, and how, or decide
     that persistence does not pay. ``candidates``: one buffer, a sequence or a dict name -> buffer
     (tensors, CuPy arrays, DeviceBuffers, (ptr, nbytes), anything with __cuda_array_interface__ or DLPack).
 
     ``rounds`` x ``repeat`` timed runs per point and stage (after ``warmup`` runs per block); a point
-    counts only when faster than the baseline at ``confidence`` by at least ``min_gain``. See the module
-    docstring for the search and the rule that picks the smallest set-aside within noise of the best.
+    counts only when faster than the baseline at ``confidence`` by at least ``min_gain``; a set-aside above
+    the driver's default limit must buy ``tax_gain`` more (raise it when other work shares the GPU: that
+    set-aside slows every other kernel). See the module docstring for the search and the rule that picks
+    the smallest set-aside within noise of the best.
     """
     start = time.monotonic()
     enqueue_of(workload)
@@ -232,8 +235,9 @@ def tune(workload: Any, stream: object, candidates: object, *, rounds: int = 5, 
     warmup, repeat = check_repeats(warmup, repeat)
     rounds = check_count(rounds, "rounds", minimum=3, maximum=1000)
     confidence = check_confidence(confidence)
-    if isinstance(min_gain, bool) or not isinstance(min_gain, (int, float)) or not 0 <= float(min_gain) < 1:
-        raise ValueError(f"min_gain must be a fraction in [0, 1), got {min_gain!r}")
+    for name, gain in (("min_gain", min_gain), ("tax_gain", tax_gain)):
+        if isinstance(gain, bool) or not isinstance(gain, (int, float)) or not 0 <= float(gain) < 1:
+            raise ValueError(f"{name} must be a fraction in [0, 1), got {gain!r}")
     check_count(seed, "seed", minimum=0)
     if not isinstance(progress, bool):
         raise TypeError("progress must be a bool")
@@ -282,7 +286,7 @@ def tune(workload: Any, stream: object, candidates: object, *, rounds: int = 5, 
         results[pr.point.candidate].points.append(pr)
 
     # 2. refine the candidates whose best screened point won
-    won = winners([p for c in results.values() for p in c.points], cap, min_gain)
+    won = winners([p for c in results.values() for p in c.points], cap, min_gain, tax_gain)
     leaders = sorted((c for c in results.values() if any(p in won for p in c.points)),
                      key=lambda c: -max(p.speedup for p in c.points if p in won))[:REFINED_CANDIDATES]
     refine: list[TunePoint] = []
@@ -299,7 +303,7 @@ def tune(workload: Any, stream: object, candidates: object, *, rounds: int = 5, 
 
     # 3. choose: the smallest set-aside among the winners within noise of the best
     everything = [p for c in results.values() for p in c.points]
-    chosen = choose(everything, cap, min_gain)
+    chosen = choose(everything, cap, min_gain, tax_gain)
     grid_best = max(everything, key=lambda p: p.speedup) if everything else None
     chosen_name: Optional[str] = None
     policy, buffer = Policy(enabled=False), next(iter(named.values()))[0]  # persist ignores the buffer then
@@ -313,7 +317,7 @@ def tune(workload: Any, stream: object, candidates: object, *, rounds: int = 5, 
         # 4. confirm in fresh rounds
         (confirmed,) = run([chosen.point], "confirm", seed + 2)
         results[chosen.point.candidate].points.append(confirmed)
-        ok = bool(winners([confirmed], cap, min_gain))
+        ok = bool(winners([confirmed], cap, min_gain, tax_gain))
         if ok:
             pt = chosen.point
             whole = pt.offset == 0 and pt.num_bytes == named[pt.candidate][1].nbytes
@@ -334,24 +338,24 @@ def tune(workload: Any, stream: object, candidates: object, *, rounds: int = 5, 
                        reason, table, time.monotonic() - start, cap, environment(device))
 
 
-def winners(points: list[PointResult], cap: int, min_gain: float) -> list[PointResult]:
+def winners(points: list[PointResult], cap: int, min_gain: float, tax_gain: float = TAX_GAIN) -> list[PointResult]:
     """The points that count: faster than their baseline beyond the noise (lower bound above 1) by at
-    least ``min_gain``; above the ``cap`` (the tax-free limit) also by TAX_GAIN at the lower bound and by
-    TAX_GAIN over the best winner at or below the cap."""
+    least ``min_gain``; above the ``cap`` (the tax-free limit) also by ``tax_gain`` at the lower bound and
+    by ``tax_gain`` over the best winner at or below the cap."""
     def counts(p: PointResult) -> bool:
         return p.ci[0] > 1.0 and p.speedup >= 1.0 + min_gain
 
     below = [p for p in points if p.point.set_aside <= cap and counts(p)]
     floor = max((p.speedup for p in below), default=1.0)
-    above = [p for p in points if p.point.set_aside > cap and counts(p) and p.ci[0] >= 1.0 + TAX_GAIN
-             and p.speedup >= (1.0 + TAX_GAIN) * floor]
+    above = [p for p in points if p.point.set_aside > cap and counts(p) and p.ci[0] >= 1.0 + tax_gain
+             and p.speedup >= (1.0 + tax_gain) * floor]
     return [p for p in points if p in below or p in above]
 
 
-def choose(points: list[PointResult], cap: int, min_gain: float) -> Optional[PointResult]:
+def choose(points: list[PointResult], cap: int, min_gain: float, tax_gain: float = TAX_GAIN) -> Optional[PointResult]:
     """The smallest set-aside among the winners whose interval reaches the best winner's speedup (within
     noise of the best); ties go to the faster. None: nothing won."""
-    won = winners(points, cap, min_gain)
+    won = winners(points, cap, min_gain, tax_gain)
     if not won:
         return None
     top = max(p.speedup for p in won)
