@@ -14,8 +14,10 @@ kernel filter skips) and an L2 flush that leaves no dirty lines and keeps persis
 pass) with ``ncu --replay-mode application``; ``--replay kernel`` compares ``l2ctl.counters`` (the setup
 inside the block) with ``ncu --replay-mode kernel``.
 
-The verdict (and the exit status) judges the counts: hit rates, bytes, sectors and requests; durations
-are summarised apart (their largest difference). Tolerances, on medians over the repetitions: hit rates 1 percentage point; bytes 2%, or 1 MiB for
+The verdict (and the exit status) judges the counts that do not depend on where the buffers land
+(``JUDGED``: global-load sectors and requests, the output's DRAM writes, stride_read's DRAM reads); L2
+hit rates and a LUT's DRAM reads are shown with their ranges but not judged (see ``JUDGED`` for why), and
+durations are summarised apart (their largest difference). Tolerances, on medians over the repetitions: hit rates 1 percentage point; bytes 2%, or 1 MiB for
 values near zero (a read-only kernel's DRAM writes, a persisted LUT's reads), where a relative tolerance
 is meaningless; durations 2%, or ncu's own spread over the repetitions where that is larger (the
 30-50 us stride_read launches vary by 1-3% from launch to launch under ncu alone). Global-load sectors and requests must be equal in every launch, and
@@ -60,7 +62,8 @@ STRIDES = (4, 8, 16, 32, 64)
 def configs(info):
     g = l2ctl.set_aside_granularity()
     out = []
-    for lut in (4 * MiB, 32 * MiB):
+    # 8% and 64% of the L2 (4 and 32 MiB on an H100): well inside the set-aside, and past the largest one
+    for lut in (max(MiB, int(0.08 * info.l2_cache_size) // MiB * MiB), max(MiB, int(0.64 * info.l2_cache_size) // MiB * MiB)):
         out.append({"name": f"reset-data {lut // MiB} MiB, no window", "kind": "reset", "lut": lut, "set_aside": 0,
                     "hit_ratio": None})
         size = min(info.persisting_l2_cache_max_size, -(-lut // g) * g)
@@ -72,7 +75,17 @@ def configs(info):
 
 
 OPTIONS = {"mode": "application", "repeat": 5, "only": "", "placements": [0]}
-COUNT_METRICS = [m for m in METRICS if m != "gpu__time_duration.sum"]  # what the verdict judges
+COUNT_METRICS = [m for m in METRICS if m != "gpu__time_duration.sum"]
+# What the verdict judges: the counts that do not depend on where the buffers land in physical memory.
+# L2 hit rates and the DRAM reads of a LUT that L2 keeps (or partly keeps) depend on it, and the two
+# tools' processes place buffers differently (each profiler allocates memory of its own): on the H100 a
+# 4 MiB LUT read 44-56 MB over 32 placements, and on a second H200 machine 19 of 45 (configuration,
+# placement) pairs differed beyond the tolerance in those metrics while every exact count agreed. They
+# are reported with their ranges, not judged.
+JUDGED = {"reset": ["dram__bytes_write.sum", "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum",
+                    "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"],
+          "stride": ["dram__bytes_read.sum", "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum",
+                     "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"]}
 DURATION = "gpu__time_duration.sum"
 BYTES_FLOOR = float(MiB)  # absolute tolerance for byte counts near zero
 ALIGN = 2 * MiB
@@ -86,7 +99,8 @@ def run_workload(collect: bool) -> list:
     results = []
     threads = 8 << 20
     sizes = {"out": 1 << 30, "strided": max(OPTIONS["placements"]) + threads * max(STRIDES),
-             "partials": 8 * (threads // 256 + 1), "lut": max(OPTIONS["placements"]) + 32 * MiB}
+             "partials": 8 * (threads // 256 + 1),
+             "lut": max(OPTIONS["placements"]) + max(c["lut"] for c in configs(info) if c["kind"] == "reset")}
     offsets, total = {}, 0
     for name, size in sizes.items():
         offsets[name] = total
@@ -221,21 +235,25 @@ def verdicts(rows: list[dict]) -> list[dict]:
     out = []
     for name in dict.fromkeys(r["name"] for r in rows):
         mine = [r for r in rows if r["name"] == name]
-        entry = {"name": name, "placements": len(mine), "verdict": "agree", "placement_dependent": []}
+        judged = JUDGED[mine[0]["config"]["kind"]]
+        entry = {"name": name, "placements": len(mine), "verdict": "agree", "placement_dependent": [],
+                 "reported_apart": []}
         if not all(r["exact_ok"] for r in mine):
             entry["verdict"] = "disagree"
-        elif not all(r["metrics"][m]["ok"] for r in mine for m in COUNT_METRICS):
-            entry["verdict"] = "agree across placements"
-            for m in COUNT_METRICS:
-                if all(r["metrics"][m]["ok"] for r in mine):
-                    continue
-                ours = [r["metrics"][m]["l2ctl"] for r in mine]
-                theirs = [r["metrics"][m]["ncu"] for r in mine]
-                overlap = min(ours) <= max(theirs) and min(theirs) <= max(ours)
-                if overlap and (_varies(m, ours) or _varies(m, theirs)):
-                    entry["placement_dependent"].append(m)
-                else:
-                    entry["verdict"] = "disagree"
+        for m in COUNT_METRICS:
+            if all(r["metrics"][m]["ok"] for r in mine):
+                continue
+            ours = [r["metrics"][m]["l2ctl"] for r in mine]
+            theirs = [r["metrics"][m]["ncu"] for r in mine]
+            overlap = min(ours) <= max(theirs) and min(theirs) <= max(ours)
+            if m not in judged:
+                entry["reported_apart"].append(m)  # placement-dependent by nature: shown, not judged
+            elif overlap and (_varies(m, ours) or _varies(m, theirs)):
+                entry["placement_dependent"].append(m)
+                if entry["verdict"] == "agree":
+                    entry["verdict"] = "agree across placements"
+            else:
+                entry["verdict"] = "disagree"
         out.append(entry)
     return out
 
@@ -301,7 +319,9 @@ def main() -> int:
     print()
     for entry in table:
         extra = f" ({', '.join(entry['placement_dependent'])})" if entry["placement_dependent"] else ""
-        print(f"{entry['name']:<28} {entry['verdict']}{extra}")
+        apart = (f"; beyond tolerance, not judged: {', '.join(entry['reported_apart'])}"
+                 if entry["reported_apart"] else "")
+        print(f"{entry['name']:<28} {entry['verdict']}{extra}{apart}")
     agree = all(e["verdict"] != "disagree" for e in table)
     same = sum(r["ok"] for r in rows)
     durations = duration_summary(rows)

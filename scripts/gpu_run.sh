@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # One batch on the GPU machine: build l2ctl there, run the whole test suite (GPU tests included), the
 # CUDA behaviour probe and the benchmarks; results go to $OUT (or ./.out when run by hand).
-# Usage: bash scripts/gpu_run.sh [full|quick|check|sanitize|workloads|gallery]
+# Usage: bash scripts/gpu_run.sh [full|quick|check|sanitize|workloads|gallery|suite|bench|main]
+#   full = suite + bench in one call (over 10 minutes: split it where a call is limited);
+#   suite: the test suite (notebooks executed, the Nsight Compute comparison included), nothing else;
+#   bench: every benchmark, sweep, the tuner targets and the framework gallery, no tests;
+#   main: the main benchmarks only (overhead, reset-data, the gallery, the tax sweep);
 #   quick: fewer LUT sizes, no sweeps; check: the test suite, the overhead benchmark and compute-sanitizer;
 #   sanitize: build, then compute-sanitizer over the kernels and GPU tests only;
-#   workloads: the test suite (notebooks executed, Nsight comparison left out), overhead, the framework
-#   gallery and the tax sweep; gallery: only the GPU workload tests, the gallery and the tax sweep.
+#   workloads: the test suite (Nsight comparison left out), overhead, the gallery and the tax sweep;
+#   gallery: only the GPU workload tests, the gallery and the tax sweep.
 # PYTEST_K adds a -k filter to the test run.
 set -uo pipefail
 FINAL=${OUT:-$PWD/.out}
@@ -68,6 +72,15 @@ if [ "$mode" = gallery ]; then
   exit $status
 fi
 
+if [ "$mode" = main ]; then
+  overhead
+  mkdir -p "$OUT/plots"
+  python3 -m l2ctl bench --json "$OUT/reset_data.json" --csv "$OUT/reset_data.csv" --plot "$OUT/plots/reset_data.png" 2>"$OUT/bench_progress.txt" | tee "$OUT/bench_reset_data.txt" || status=1
+  gallery
+  exit $status
+fi
+
+if [ "$mode" != bench ]; then
 step "tests"
 # The committed notebooks get their outputs from this run (L2CTL_NOTEBOOK_OUT), so the check that the
 # committed copies carry outputs is left to CI.
@@ -83,6 +96,8 @@ if [ "$mode" = workloads ]; then
   gallery
   exit $status
 fi
+[ "$mode" = suite ] && exit $status
+fi  # not bench
 
 
 if [ "$mode" = check ]; then
@@ -107,12 +122,14 @@ python3 -m l2ctl bench concurrent --json "$OUT/concurrent.json" | tee "$OUT/benc
 
 step "sweeps and tuner"
 if [ "$mode" != quick ]; then
-  python3 -m l2ctl sweep tax --quiet --json "$OUT/tax.json" --plot "$OUT/plots/tax.png" | tee "$OUT/sweep_tax.txt" || status=1
-  python3 -m l2ctl sweep surface --lut-bytes 8M --quiet --json "$OUT/surface.json" --plot "$OUT/plots/surface_8MiB.png" > "$OUT/sweep_surface.txt" || status=1
-  python3 -m l2ctl sweep hit-ratio --lut-bytes 32M --set-aside 32768000 --quiet --plot "$OUT/plots/hit_ratio_32MiB.png" | tee "$OUT/sweep_hit_ratio.txt" || status=1
+  # LUTs of 16% and 64% of the L2 (8 and 32 MiB on an H100), whole MiB
+  read -r small large < <(python3 -c "import l2ctl; l2 = l2ctl.device_info().l2_cache_size; print(int(0.16 * l2) >> 20, int(0.64 * l2) >> 20)")
+  python3 -m l2ctl sweep surface --lut-bytes "${small}M" --quiet --json "$OUT/surface.json" --plot "$OUT/plots/surface_${small}MiB.png" > "$OUT/sweep_surface.txt" || status=1
+  python3 -m l2ctl sweep hit-ratio --lut-bytes "${large}M" --quiet --plot "$OUT/plots/hit_ratio_${large}MiB.png" | tee "$OUT/sweep_hit_ratio.txt" || status=1
   python3 "$src/scripts/tuner_targets.py" --json "$OUT/tuner_plain.json" | tee "$OUT/tuner_plain.txt" || status=1
   python3 "$src/scripts/tuner_targets.py" --variant scalar --json "$OUT/tuner_scalar.json" | tee "$OUT/tuner_scalar.txt" || status=1
 fi
+gallery
 
 step "limit left as found"
 python3 -c "import l2ctl; print('limit now', l2ctl.get_set_aside())"

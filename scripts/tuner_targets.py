@@ -22,10 +22,14 @@ MiB = 1 << 20
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--variant", default="plain")
-    ap.add_argument("--sizes", default="1,4,8,12,16,32,48")
+    ap.add_argument("--sizes", default="", help="LUT sizes in MiB (default: 2, 8, 16, 24, 32, 64 and 96%% of the L2)")
     ap.add_argument("--json")
     args = ap.parse_args()
-    sizes = [int(float(x) * MiB) for x in args.sizes.split(",")]
+    if args.sizes:
+        sizes = [int(float(x) * MiB) for x in args.sizes.split(",")]
+    else:  # the GPU's own scale: 1, 4, 8, 12, 16, 32 and 48 MiB on a 50 MiB L2
+        l2 = l2ctl.device_info().l2_cache_size
+        sizes = [max(MiB, int(f * l2) // MiB * MiB) for f in (0.02, 0.08, 0.16, 0.24, 0.32, 0.64, 0.96)]
     rows = []
     with l2ctl.Stream() as s:
         for lut in sizes:

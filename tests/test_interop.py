@@ -9,7 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import l2ctl
 from l2ctl._interop import parse_cuda_array_interface, parse_dlpack_capsule, resolve_buffer, resolve_stream
+
+MiB = 1 << 20
 
 
 class CudaStreamProtocol:
@@ -210,3 +213,126 @@ def test_dlpack_cuda_tensor():
 def test_numpy_dlpack_is_host():
     with pytest.raises(ValueError, match="host memory"):
         parse_dlpack_capsule(np.arange(4).__dlpack__())
+
+
+# ---- DLPack 1.x and l2ctl's own export -------------------------------------------------------------------
+
+
+class VersionedOnly:
+    """A producer that hands out what l2ctl.DeviceBuffer exports, and records the arguments it got."""
+
+    def __init__(self, buf):
+        self.buf, self.calls = buf, []
+
+    def __dlpack_device__(self):
+        return self.buf.__dlpack_device__()
+
+    def __dlpack__(self, *, stream=None, max_version=None):
+        self.calls.append((stream, max_version))
+        return self.buf.__dlpack__(stream=stream, max_version=max_version)
+
+
+class OldProducer:
+    """Knows neither stream= nor max_version= (DLPack before the array API)."""
+
+    def __init__(self, buf):
+        self.buf = buf
+
+    def __dlpack_device__(self):
+        return self.buf.__dlpack_device__()
+
+    def __dlpack__(self):
+        return self.buf.__dlpack__()
+
+
+def _consume(capsule, name: bytes):
+    """What a consumer does: take the tensor (rename the capsule), later call its deleter."""
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    set_name = ctypes.pythonapi.PyCapsule_SetName
+    set_name.restype, set_name.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
+    address = get(capsule, name)
+    assert set_name(capsule, b"used_" + name) == 0
+    from l2ctl import _dlpack
+
+    struct = _dlpack._DLManagedTensorVersioned if name == b"dltensor_versioned" else _dlpack._DLManagedTensor
+    managed = struct.from_address(address)
+    return lambda: managed.deleter(address)
+
+
+def test_device_buffer_exports_dlpack_both_versions(fake):
+    import gc
+
+    from l2ctl import _dlpack
+
+    buf = l2ctl.DeviceBuffer(4096, dtype=np.float32, shape=(32, 32))
+    assert buf.__dlpack_device__() == (2, 0)
+    producer = VersionedOnly(buf)
+    ref = resolve_buffer(producer)  # l2ctl asks for a versioned capsule, no synchronisation
+    assert producer.calls == [(-1, (1, 0))] and (ref.ptr, ref.nbytes, ref.device) == (buf.ptr, 4096, 0)
+    assert resolve_buffer(OldProducer(buf)).nbytes == 4096
+    gc.collect()
+    assert _dlpack.live_exports() == 0 and buf._exports == 0  # unconsumed capsules released what they held
+    info = _dlpack.read_capsule(buf.__dlpack__(max_version=(1, 2)))
+    assert info.shape == (32, 32) and info.itemsize == 4 and info.strides is None and not info.read_only
+    legacy = buf.__dlpack__(max_version=(0, 8))
+    assert ctypes.pythonapi.PyCapsule_IsValid(ctypes.py_object(legacy), b"dltensor")
+
+
+def test_a_consumed_export_keeps_the_memory_until_its_deleter(fake):
+    import gc
+
+    from l2ctl import _dlpack
+
+    buf = l2ctl.DeviceBuffer(MiB)
+    capsule = buf.__dlpack__(max_version=(1, 0))
+    release = _consume(capsule, b"dltensor_versioned")
+    del capsule
+    gc.collect()
+    assert _dlpack.live_exports() == 1  # consumed: the consumer owns it now
+    buf.free()
+    assert buf.freed is False  # l2ctl refuses it; the memory waits for the consumer
+    with pytest.raises(ValueError, match="freed"):
+        resolve_buffer(buf)
+    release()
+    assert buf.freed and _dlpack.live_exports() == 0
+    legacy = l2ctl.DeviceBuffer(MiB)
+    release = _consume(legacy.__dlpack__(), b"dltensor")
+    legacy.free()
+    release()
+    assert legacy.freed
+
+
+def test_dlpack_export_refusals(fake):
+    buf = l2ctl.DeviceBuffer(MiB)
+    with pytest.raises(BufferError, match="copy"):
+        buf.__dlpack__(copy=True)
+    with pytest.raises(BufferError, match="not"):
+        buf.__dlpack__(dl_device=(1, 0))
+    with pytest.raises(TypeError):
+        buf.__dlpack__(stream="s")
+    odd = l2ctl.DeviceBuffer(16, dtype=np.dtype([("a", np.int32), ("b", np.int32)]))
+    with pytest.raises(BufferError, match="no DLPack"):
+        odd.__dlpack__()
+    buf.free()
+    with pytest.raises(BufferError, match="freed"):
+        buf.__dlpack__()
+
+
+def test_cuda_core_like_objects():
+    """cuda.core's Device (device_id), Stream (__cuda_stream__ and .device) and Buffer (DLPack)."""
+
+    class Device:
+        device_id = 1
+
+    class Stream:
+        device = Device()
+
+        def __cuda_stream__(self):
+            return (0, 0xABC)
+
+    ref = resolve_stream(Stream())
+    assert (ref.handle, ref.device) == (0xABC, 1)
+    from l2ctl._device import _index_of
+
+    assert _index_of(Device()) == 1

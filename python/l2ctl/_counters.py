@@ -66,6 +66,7 @@ SECTOR_METRICS: tuple[str, ...] = (
 )
 
 _HINTS = {
+    -2: "reinstall l2ctl from source on a machine with the CUDA toolkit's CUPTI headers",
     -1: "libcupti could not be loaded: install the CUDA toolkit (it ships CUPTI) or the nvidia-cuda-cupti wheel, or "
         "set L2CTL_CUPTI=/path/to/libcupti.so",
     35: "this process may not read GPU performance counters: run as root, or load the NVIDIA driver with "
@@ -118,6 +119,8 @@ def load_cupti(path: Optional[str] = None) -> str:
             _backend.current().cupti_load(candidate)
             return candidate
         except CuptiError as exc:
+            if exc.code == -2:  # built without CUPTI: no library will help
+                raise _unavailable(exc) from exc
             errors.append(f"{candidate}: {exc}")
     raise _unavailable(CuptiError("dlopen", -1, "; ".join(errors[-3:]) or "no candidate"))
 

@@ -7,13 +7,13 @@ No CUDA call is made here either; the device of a raw pointer is looked up later
 
 from __future__ import annotations
 
-import ctypes
 import math
 import numbers
 from typing import Any, NamedTuple, Optional, TypeGuard
 
 import numpy as np
 
+from ._dlpack import HOST_HINT, check_dlpack_device, read_capsule, request_capsule
 from ._plan import MAX_BYTES
 
 __all__ = ["StreamRef", "BufferRef", "resolve_stream", "resolve_buffer", "parse_cuda_array_interface"]
@@ -51,11 +51,7 @@ class BufferRef(NamedTuple):
     allocation: bool = False
 
 
-_HOST_HINT = (
-    "l2ctl needs device memory (an access-policy window covers device addresses); copy the data to the "
-    "GPU first, e.g. l2ctl.DeviceBuffer.from_numpy(array), torch.as_tensor(array, device='cuda') or "
-    "cupy.asarray(array)"
-)
+_HOST_HINT = HOST_HINT
 
 
 def _is_int(value: object) -> TypeGuard[numbers.Integral]:
@@ -207,72 +203,19 @@ def parse_cuda_array_interface(cai: object, source: str = "__cuda_array_interfac
     return BufferRef(ptr, nbytes, None, source, owner)
 
 
-# DLPack, read with ctypes from the legacy (unversioned) capsule.
-class _DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class _DLDataType(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
-
-
-class _DLTensor(ctypes.Structure):
-    _fields_ = [
-        ("data", ctypes.c_void_p),
-        ("device", _DLDevice),
-        ("ndim", ctypes.c_int32),
-        ("dtype", _DLDataType),
-        ("shape", ctypes.POINTER(ctypes.c_int64)),
-        ("strides", ctypes.POINTER(ctypes.c_int64)),
-        ("byte_offset", ctypes.c_uint64),
-    ]
-
-
-class _DLManagedTensor(ctypes.Structure):
-    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", ctypes.c_void_p)]
-
-
-_DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
-_capsule_get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-_capsule_get_pointer.restype = ctypes.c_void_p
-_capsule_get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_capsule_is_valid = ctypes.pythonapi.PyCapsule_IsValid
-_capsule_is_valid.restype = ctypes.c_int
-_capsule_is_valid.argtypes = [ctypes.py_object, ctypes.c_char_p]
-
-
-def _check_dlpack_device(device_type: int, device_id: int, what: str) -> None:
-    if device_type in (_DL_CPU, _DL_CUDA_HOST):
-        raise ValueError(f"{what} is in host memory (DLPack device type {device_type}); {_HOST_HINT}")
-    if device_type not in (_DL_CUDA, _DL_CUDA_MANAGED):
-        raise TypeError(f"{what} lives on DLPack device type {device_type}, not a CUDA device")
-
-
 def parse_dlpack_capsule(capsule: object, owner: Any = None) -> BufferRef:
-    """Read a legacy ``dltensor`` capsule. The capsule is not consumed: its own destructor frees it."""
-    if not _capsule_is_valid(capsule, b"dltensor"):
-        raise TypeError("expected a DLPack capsule named 'dltensor' (an unconsumed __dlpack__() result)")
-    managed = _DLManagedTensor.from_address(_capsule_get_pointer(capsule, b"dltensor"))
-    t = managed.dl_tensor
-    _check_dlpack_device(t.device.device_type, t.device.device_id, "the DLPack tensor")
-    if t.ndim < 0:
-        raise ValueError(f"DLPack tensor has ndim {t.ndim}")
-    shape = tuple(int(t.shape[i]) for i in range(t.ndim))
-    bits = t.dtype.bits * t.dtype.lanes
-    if bits % 8:
-        raise ValueError(f"DLPack element of {bits} bits is not a whole number of bytes")
-    itemsize = bits // 8
-    strides = None
-    if t.strides:
-        strides = tuple(int(t.strides[i]) * itemsize for i in range(t.ndim))
-    nbytes = _extent_bytes(shape, itemsize)
+    """The buffer an unconsumed DLPack capsule (legacy or versioned) describes. Not consumed."""
+    t = read_capsule(capsule)
+    if any(n < 0 for n in t.shape):
+        raise ValueError(f"DLPack tensor has a negative extent: shape {t.shape}")
+    nbytes = _extent_bytes(t.shape, t.itemsize)
     if nbytes == 0:
         raise ValueError("the buffer is empty (0 bytes); a window must cover at least one byte")
-    if not _dense_extent(shape, strides, itemsize):
-        raise ValueError(f"the DLPack tensor is not contiguous (shape {shape}, strides {strides})")
-    if not t.data:
+    if not _dense_extent(t.shape, t.strides, t.itemsize):
+        raise ValueError(f"the DLPack tensor is not contiguous (shape {t.shape}, strides {t.strides})")
+    if not t.ptr:
         raise ValueError("the DLPack tensor's data pointer is NULL")
-    return BufferRef(int(t.data) + int(t.byte_offset), nbytes, int(t.device.device_id), "__dlpack__", owner)
+    return BufferRef(t.ptr, nbytes, t.device_id, "__dlpack__", owner)
 
 
 def resolve_buffer(buf: object) -> BufferRef:
@@ -304,13 +247,9 @@ def resolve_buffer(buf: object) -> BufferRef:
     if cai is not None:
         return parse_cuda_array_interface(cai, f"{_module_of(buf)}.__cuda_array_interface__", buf)
     if hasattr(buf, "__dlpack__") and hasattr(buf, "__dlpack_device__"):
-        device_type, device_id = buf.__dlpack_device__()
-        _check_dlpack_device(int(device_type), int(device_id), f"the {type(buf).__name__}")
-        try:
-            capsule = buf.__dlpack__(stream=None)
-        except TypeError:
-            capsule = buf.__dlpack__()
-        ref = parse_dlpack_capsule(capsule, buf)
+        device_type, _ = buf.__dlpack_device__()
+        check_dlpack_device(int(device_type), f"the {type(buf).__name__}")
+        ref = parse_dlpack_capsule(request_capsule(buf), buf)
         return BufferRef(ref.ptr, ref.nbytes, ref.device, f"{_module_of(buf)}.__dlpack__", buf)
     if hasattr(buf, "__array_interface__") or hasattr(buf, "__array__"):
         raise ValueError(f"got a {type(buf).__name__}, which is host memory; {_HOST_HINT}")

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import math
+import threading
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from . import _backend, _registry
 from ._device import properties, resolve_device
+from ._dlpack import DL_CUDA, DLPACK_VERSION, export_capsule
 from ._interop import BufferRef, StreamRef, resolve_stream
 from ._plan import check_count, check_nbytes
 
 __all__ = ["Stream", "DeviceBuffer", "synchronize_stream"]
+
+_exports_lock = threading.Lock()
 
 
 class Stream:
@@ -112,6 +116,8 @@ class DeviceBuffer:
             raise ValueError(f"{nbytes} bytes exceed the {total} bytes of device {index}'s memory")
         self.dtype = dt
         self.shape = shape
+        self._exports = 0  # DLPack views still held by a consumer: the memory outlives free() until they go
+        self._free_pending = False
         self._impl = _backend.current().DeviceMemory(index, nbytes)
         self._ref: Optional[BufferRef] = BufferRef(self._impl.ptr, nbytes, index, "l2ctl.DeviceBuffer", self, True)
 
@@ -176,9 +182,44 @@ class DeviceBuffer:
         _backend.current().memset_device(self.ptr, int(value) & 0xFF, self.nbytes, self._stream_handle(stream))
 
     def free(self) -> None:
-        """Release the memory now (idempotent). The caller must make sure no queued work still uses it."""
+        """Release the memory now (idempotent); l2ctl refuses the buffer from then on. The caller must make
+        sure no queued work still uses it. While DLPack views of it are alive (``torch.from_dlpack(buf)``)
+        the memory itself is released when the last of them goes."""
         self._ref = None
+        with _exports_lock:
+            if self._exports:
+                self._free_pending = True
+                return
         self._impl.free()
+
+    def __dlpack__(self, *, stream: object = None, max_version: Optional[tuple[int, int]] = None,
+                   dl_device: Optional[tuple[int, int]] = None, copy: Optional[bool] = None) -> object:
+        """DLPack export (the array API's signature): a view of this memory with the buffer's dtype and
+        shape, a versioned capsule when ``max_version`` allows. l2ctl tracks no pending work on its
+        buffers, so ``stream`` is accepted and ignored: order your writes before the consumer's reads."""
+        if self._ref is None:
+            raise BufferError("the device buffer has been freed")
+        if copy:
+            raise BufferError("l2ctl.DeviceBuffer exports its memory, never a copy")
+        if dl_device is not None and tuple(dl_device) != self.__dlpack_device__():
+            raise BufferError(f"the buffer is on {self.__dlpack_device__()}, not {tuple(dl_device)}")
+        if stream is not None and not isinstance(stream, int):
+            raise TypeError(f"stream must be an int or None, not {type(stream).__name__}")
+        versioned = max_version is not None and int(max_version[0]) >= DLPACK_VERSION[0]
+        with _exports_lock:
+            self._exports += 1
+        return export_capsule(self.ptr, self.nbytes, self.device, self.dtype, tuple(self.shape), self,
+                              self._release_export, versioned=versioned)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (DL_CUDA, self.device)
+
+    def _release_export(self) -> None:
+        with _exports_lock:
+            self._exports -= 1
+            last = self._exports == 0 and self._free_pending
+        if last:
+            self._impl.free()
 
     def __enter__(self) -> "DeviceBuffer":
         return self

@@ -1,0 +1,291 @@
+"""Regenerates the tables of docs/results.md and README.md from the benchmark records in
+benchmarks/results/<gpu>/ (the JSON each command wrote). A table lives between
+``<!-- generated:NAME -->`` and ``<!-- end:NAME -->``; tests/test_docs.py fails when a table differs
+from what its records give, so the documents cannot drift from the measurements.
+
+    python scripts/make_results.py          # rewrite the tables in place
+    python scripts/make_results.py --check  # exit 1 when a table is out of date
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import re
+import sys
+from typing import Any, Callable, Optional
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+RECORDS = ROOT / "benchmarks" / "results"
+DOCS = [ROOT / "docs" / "results.md", ROOT / "README.md"]
+MiB = 1 << 20
+GPUS = {"h100": "H100", "h200": "H200"}
+
+
+def load(gpu: str, name: str) -> Optional[dict[str, Any]]:
+    path = RECORDS / gpu / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def mib(n: float) -> str:
+    return f"{n / MiB:.2f}".rstrip("0").rstrip(".") if n else "0"
+
+
+def default_limit(env: dict[str, Any]) -> int:
+    """The driver's default limit (where "auto" stops): 30% of the max, rounded up to the granularity."""
+    dev = env["device"]
+    step = dev.get("set_aside_granularity") or 1
+    return min(dev["persisting_l2_cache_max_size"], -(-math.ceil(0.3 * dev["persisting_l2_cache_max_size"]) // step) * step)
+
+
+# ---- the tables ----------------------------------------------------------------------------------------
+
+
+def tax(gpu: str) -> str:
+    r = load(gpu, "tax")
+    if r is None:
+        return ""
+    cap = default_limit(r["environment"])
+    recs = sorted(r["records"], key=lambda x: x["config"]["set_aside_granted"])
+    head = [mib(x["config"]["set_aside_granted"]) for x in recs]
+    bold = [x["config"]["set_aside_granted"] == cap for x in recs]
+
+    def row(label: str, key: str) -> str:
+        cells = [f"**{x['metrics'][key]:,.0f}**" if b else f"{x['metrics'][key]:,.0f}" for x, b in zip(recs, bold)]
+        return f"| {label} | " + " | ".join(cells) + " |"
+
+    header = " | ".join(f"**{h}**" if b else h for h, b in zip(head, bold))
+    return "\n".join([f"| {GPUS[gpu]} set-aside (MiB) | {header} |", "|---" * (len(recs) + 1) + "|",
+                      row("write-only GB/s", "write_gbps"), row("copy GB/s", "copy_gbps")])
+
+
+def _choice(row: dict[str, Any]) -> str:
+    if not row["tuned_buffer"]:
+        return "no persistence"
+    text = f"`{row['tuned_buffer']}`: {mib(row['tuned_set_aside'])} MiB, hit {row['tuned_hit_ratio']:.2f}"
+    if row["tuned_num_bytes"]:
+        text += f", first {mib(row['tuned_num_bytes'])} MiB"
+    return text
+
+
+def gallery(gpu: str) -> str:
+    r = load(gpu, "workloads")
+    if r is None:
+        return ""
+    lines = ["| workload | baseline ms | recipe (its copy tax) | hit 1.0 | tuned, 3 runs | tuned choice | copy tax "
+             "| tune s (candidates) |", "|---|---|---|---|---|---|---|---|"]
+    for row in r["summary"]["rows"]:
+        runs = " / ".join(f"{x:.2f}" for x in row["tuned_speedups"])
+        lines.append(f"| {row['workload']} ({row['hot']} {mib(row['hot_bytes'])} MiB) | {row['baseline_ms']:.3f} | "
+                     f"{row['recipe_speedup']:.2f}x ({row['recipe_copy_slowdown']:.2f}x) | {row['hit1_speedup']:.2f}x | "
+                     f"{runs} | {_choice(row)} | {row['tuned_copy_slowdown']:.2f}x | {row['tune_seconds']:.1f} "
+                     f"({row['candidates']}) |")
+    for name, reason in r["summary"]["skipped"].items():
+        lines.append(f"| {name} | skipped: {reason} | | | | | | |")
+    return "\n".join(lines)
+
+
+README_NAMES = {
+    "broadcast": "`x + bias`, bias re-read per row, 1 GiB streaming",
+    "scatter-add": "`acc.index_add_(...)`, accumulator 0.64 x L2",
+    "step": "a step: embedding + broadcast + scatter-add",
+    "index_select": "`index_select` (random rows)",
+    "embedding": "`F.embedding` (random rows)",
+    "embedding_bag": "`F.embedding_bag`",
+    "spmv": "cuSPARSE SpMV (CuPy), vector persisted",
+}
+
+
+def readme_gallery() -> str:
+    rows = {gpu: {row["workload"]: row for row in r["summary"]["rows"]}
+            for gpu in GPUS if (r := load(gpu, "workloads")) is not None}
+    gpus = list(rows)
+    lines = ["| workload (sizes from the L2) | " + " | ".join(f"{GPUS[g]}: tuned (its copy tax)" for g in gpus)
+             + " | what `l2ctl.tune` chose |", "|---" * (len(gpus) + 2) + "|"]
+    for name, label in README_NAMES.items():
+        cells, choices = [], []
+        for g in gpus:
+            row = rows[g].get(name)
+            if row is None:
+                cells.append("-")
+                continue
+            speed = min(row["tuned_speedups"])
+            cell = f"{speed:.2f}x ({row['tuned_copy_slowdown']:.2f}x)"
+            cells.append(f"**{cell}**" if speed >= 1.1 else cell)
+            choices.append(f"`{row['tuned_buffer']}`" if row["tuned_buffer"] else "no persistence")
+        choice = choices[0] if len(set(choices)) == 1 else " / ".join(choices)
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {choice} |")
+    return "\n".join(lines)
+
+
+OVERHEAD_ROWS = [
+    ("persist_lean", "`persist(s, buf, 0.75, set_aside=None, reset_on_exit=False)`", "raw_set_clear_window"),
+    ("persist_default", "`persist(s, buf, 0.75)` (defaults: \"auto\" set-aside, lines reset at the end)", None),
+    ("persist_policy", "`persist(s, buf, policy=...)` changing the limit and back", "raw_set_limit_pair"),
+    ("persist_graph_1", "`persist` on a graph of 1 kernel node", None),
+    ("persist_graph_32", "`persist` on a graph of 32 kernel nodes", None),
+    ("set_clear_window", "`set_window` + `clear_window`", "raw_set_clear_window"),
+    ("set_aside_scope", "`with set_aside(...)`", "raw_set_limit_pair"),
+    ("reset_persisting_lines", "`reset_persisting_lines()`", "raw_reset"),
+    ("persist_lean_torch", "the lean `persist` with a torch stream and tensor", None),
+]
+
+
+def overhead(gpu: str) -> str:
+    r = load(gpu, "overhead")
+    if r is None:
+        return ""
+    us = {x["variant"]: x["metrics"]["median_us"] for x in r["records"] if x["verified"]}
+    lines = [f"| operation ({GPUS[gpu]}, us per enter+exit) | l2ctl | the raw CUDA calls through cuda.bindings |",
+             "|---|---|---|"]
+    for key, label, raw in OVERHEAD_ROWS:
+        if key in us:
+            lines.append(f"| {label} | {us[key]:.1f} | {f'{us[raw]:.1f}' if raw in us else ''} |")
+    return "\n".join(lines)
+
+
+RESET_COLUMNS = [("baseline", "baseline"), ("recipe_hr1", "recipe, hitRatio 1.0"), ("recipe_fit", "recipe, set-aside/LUT"),
+                 ("right_sized", "right-sized"), ("hints", "hints only"), ("annotated", "annotated_ptr"),
+                 ("seed_shape", "blog's kernel shape")]
+
+
+def reset_data(gpu: str) -> str:
+    r = load(gpu, "reset_data")
+    if r is None:
+        return ""
+    cols = [(k, label) for k, label in RESET_COLUMNS if any(x["variant"] == k for x in r["records"])]
+    lines = ["| LUT | " + " | ".join(label for _, label in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for row in r["summary"]["table_ms"]:
+        base = row["baseline"]
+        cells = [f"{row[k]:.3f}" if k == "baseline" else f"{row[k]:.3f} ({base / row[k]:.2f}x)" for k, _ in cols]
+        lines.append(f"| {mib(row['lut_bytes'])} MiB | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def tuner(gpu: str) -> str:
+    parts = []
+    for variant in ("plain", "scalar"):
+        r = load(gpu, f"tuner_{variant}")
+        if r is None or "tuned_ci" not in r["rows"][0]:
+            continue
+        parts.append(f"| {variant} kernel, LUT | baseline ms | grid best (set-aside MiB, hitRatio) | its copy tax | "
+                     "tuned (set-aside MiB, hitRatio) | its copy tax | grid best / tuned | tuning |")
+        parts.append("|---|---|---|---|---|---|---|---|")
+        for x in r["rows"]:
+            tuned = (f"{x['tuned_speedup']:.2f}x ({x['tuned_set_aside_mib']:.2f}, {x['tuned_hit_ratio']:.2f})"
+                     if x["tuned_persists"] else f"{x['tuned_speedup']:.2f}x (no persistence)")
+            parts.append(f"| {x['lut_mib']:g} MiB | {x['baseline_ms']:.3f} | {x['grid_best_speedup']:.2f}x "
+                         f"({x['grid_best_set_aside_mib']:.2f}, {x['grid_best_hit_ratio']:.1f}) | "
+                         f"{x['grid_best_copy_slowdown']:.2f}x | {tuned} | {x['tuned_copy_slowdown']:.2f}x | "
+                         f"{x['tuned_vs_grid_best']:.3f} | {x['tune_seconds']:.1f} s, {x['tune_points']} points |")
+        parts.append("")
+    return "\n".join(parts).strip()
+
+
+def stride(gpu: str) -> str:
+    r = load(gpu, "stride")
+    if r is None:
+        return ""
+    recs = sorted(r["records"], key=lambda x: x["config"]["stride_bytes"])
+    head = " | ".join(f"{x['config']['stride_bytes']} B" for x in recs)
+    return "\n".join([
+        f"| stride | {head} |", "|---" * (len(recs) + 1) + "|",
+        "| ms | " + " | ".join(f"{x['median_ms']:.3f}" for x in recs) + " |",
+        "| sectors per request (model) | " + " | ".join(str(x["metrics"]["sectors_per_request_model"]) for x in recs) + " |",
+        "| sector GB/s (of read ceiling) | " + " | ".join(
+            f"{x['metrics']['sector_gbps']:,.0f} ({x['metrics']['sector_fraction_of_read_ceiling']:.0%})" for x in recs) + " |",
+        "| DRAM model GB/s (64 B granularity) | " + " | ".join(f"{x['metrics']['dram_model_gbps']:,.0f}" for x in recs) + " |",
+    ])
+
+
+def micro(gpu: str) -> str:
+    lines = []
+    cs = load(gpu, "cache_streaming")
+    if cs is not None:
+        t = {x["variant"]: x["median_ms"] for x in cs["records"]}
+        lines.append(f"| cache-streaming: sparse-vector | normal {t['sparse_vector/normal']:.4f} ms | `.cs` "
+                     f"{t['sparse_vector/cs']:.4f} ms | {t['sparse_vector/normal'] / t['sparse_vector/cs']:.2f}x |")
+        lines.append(f"| cache-streaming: stream-analysis | normal {t['stream_analysis/normal']:.3f} ms | `.cs` "
+                     f"{t['stream_analysis/cs']:.3f} ms | {t['stream_analysis/normal'] / t['stream_analysis/cs']:.2f}x |")
+    g = load(gpu, "graph")
+    if g is not None:
+        t = {x["variant"]: x["median_ms"] for x in g["records"]}
+        base = t["replay_no_window"]
+        lines.append(f"| graph replay, window on the nodes | none {base:.3f} ms | `cudaGraphExecUpdate` "
+                     f"{t['replay_window_update']:.3f} ms ({base / t['replay_window_update']:.2f}x) | re-instantiated "
+                     f"{t['replay_window_reinstantiate']:.3f} ms ({base / t['replay_window_reinstantiate']:.2f}x) |")
+    c = load(gpu, "concurrent")
+    if c is not None:
+        t = {x["variant"]: x["median_ms"] for x in c["records"]}
+        base = t["no_window"]
+        lines.append(f"| two streams, one set-aside | no windows {base:.3f} ms | hit ratio 1.0 each "
+                     f"{t['hit_ratio_1_each']:.3f} ms ({base / t['hit_ratio_1_each']:.2f}x) | shared (0.5 each) "
+                     f"{t['shared']:.3f} ms ({base / t['shared']:.2f}x) |")
+    if not lines:
+        return ""
+    return "\n".join(["| measurement | | | |", "|---|---|---|---|"] + lines)
+
+
+def ncu(gpu: str) -> str:
+    r = load(gpu, "ncu_compare")
+    if r is None:
+        return ""
+    metrics = [("lts__t_sector_hit_rate.pct", "L2 hit rate %", 1.0, ".2f"), ("dram__bytes_read.sum", "DRAM read MB", 1e6, ".1f"),
+               ("dram__bytes_write.sum", "DRAM write MB", 1e6, ".1f"), ("gpu__time_duration.sum", "duration us", 1e3, ".1f")]
+
+    def span(values: list[float], scale: float, fmt: str) -> str:
+        lo, hi = min(values) / scale, max(values) / scale
+        return f"{lo:{fmt}}" if f"{lo:{fmt}}" == f"{hi:{fmt}}" else f"{lo:{fmt}}-{hi:{fmt}}"
+
+    lines = ["| launch | " + " | ".join(label for _, label, _, _ in metrics) + " | verdict |", "|---" * (len(metrics) + 2) + "|"]
+    for v in r["verdicts"]:
+        rows = [x for x in r["rows"] if x["name"] == v["name"]]
+        cells = []
+        for key, _, scale, fmt in metrics:
+            ours = [x["metrics"][key]["l2ctl"] for x in rows]
+            theirs = [x["metrics"][key]["ncu"] for x in rows]
+            cells.append(f"{span(ours, scale, fmt)} / {span(theirs, scale, fmt)}")
+        verdict = v["verdict"] + (f"; not judged, beyond tolerance: {', '.join(m.split('__')[1].split('.')[0] for m in v['reported_apart'])}"
+                                  if v.get("reported_apart") else "")
+        lines.append(f"| {v['name']} | " + " | ".join(cells) + f" | {verdict} |")
+    return "\n".join(lines)
+
+
+GENERATORS: dict[str, Callable[[], str]] = {"readme-gallery": readme_gallery}
+for _gpu in GPUS:
+    for _name, _fn in (("tax", tax), ("gallery", gallery), ("overhead", overhead), ("reset-data", reset_data),
+                       ("tuner", tuner), ("stride", stride), ("micro", micro), ("ncu", ncu)):
+        GENERATORS[f"{_name}-{_gpu}"] = (lambda f=_fn, g=_gpu: f(g))
+
+SECTION = re.compile(r"(<!-- generated:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n?<!-- end:(?P=name) -->)", re.S)
+
+
+def render(text: str) -> str:
+    def replace(m: re.Match[str]) -> str:
+        name = m.group("name")
+        if name not in GENERATORS:
+            raise KeyError(f"no generator for the section {name!r}")
+        return f"{m.group(1)}{GENERATORS[name]()}\n<!-- end:{name} -->"
+
+    return SECTION.sub(replace, text)
+
+
+def main(argv: list[str]) -> int:
+    stale = []
+    for path in DOCS:
+        text = path.read_text()
+        new = render(text)
+        if new != text:
+            stale.append(path.name)
+            if "--check" not in argv:
+                path.write_text(new)
+    if stale and "--check" in argv:
+        print("out of date:", ", ".join(stale))
+        return 1
+    print("rewrote" if stale else "up to date:", ", ".join(stale) if stale else "all tables")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
