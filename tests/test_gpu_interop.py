@@ -82,6 +82,7 @@ def test_jax_arrays_persist_and_read_device_buffers(gpu_state):
         buf.free()
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # numba-cuda's own modules trip NumPy deprecations
 def test_numba_arrays_and_streams(gpu_state):
     pytest.importorskip("numba")
     from numba import cuda

@@ -8,7 +8,8 @@ bytes):
    candidate at set-asides of 1, 2, 3, 4, 6, 8 granules and the max, up to the first that holds all of
    N_c (a larger one holds the same window and only costs more), each with the hit ratio that fits,
    min(1, set-aside / N_c): a chosen policy never oversubscribes its set-aside, so ``persist(policy=...)``
-   raises no warning.
+   raises no warning. Where the buffer is larger than a set-aside at or below the tax-free limit, the
+   buffer's first set-aside bytes with hit ratio 1.0 are screened too.
 2. **Refine** the two candidates whose best screened point won: that point again, the neighbouring
    granules, lower hit ratios (0.5 and 0.75 of the fitting one) and the window cut to the first
    set-aside bytes of the buffer with hit ratio 1.0.
@@ -282,6 +283,8 @@ def tune(workload: Any, stream: object, candidates: object, *, rounds: int = 5, 
     for name, res in results.items():
         sizes = _screen_sizes(grid, res.window_bytes)
         screen += [TunePoint(name, s, _fit(s, res.window_bytes), 0, res.window_bytes) for s in sizes]
+        # a buffer larger than a tax-free set-aside: also its first set-aside bytes, every line persisting
+        screen += [TunePoint(name, s, 1.0, 0, _span(s)) for s in sizes if s < res.window_bytes and s <= cap]
     for pr in run(screen, "screen", seed):
         results[pr.point.candidate].points.append(pr)
 
@@ -389,6 +392,10 @@ def _refine_points(anchor: TunePoint, grid: list[int], result: CandidateResult) 
         if ratio >= 0.05:
             points.append(TunePoint(anchor.candidate, anchor.set_aside, ratio, 0, n))
     if n > anchor.set_aside:
-        span = max(1, math.floor(anchor.set_aside / 256) * 256)
-        points.append(TunePoint(anchor.candidate, anchor.set_aside, 1.0, 0, span))
+        points.append(TunePoint(anchor.candidate, anchor.set_aside, 1.0, 0, _span(anchor.set_aside)))
     return list(dict.fromkeys(points))
+
+
+def _span(set_aside: int) -> int:
+    """The window that a set-aside holds whole, in 256-byte units."""
+    return max(256, math.floor(set_aside / 256) * 256)
