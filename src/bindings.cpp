@@ -118,7 +118,7 @@ PYBIND11_MODULE(_core, m) {
   bind_window_accessors(m, "stream", l2ctl::WindowHolder::stream);
 
   py::class_<l2ctl::Event>(m, "Event")
-      .def(py::init<>(), release())
+      .def(py::init<int>(), "device"_a = -1, release())
       .def("record", &l2ctl::Event::record, "stream"_a, release())
       .def("wait_on", &l2ctl::Event::wait_on, "stream"_a, release())
       .def("synchronize", &l2ctl::Event::synchronize, release())

@@ -198,3 +198,18 @@ def test_cli_sees_both_gpus():
                         "--out-bytes", "64M", "--columns", "baseline,right_sized", "--repeat", "3", "--quiet"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_events_belong_to_their_device():
+    """An event made on one device cannot be recorded on another's stream (CUDA: invalid resource handle);
+    the simulator refuses it as CUDA does, and l2ctl's timers make their events on the stream's device."""
+    with FakeBackend.installed(FakeDevice.h200(), FakeDevice.h200()) as fake, l2ctl.Stream(device=1) as s1:
+        with pytest.raises(l2ctl.CudaError, match="cudaErrorInvalidResourceHandle"):
+            fake.Event().record(s1.handle)  # made on the current device, 0
+        fake.Event(1).record(s1.handle)
+        with l2ctl.Timer(s1) as t:
+            fake.launch_fake_kernel(s1.handle)
+        assert t.elapsed_ms >= 0
+        from l2ctl import bench
+
+        assert bench.time_gpu(lambda st: fake.launch_fake_kernel(s1.handle), s1, warmup=0, repeat=2).median_ms >= 0

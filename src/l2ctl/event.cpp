@@ -1,10 +1,17 @@
 #include "l2ctl/event.hpp"
 
+#include <memory>
+
+#include "l2ctl/device.hpp"
 #include "l2ctl/error.hpp"
 
 namespace l2ctl {
 
-Event::Event() { L2CTL_CHECK(cudaEventCreate(&event_), ""); }
+Event::Event(int device) {
+  std::unique_ptr<DeviceGuard> guard;
+  if (device >= 0) guard = std::make_unique<DeviceGuard>(device);
+  L2CTL_CHECK(cudaEventCreate(&event_), "device " + std::to_string(device));
+}
 
 Event::~Event() { (void)cudaEventDestroy(event_); }
 

@@ -9,7 +9,8 @@ namespace l2ctl {
 
 class Event {
  public:
-  Event();
+  // On `device` (-1: the current device). An event can only be recorded on streams of its own device.
+  explicit Event(int device = -1);
   ~Event();
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;

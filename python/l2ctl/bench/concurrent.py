@@ -59,7 +59,7 @@ def bench_concurrent(
         def run_pair() -> tuple[Timing, Timing, Timing]:
             times = []
             for _ in range(warmup + repeat):
-                start, end1, end2 = backend.Event(), backend.Event(), backend.Event()
+                start, end1, end2 = (backend.Event(info.index) for _ in range(3))
                 start.record(s1.handle)
                 start.wait_on(s2.handle)
                 kernels.reset_data(outs[0], luts[0], s1)

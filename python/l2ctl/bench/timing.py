@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from .. import _backend
+from .._device import stream_device
 from .._interop import resolve_stream
 from .._plan import check_count
 
@@ -72,11 +73,12 @@ def time_gpu(
         raise TypeError(f"enqueue must be callable as enqueue(stream), not {type(enqueue).__name__}")
     ref = resolve_stream(stream)
     backend = _backend.current()
+    device = stream_device(ref)  # an event can be recorded only on streams of its own device
     for _ in range(warmup):
         if flush is not None:
             flush()
         enqueue(stream)
-    events = [(backend.Event(), backend.Event()) for _ in range(repeat)]
+    events = [(backend.Event(device), backend.Event(device)) for _ in range(repeat)]
     for start, stop in events:
         if flush is not None:
             flush()
@@ -97,7 +99,8 @@ class Timer:
     def __init__(self, stream: object = None) -> None:
         self._stream = resolve_stream(stream)
         backend = _backend.current()
-        self._start, self._stop = backend.Event(), backend.Event()
+        device = stream_device(self._stream)
+        self._start, self._stop = backend.Event(device), backend.Event(device)
         self._stopped = False
 
     def __enter__(self) -> "Timer":

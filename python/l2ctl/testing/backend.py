@@ -208,11 +208,15 @@ class _Locked:
 class FakeEvent:
     """``l2ctl._core.Event`` on the simulator: a point on a stream's clock."""
 
-    def __init__(self, backend: "FakeBackend") -> None:
+    def __init__(self, backend: "FakeBackend", device: int = -1) -> None:
         with backend._locked():
             backend._require_devices("cudaEventCreate(&event_)")
             self._backend = backend
             self.time: Optional[float] = None
+            # the device it was made on: CUDA refuses to record it on another device's stream
+            if device >= 0:
+                backend._device(device, "cudaEventCreate(&event_)")
+            self.owner = device if device >= 0 else backend.current
             self.device: Optional[int] = None
 
     def _set(self, st: _Stream) -> None:
@@ -224,6 +228,9 @@ class FakeEvent:
         b = self._backend
         with b._locked():
             st = b._stream(stream, "cudaEventRecord(event_, stream)")
+            if st.device != self.owner:
+                raise cuda_error("cudaEventRecord(event_, reinterpret_cast<cudaStream_t>(stream))",
+                                 "cudaErrorInvalidResourceHandle", f"stream 0x{stream:x}")
             b._record("cudaEventRecord")
             if stream in b._captures:
                 b._captures[stream].nodes.append(_Node(_handle(), "event", action=self._set))
@@ -831,8 +838,8 @@ class FakeBackend:
         else:
             self.windows[stream] = (int(base), int(num_bytes), ratio, int(hit_prop), int(miss_prop))
 
-    def Event(self) -> FakeEvent:
-        return FakeEvent(self)
+    def Event(self, device: int = -1) -> FakeEvent:
+        return FakeEvent(self, device)
 
     def swap_stream_window(self, stream: int, base: int, num_bytes: int, hit_ratio: float, hit_prop: int,
                            miss_prop: int, read_previous: bool) -> Optional[WindowTuple]:
