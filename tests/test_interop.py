@@ -314,6 +314,8 @@ def test_dlpack_export_refusals(fake):
     odd = l2ctl.DeviceBuffer(16, dtype=np.dtype([("a", np.int32), ("b", np.int32)]))
     with pytest.raises(BufferError, match="no DLPack"):
         odd.__dlpack__()
+    odd.free()
+    assert odd.freed  # the refused export holds nothing back
     buf.free()
     with pytest.raises(BufferError, match="freed"):
         buf.__dlpack__()

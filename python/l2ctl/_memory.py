@@ -208,8 +208,12 @@ class DeviceBuffer:
         versioned = max_version is not None and int(max_version[0]) >= DLPACK_VERSION[0]
         with _exports_lock:
             self._exports += 1
-        return export_capsule(self.ptr, self.nbytes, self.device, self.dtype, tuple(self.shape), self,
-                              self._release_export, versioned=versioned)
+        try:
+            return export_capsule(self.ptr, self.nbytes, self.device, self.dtype, tuple(self.shape), self,
+                                  self._release_export, versioned=versioned)
+        except BaseException:  # refused (a dtype DLPack cannot describe): no view was handed out
+            self._release_export()
+            raise
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return (DL_CUDA, self.device)

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from .. import _backend
-from .._device import properties
 from .._interop import resolve_stream
 from .._memory import DeviceBuffer
+from ..workloads._base import fraction_of_l2
 
 __all__ = ["ModeledKernel", "ModeledWorkload"]
 
@@ -58,14 +58,14 @@ class ModeledWorkload:
     @classmethod
     def broadcast(cls, device: object = None) -> "ModeledWorkload":
         """x + bias: a bias of 0.32 x L2 re-read once per row while 1 GiB streams in and out."""
-        bias = _fraction_of_l2(0.32, device)
+        bias = fraction_of_l2(0.32, device)
         return cls("broadcast", {"bias": bias, "x": GiB, "out": GiB},
                    [ModeledKernel("add", 2 * GiB, "bias", GiB)], hot="bias", device=device)
 
     @classmethod
     def scatter_add(cls, device: object = None) -> "ModeledWorkload":
         """acc.index_add_: an accumulator of 0.64 x L2 updated at random while 1.5 GiB of updates stream."""
-        acc = _fraction_of_l2(0.64, device)
+        acc = fraction_of_l2(0.64, device)
         # each update is an atomic read-modify-write of a 32-byte sector of the accumulator
         return cls("scatter-add", {"acc": acc, "index": GiB, "values": GiB // 2},
                    [ModeledKernel("index_add", 1.5 * GiB, "acc", 32 * (1.5 * GiB / 12), read_fraction=0.98)],
@@ -74,7 +74,7 @@ class ModeledWorkload:
     @classmethod
     def gather(cls, device: object = None) -> "ModeledWorkload":
         """index_select from a table of 0.64 x L2: bound by its gathers' latency, not by DRAM."""
-        table = _fraction_of_l2(0.64, device)
+        table = fraction_of_l2(0.64, device)
         return cls("gather", {"table": table, "index": 64 * MiB, "out": 512 * MiB},
                    [ModeledKernel("index_select", 576 * MiB, "table", 512 * MiB, compute_ms=1.0)], hot="table",
                    device=device)
@@ -82,7 +82,7 @@ class ModeledWorkload:
     @classmethod
     def step(cls, device: object = None) -> "ModeledWorkload":
         """A step mixing the three: a gather, a broadcast and a scatter-add, each on its own buffer."""
-        bias, table, acc = (_fraction_of_l2(f, device) for f in (0.16, 0.64, 0.64))
+        bias, table, acc = (fraction_of_l2(f, device) for f in (0.16, 0.64, 0.64))
         return cls("step", {"x": GiB // 2, "bias": bias, "table": table, "acc": acc},
                    [ModeledKernel("embedding", 160 * MiB, "table", 128 * MiB, compute_ms=0.3),
                     ModeledKernel("add", GiB, "bias", GiB // 2),
@@ -127,6 +127,3 @@ class ModeledWorkload:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def _fraction_of_l2(fraction: float, device: object) -> int:
-    return max(MiB, int(fraction * properties(device).l2_cache_size) // MiB * MiB)

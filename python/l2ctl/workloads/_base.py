@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Optional
 
 from .._device import properties
+from .._plan import check_nbytes
 
 __all__ = ["GalleryWorkload", "fraction_of_l2", "MiB", "GiB"]
 
@@ -70,6 +71,4 @@ class GalleryWorkload:
 
 def check_fraction(value: Optional[int], default_fraction: float, device: object, name: str) -> int:
     """A size argument: the value given (bytes) or the default fraction of the L2."""
-    from .._plan import check_nbytes
-
     return fraction_of_l2(default_fraction, device) if value is None else check_nbytes(value, name)
