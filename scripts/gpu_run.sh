@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One batch on the GPU machine: build l2ctl there, run the whole test suite (GPU tests included), the
 # CUDA behaviour probe and the benchmarks; results go to $OUT (or ./.out when run by hand).
-# Usage: bash scripts/gpu_run.sh [full|quick|check|sanitize|workloads|gallery|suite|bench|main]
+# Usage: bash scripts/gpu_run.sh [full|quick|check|sanitize|workloads|gallery|suite|bench|main|probe]
 #   full = suite + bench in one call (over 10 minutes: split it where a call is limited);
 #   suite: the test suite (notebooks executed, the Nsight Compute comparison included), nothing else;
 #   bench: every benchmark, sweep, the tuner targets and the framework gallery, no tests;
@@ -9,7 +9,8 @@
 #   quick: fewer LUT sizes, no sweeps; check: the test suite, the overhead benchmark and compute-sanitizer;
 #   sanitize: build, then compute-sanitizer over the kernels and GPU tests only;
 #   workloads: the test suite (Nsight comparison left out), overhead, the gallery and the tax sweep;
-#   gallery: only the GPU workload tests, the gallery and the tax sweep.
+#   gallery: only the GPU workload tests, the gallery and the tax sweep;
+#   probe: what each CUDA call and each piece of a scope costs on the host, and the overhead benchmark.
 # PYTEST_K adds a -k filter to the test run.
 set -uo pipefail
 FINAL=${OUT:-$PWD/.out}
@@ -63,6 +64,15 @@ gallery() {
   step "limit left as found"
   python3 -c "import l2ctl; print('limit now', l2ctl.get_set_aside())"
 }
+
+if [ "$mode" = probe ]; then
+  step "CUDA call costs (C++), l2ctl's pieces, the overhead benchmark"
+  nvcc -O2 -arch=native -o /tmp/probe_calls "$src/scripts/probe_calls.cu" && /tmp/probe_calls | tee "$OUT/probe_calls.txt" || status=1
+  python3 "$src/scripts/probe_overhead.py" | tee "$OUT/probe_overhead.txt" || status=1
+  python3 "$src/scripts/probe_overhead.py" --profile > "$OUT/probe_profile.txt" 2>&1 || status=1
+  overhead
+  exit $status
+fi
 
 if [ "$mode" = gallery ]; then
   step "GPU workload tests"

@@ -122,7 +122,8 @@ def readme_gallery() -> str:
 OVERHEAD_ROWS = [
     ("persist_lean", "`persist(s, buf, 0.75, set_aside=None, reset_on_exit=False)`", "raw_set_clear_window"),
     ("persist_default", "`persist(s, buf, 0.75)` (defaults: \"auto\" set-aside, lines reset at the end)", None),
-    ("persist_policy", "`persist(s, buf, policy=...)` changing the limit and back", "raw_set_limit_pair"),
+    ("persist_exact", "`persist(s, buf, 0.75, set_aside=<one granule more>)`: the limit up and back", "raw_set_limit_pair"),
+    ("persist_policy", "the same through `policy=Policy(...)`", "raw_set_limit_pair"),
     ("persist_graph_1", "`persist` on a graph of 1 kernel node", None),
     ("persist_graph_32", "`persist` on a graph of 32 kernel nodes", None),
     ("set_clear_window", "`set_window` + `clear_window`", "raw_set_clear_window"),

@@ -197,21 +197,36 @@ PYBIND11_MODULE(_core, m) {
       "graph"_a);
   bind_window_accessors(m, "node", l2ctl::WindowHolder::kernel_node);
 
-  // One stream's window exchanged: the commonest change of a scope, with scalar arguments (cheap to convert)
-  // and the GIL kept (a stream attribute is host-side state; the call returns in well under a microsecond).
+  // One window on many holders of one kind (a scope's streams, or its graph's kernel nodes) with the limit and
+  // reset of apply_state: a scope's commonest change, one crossing per side, scalars and a list of ints being
+  // the cheapest arguments to convert. The GIL is released only around the slow calls (a limit change, a reset,
+  // many holders): a stream attribute alone returns in well under a microsecond.
   m.def(
-      "swap_stream_window",
-      [](std::uintptr_t stream, std::uintptr_t base, std::size_t num_bytes, float hit_ratio, int hit_prop,
-         int miss_prop, bool read_previous) -> py::object {
-        l2ctl::Window previous;
-        if (read_previous) previous = l2ctl::get_window(l2ctl::WindowHolder::stream, stream);
-        l2ctl::set_window(l2ctl::WindowHolder::stream, stream,
-                          make_window(WindowTuple(base, num_bytes, hit_ratio, hit_prop, miss_prop)));
-        if (!read_previous) return py::none();
-        return py::make_tuple(previous.base, previous.num_bytes, previous.hit_ratio, previous.hit_prop,
-                              previous.miss_prop);
+      "apply_window",
+      [](int device, int kind, const std::vector<std::uintptr_t>& handles, std::uintptr_t base,
+         std::size_t num_bytes, float hit_ratio, int hit_prop, int miss_prop, bool read_previous, long long limit,
+         bool at_least, bool reset_lines) {
+        const l2ctl::WindowHolder holder = kind == 0 ? l2ctl::WindowHolder::stream : l2ctl::WindowHolder::kernel_node;
+        const l2ctl::Window window = make_window(WindowTuple(base, num_bytes, hit_ratio, hit_prop, miss_prop));
+        std::vector<l2ctl::WindowChange> changes;
+        changes.reserve(handles.size());
+        for (std::uintptr_t handle : handles) changes.push_back({holder, handle, window});
+        l2ctl::StateResult r;
+        if (limit >= 0 || reset_lines || handles.size() > 1) {
+          py::gil_scoped_release unlocked;
+          r = l2ctl::apply_state(device, limit, at_least, changes, reset_lines, read_previous);
+        } else {
+          r = l2ctl::apply_state(device, limit, at_least, changes, reset_lines, read_previous);
+        }
+        py::list previous(r.previous.size());
+        for (std::size_t i = 0; i < r.previous.size(); ++i) {
+          const l2ctl::Window& w = r.previous[i];
+          previous[i] = py::make_tuple(w.base, w.num_bytes, w.hit_ratio, w.hit_prop, w.miss_prop);
+        }
+        return py::make_tuple(r.previous_limit, r.granted_limit, previous);
       },
-      "stream"_a, "base"_a, "num_bytes"_a, "hit_ratio"_a, "hit_prop"_a, "miss_prop"_a, "read_previous"_a);
+      "device"_a, "kind"_a, "handles"_a, "base"_a, "num_bytes"_a, "hit_ratio"_a, "hit_prop"_a, "miss_prop"_a,
+      "read_previous"_a, "limit"_a, "at_least"_a, "reset_lines"_a);
 
   // Device state in one crossing (see l2ctl/state.hpp).
   m.def(

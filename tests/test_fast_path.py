@@ -14,7 +14,7 @@ from typing import Any, Callable
 import pytest
 
 import l2ctl
-from l2ctl import _device, _registry
+from l2ctl import AccessPolicyWindow, _device, _registry
 from l2ctl.testing import FakeBackend, FakeDevice
 
 MiB = 1 << 20
@@ -44,7 +44,7 @@ class Crossings:
         return sum(self.count.values())
 
 
-NAMES = ("apply_state", "swap_stream_window", "get_stream_window", "set_stream_window", "get_persisting_limit", "set_persisting_limit",
+NAMES = ("apply_state", "apply_window", "get_stream_window", "set_stream_window", "get_persisting_limit", "set_persisting_limit",
          "reset_persisting_lines", "device_properties", "device_count", "pointer_info", "stream_device",
          "current_device")
 
@@ -76,7 +76,8 @@ def test_set_aside_scope_is_one_crossing_per_side(fake):
         with l2ctl.set_aside(3_276_800):
             pass
     # set_aside reads the limit it replaces and the one granted (for SetAside.previous and the int it is)
-    assert counter.count.get("apply_state", 0) == 20 and counter.count.get("device_properties", 0) == 0
+    batches = counter.count.get("apply_state", 0) + counter.count.get("apply_window", 0)
+    assert batches == 20 and counter.count.get("device_properties", 0) == 0, counter.count
 
 
 def test_foreign_buffers_are_checked_once_while_their_owner_lives(fake):
@@ -146,3 +147,65 @@ def test_lean_scope_on_the_simulator_stays_cheap(monkeypatch):
         median = statistics.median(samples)
         print(f"lean scope on the simulated H100: {median:.1f} us ({sys.version.split()[0]})")
         assert median < 40, samples
+
+
+def test_a_policy_is_checked_when_made_and_its_scope_costs_what_the_arguments_cost(fake):
+    with pytest.raises(ValueError):
+        l2ctl.Policy(hit_ratio=1.5)
+    with pytest.raises(TypeError):
+        l2ctl.Policy(set_aside=1.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        l2ctl.Policy(enabled=1)  # type: ignore[arg-type]
+    assert l2ctl.Policy(hit_ratio=1.0000001).hit_ratio == 1.0
+    s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(4 * MiB)
+    counts = []
+    for make in (lambda: l2ctl.persist(s, buf, 0.75, set_aside=2 * 3_276_800),
+                 lambda: l2ctl.persist(s, buf, policy=l2ctl.Policy(set_aside=2 * 3_276_800, hit_ratio=0.75))):
+        with make():
+            pass
+        counter = Crossings(fake, NAMES)
+        for _ in range(5):
+            with make() as scope:
+                assert scope.window.hit_ratio == 0.75 and fake.device(0).limit == 2 * 3_276_800
+        counts.append(dict(counter.count))
+    assert counts[0] == counts[1]
+    assert fake.device(0).limit == fake.device(0).initial_limit
+
+
+def test_the_lone_lean_scope_fails_cleanly(fake, monkeypatch):
+    """The inline path of the commonest scope (the only one on its device, on one stream, no limit): a
+    refused entry leaves nothing registered and the stream as it was; a refused exit leaves the device
+    known, so the next scope still ends on the stream's own window; a window changed outside l2ctl while
+    no scope was live is read again."""
+    s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(4 * MiB)
+    outside = AccessPolicyWindow.for_buffer(buf, 0.25)
+    l2ctl.set_window(s, outside)
+    with l2ctl.persist(s, buf, 0.75, set_aside=None, reset_on_exit=False):
+        assert l2ctl.get_window(s).hit_ratio == 0.75
+    assert l2ctl.get_window(s) == outside
+    real = fake.apply_window
+
+    def refuse(*args: Any) -> Any:
+        raise l2ctl.CudaError("cudaStreamSetAttribute(stream, ...)", 1, "cudaErrorInvalidValue", "invalid argument",
+                              "stream")
+
+    monkeypatch.setattr(fake, "apply_window", refuse)
+    with pytest.raises(l2ctl.CudaError, match="cudaErrorInvalidValue"):
+        with l2ctl.persist(s, buf, 0.75, set_aside=None, reset_on_exit=False):
+            pytest.fail("the block must not run")
+    assert l2ctl.budget().scopes == () and l2ctl.get_window(s) == outside
+    monkeypatch.setattr(fake, "apply_window", real)
+    scope = l2ctl.persist(s, buf, 0.75, set_aside=None, reset_on_exit=False)
+    scope.__enter__()
+    monkeypatch.setattr(fake, "apply_window", refuse)
+    with pytest.raises(l2ctl.CudaError):
+        scope.__exit__(None, None, None)
+    monkeypatch.setattr(fake, "apply_window", real)
+    assert l2ctl.budget().scopes == () and l2ctl.get_window(s).hit_ratio == 0.75  # the refused exit changed nothing
+    with l2ctl.persist(s, buf, 0.5, set_aside=None, reset_on_exit=False):
+        assert l2ctl.get_window(s).hit_ratio == 0.5
+    assert l2ctl.get_window(s) == outside  # the base l2ctl kept through the failure
+    l2ctl.clear_window(s)
+    with l2ctl.persist(s, buf, 0.5, set_aside=None, reset_on_exit=False):
+        pass
+    assert l2ctl.get_window(s).empty and fake.device(0).limit == fake.device(0).initial_limit

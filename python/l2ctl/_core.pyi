@@ -48,10 +48,11 @@ class Event:
     def synchronize(self) -> None: ...
     def elapsed_since(self, start: Event) -> float: ...
 
-# One stream's window set, returning the window it replaces when read_previous (else None): the commonest change
-# of a scope, in the cheapest call.
-def swap_stream_window(stream: int, base: int, num_bytes: int, hit_ratio: float, hit_prop: int, miss_prop: int,
-                       read_previous: bool) -> tuple[int, int, float, int, int] | None: ...
+# One window on every handle of ``handles`` (kind 0: streams, 1: graph kernel nodes), with the limit and the
+# reset of apply_state: a scope's commonest change in the cheapest call. Returns as apply_state does.
+def apply_window(device: int, kind: int, handles: Sequence[int], base: int, num_bytes: int, hit_ratio: float,
+                 hit_prop: int, miss_prop: int, read_previous: bool, limit: int, at_least: bool,
+                 reset_lines: bool) -> tuple[int, int, list[tuple[int, int, float, int, int]]]: ...
 
 # In one call: the limit when limit >= 0 (at_least: raised to it if below, never lowered); the windows
 # (stream_windows on streams, then node_windows on graph kernel nodes, each a list of (handle, (base,

@@ -10,8 +10,8 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
-from . import _registry
-from ._device import check_owned_pointer, properties, require_persistence, stream_device
+from . import _backend, _registry
+from ._device import _last as _known_properties, check_owned_pointer, properties, require_persistence, stream_device
 from ._errors import L2BudgetWarning, SetAsideTaxWarning, WindowClippedWarning
 from ._interop import BufferRef, StreamRef, resolve_buffer, resolve_stream
 from ._plan import DEFAULT_LIMIT_FRACTION, check_nbytes, clip_window, normalize_hit_ratio
@@ -24,6 +24,7 @@ LimitRequest = Union[int, str, None]
 _PERSISTING, _STREAMING = AccessProperty.PERSISTING, AccessProperty.STREAMING
 #: Hit ratios up to here are below 1.0 in float32 too, so they need no further normalisation.
 _SURELY_FLOAT32 = 0.9999999
+_new_tuple = tuple.__new__
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,13 @@ class Policy:
     enabled: bool = True
     offset: int = 0
     num_bytes: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        # Checked (and the hit ratio normalised) once, here: persist() then takes a Policy's fields as they
+        # are, so a scope made from a tuned policy costs what the same arguments cost.
+        fields = _check_policy_fields(self.hit_ratio, self.set_aside, self.enabled, self.offset, self.num_bytes)
+        for name, value in zip(("hit_ratio", "set_aside", "enabled", "offset", "num_bytes"), fields):
+            object.__setattr__(self, name, value)
 
 
 @dataclass(frozen=True)
@@ -74,19 +82,24 @@ def _check_limit_request(value: object) -> LimitRequest:
     return check_nbytes(value, "set_aside", allow_zero=True)
 
 
-def _policy_fields(policy: object) -> tuple[Optional[float], LimitRequest, bool, int, Optional[int]]:
-    inner = getattr(policy, "policy", policy)  # a TunedPolicy carries its Policy
-    if not all(hasattr(inner, a) for a in ("set_aside", "hit_ratio")):
-        raise TypeError(f"policy must be an l2ctl.Policy (or a tuned policy), not {type(policy).__name__}")
-    enabled = getattr(inner, "enabled", True)
+def _check_policy_fields(hit_ratio: object, set_aside: object, enabled: object, offset: object,
+                         num_bytes: object) -> tuple[Optional[float], LimitRequest, bool, int, Optional[int]]:
     if not isinstance(enabled, bool):
         raise TypeError("policy.enabled must be a bool")
-    hit_ratio = getattr(inner, "hit_ratio")
-    offset = check_nbytes(getattr(inner, "offset", 0), "policy.offset", allow_zero=True)
-    num_bytes = getattr(inner, "num_bytes", None)
-    return ((None if hit_ratio is None else normalize_hit_ratio(hit_ratio)), _check_limit_request(
-        getattr(inner, "set_aside")), enabled, offset,
-        None if num_bytes is None else check_nbytes(num_bytes, "policy.num_bytes"))
+    return ((None if hit_ratio is None else normalize_hit_ratio(hit_ratio)), _check_limit_request(set_aside), enabled,
+            check_nbytes(offset, "policy.offset", allow_zero=True),
+            None if num_bytes is None else check_nbytes(num_bytes, "policy.num_bytes"))
+
+
+def _policy_fields(policy: object) -> tuple[Optional[float], LimitRequest, bool, int, Optional[int]]:
+    inner = getattr(policy, "policy", policy)  # a TunedPolicy carries its Policy
+    if type(inner) is Policy:  # checked when it was made
+        return inner.hit_ratio, inner.set_aside, inner.enabled, inner.offset, inner.num_bytes
+    if not all(hasattr(inner, a) for a in ("set_aside", "hit_ratio")):
+        raise TypeError(f"policy must be an l2ctl.Policy (or a tuned policy), not {type(policy).__name__}")
+    return _check_policy_fields(getattr(inner, "hit_ratio"), getattr(inner, "set_aside"),
+                                getattr(inner, "enabled", True), getattr(inner, "offset", 0),
+                                getattr(inner, "num_bytes", None))
 
 
 class Persist:
@@ -221,7 +234,9 @@ class Persist:
             return self
         ref = self._ref
         if ref is not None:  # a stream: the common case, without a Target
-            device = ref.device if ref.device is not None else stream_device(ref)
+            device = ref.device
+            if device is None:
+                device = stream_device(ref)
             slots: tuple[_registry.Slot, ...] = (_registry.stream_slot(ref.handle),)
             owner, changed = ref.owner, None
         else:
@@ -232,28 +247,34 @@ class Persist:
                 f"the buffer is on device {buffer.device} but the stream is on device {device}; "
                 "use a stream of the buffer's device"
             )
-        props = properties(device)
+        known = _known_properties  # [backend, {device: properties}]: properties(), inline
+        props = known[1].get(device) if _backend.current() is known[0] else None
+        if props is None:
+            props = properties(device)
         if not props.supports_persistence:
             require_persistence(device)  # raises, saying why
-        if self._offset == 0 and self._num_bytes is None and buffer.nbytes <= props.access_policy_max_window_size:
+        offset = self._offset
+        if not offset and self._num_bytes is None and buffer.nbytes <= props.access_policy_max_window_size:
             nbytes, clipped = buffer.nbytes, False
         else:
-            nbytes, clipped = clip_window(self._offset, self._num_bytes, buffer.nbytes,
-                                          props.access_policy_max_window_size)
-        base = buffer.ptr + self._offset
+            nbytes, clipped = clip_window(offset, self._num_bytes, buffer.nbytes, props.access_policy_max_window_size)
         if not buffer.allocation:  # l2ctl's own buffers are one allocation of a known device
-            check_owned_pointer(base, nbytes, device, buffer.owner, "the buffer")
-        ratio = 1.0 if self._requested_hit_ratio is None else self._requested_hit_ratio
-        window = AccessPolicyWindow(base, nbytes, ratio, self._hit_prop, self._miss_prop)
+            check_owned_pointer(buffer.ptr + offset, nbytes, device, buffer.owner, "the buffer")
+        requested = self._requested_hit_ratio
+        # A named tuple made without its Python-level __new__: every scope makes one.
+        window: AccessPolicyWindow = _new_tuple(AccessPolicyWindow, (buffer.ptr + offset, nbytes,
+                                                                    1.0 if requested is None else requested,
+                                                                    self._hit_prop, self._miss_prop))
         request = self._limit_request
-        if request == "max":
-            request = props.persisting_l2_cache_max_size
-        elif isinstance(request, int) and request > props.persisting_l2_cache_max_size:
-            raise ValueError(f"set_aside of {request} bytes exceeds persistingL2CacheMaxSize "
-                             f"({props.persisting_l2_cache_max_size} bytes) of device {device}; ask for at most that, "
-                             "or 'max'")
-        scope = _registry.Scope(device, slots, window, request, self._share, self._reset_on_exit,
-                                self._requested_hit_ratio is None, False, False, (owner, buffer.owner))
+        if request is not None and request != "auto":
+            if request == "max":
+                request = props.persisting_l2_cache_max_size
+            elif request > props.persisting_l2_cache_max_size:  # type: ignore[operator]
+                raise ValueError(f"set_aside of {request} bytes exceeds persistingL2CacheMaxSize "
+                                 f"({props.persisting_l2_cache_max_size} bytes) of device {device}; ask for at most "
+                                 "that, or 'max'")
+        scope = _registry.Scope(device, slots, window, request, self._share, self._reset_on_exit, requested is None,
+                                False, False, (owner, buffer.owner))
         limit, demand, capped = _registry.enter(scope, props.persisting_l2_cache_max_size)
         self._scope, self._slots, self._changed, self.device, self.clipped = scope, slots, changed, device, clipped
         self.window = scope.window

@@ -370,10 +370,46 @@ def _apply(backend: Backend, state: _DeviceState, changes: dict[Slot, WindowTupl
     for slot, window in changes.items():
         state.applied_windows[slot] = window
     if request >= 0:
-        if state.base_limit is None:
-            state.base_limit = int(before)  # nothing of l2ctl's had changed it: what was there is the base
-        state.applied_request = int(after) if at_least else request
-        state.applied_limit = state.observed_limit = int(after)
+        _record_limit(state, request, at_least, before, after)
+
+
+def _record_limit(state: _DeviceState, request: int, at_least: bool, before: int, after: int) -> None:
+    """What a batch that asked for the limit ``request`` learnt: the limit before it and the grant."""
+    if state.base_limit is None:
+        state.base_limit = int(before)  # nothing of l2ctl's had changed it: what was there is the base
+    state.applied_request = int(after) if at_least else request
+    state.applied_limit = state.observed_limit = int(after)
+
+
+def _apply_window(backend: Backend, state: _DeviceState, slots: list[Slot], window: WindowTuple, limit: int,
+                  at_least: bool, reset: bool) -> None:
+    """_apply for one window on slots of one kind (a scope's stream, or its graph's nodes): the cheapest
+    crossing (backend.apply_window), with the same bookkeeping."""
+    bases = state.base_windows
+    fresh = False
+    for slot in slots:
+        if slot not in bases:
+            fresh = True
+            break
+    try:
+        before, after, previous = backend.apply_window(
+            state.device, slots[0][0] if slots else STREAM, [slot[1] for slot in slots], window[0], window[1],
+            window[2], window[3], window[4], fresh, limit, at_least, reset)
+    except CudaError as exc:
+        _resync(backend, state, slots)
+        raise _translate(exc, state.device) from exc
+    except BaseException:
+        _resync(backend, state, slots)
+        raise
+    applied = state.applied_windows
+    if fresh:
+        for slot, old in zip(slots, previous):
+            if slot not in bases:
+                bases[slot] = tuple(old)  # type: ignore[assignment]
+    for slot in slots:
+        applied[slot] = window
+    if limit >= 0:
+        _record_limit(state, limit, at_least, before, after)
 
 
 def _forget_idle(backend: Backend, state: _DeviceState) -> None:
@@ -423,52 +459,59 @@ def _fast_enter(backend: Backend, state: _DeviceState, scope: Scope) -> bool:
     """The common entries, with the same outcome as the general plan: a scope that shares nothing, fixes its
     hit ratio and asks for no limit, or for "auto" while no other scope asks for any, where no live scope
     shares. Its window becomes the window of its slots (it is the latest scope, so no earlier "auto" request
-    depends on it); an "auto" request raises the limit to the demand of the windows in force. One batch,
+    depends on it); an "auto" request raises the limit to the demand of the windows in force. One crossing,
     which also reads what the device held (the base of new slots; the limit, with "at least").
     False: use the general path."""
     window = scope.window
     if scope.share or scope.fit_hit_ratio or state.shared or not (scope.limit is None or state.limited == 1):
         return False
     scope.effective = window
-    applied = state.applied_windows
-    request: Optional[int] = None
+    request = -1
     at_least = False
-    if scope.limit == "auto":
-        assert window is not None  # an "auto" request comes with a window
-        demand = window.demand if len(state.scopes) == 1 else _requested_demand(_in_force(backend, state.scopes.values()))
-        state.auto_capped = False
-        need = _auto(state, demand, 0)
-        if state.base_limit is None:
-            request, at_least = need, True
-        elif max(state.base_limit, need) != state.applied_request:
-            request = max(state.base_limit, need)
-    elif isinstance(scope.limit, int) and scope.limit != state.applied_request:
-        request = scope.limit  # the only exact request: it is the limit (the batch reads the base)
+    if scope.limit is not None:
+        if scope.limit == "auto":
+            assert window is not None  # an "auto" request comes with a window
+            demand = window.demand if len(state.scopes) == 1 else \
+                _requested_demand(_in_force(backend, state.scopes.values()))
+            state.auto_capped = False
+            need = _auto(state, demand, 0)
+            if state.base_limit is None:
+                request, at_least = need, True
+            elif max(state.base_limit, need) != state.applied_request:
+                request = max(state.base_limit, need)
+        elif isinstance(scope.limit, int) and scope.limit != state.applied_request:
+            request = scope.limit  # the only exact request: it is the limit (the batch reads the base)
     if window is None:  # a limit-only scope (set_aside)
-        if request is not None:
+        if request >= 0:
             _apply(backend, state, {}, request, at_least, False)
         return True
+    applied = state.applied_windows
+    generations = _registry.last_generations if backend is _registry.last_backend else \
+        _registry.generations.get(backend, {})
     slots = scope.slots
-    if request is None and len(slots) == 1 and slots[0][0] == STREAM:  # one stream: the shortest way
+    if len(slots) == 1:  # a stream: the commonest scope, the shortest way
         slot = slots[0]
-        if applied.get(slot) == window or not (
-                slot[2] == _registry.last_generations.get((STREAM, slot[1]), 0) if backend is _registry.last_backend
-                else _live(backend, slot)):
+        if applied.get(slot) != window and (not generations or slot[2] == generations.get((slot[0], slot[1]), 0)):
+            bases = state.base_windows
+            fresh = slot not in bases
+            try:
+                before, after, previous = backend.apply_window(state.device, slot[0], (slot[1],), *window, fresh,
+                                                               request, at_least, False)
+            except BaseException as exc:
+                _resync(backend, state, [slot])
+                raise _translate(exc, state.device) if isinstance(exc, CudaError) else exc
+            if fresh:
+                bases[slot] = tuple(previous[0])  # type: ignore[assignment]
+            applied[slot] = window
+            if request >= 0:
+                _record_limit(state, request, at_least, before, after)
             return True
-        bases = state.base_windows
-        fresh = slot not in bases
-        try:
-            previous = backend.swap_stream_window(slot[1], window[0], window[1], window[2], window[3], window[4], fresh)
-        except BaseException:
-            _resync(backend, state, [slot])
-            raise
-        if fresh and previous is not None:
-            bases[slot] = tuple(previous)  # type: ignore[assignment]
-        applied[slot] = window
-        return True
-    changes: dict[Slot, WindowTuple] = {s: window for s in slots if applied.get(s) != window and _live(backend, s)}
-    if changes or request is not None:
-        _apply(backend, state, changes, request, at_least, False)
+        changed: list[Slot] = []
+    else:
+        changed = [slot for slot in slots
+                   if applied.get(slot) != window and slot[2] == generations.get((slot[0], slot[1]), 0)]
+    if changed or request >= 0:
+        _apply_window(backend, state, changed, window, request, at_least, False)
     return True
 
 
@@ -476,7 +519,7 @@ def _fast_exit(backend: Backend, state: _DeviceState, scope: Scope, reset: bool)
     """The common exits: such a scope ending (asking for no limit, when no later scope asks for "auto",
     whose demand could have counted it; or the only one asking for a limit) where no live scope shares:
     its slots return to the latest other scope on them, or to their base; the limit, when no live scope
-    asks for one any more, to its base."""
+    asks for one any more, to its base. One crossing when the slots all return to one window."""
     if scope.share or state.shared:
         return False
     if scope.limit is None:
@@ -485,52 +528,35 @@ def _fast_exit(backend: Backend, state: _DeviceState, scope: Scope, reset: bool)
     elif state.limited:
         return False
     bases = state.base_windows
-    if not state.scopes and len(scope.slots) == 1 and not (state.base_limit is not None and
-                                                           state.applied_request != state.base_limit):
-        # The last scope of one stream: back to the base, the shortest way.
-        slot = scope.slots[0]
-        base = bases.get(slot)
-        live = (slot[2] == _registry.last_generations.get((slot[0], slot[1]), 0) if backend is _registry.last_backend
-                else _live(backend, slot))
-        if base is not None and live and (state.applied_windows.get(slot) != base or reset):
-            changed = [(slot[1], base)] if state.applied_windows.get(slot) != base else []
-            try:
-                if changed and not reset and slot[0] == STREAM:
-                    backend.swap_stream_window(slot[1], base[0], base[1], base[2], base[3], base[4], False)
-                else:
-                    backend.apply_state(state.device, -1, False, changed if slot[0] == STREAM else [],
-                                        changed if slot[0] != STREAM else [], reset, False)
-            except BaseException:
-                _resync(backend, state, [slot])
-                raise
-        elif reset:
-            backend.apply_state(state.device, -1, False, [], [], True, False)
-        bases.clear()
-        state.applied_windows.clear()
-        state.base_limit = state.applied_limit = state.applied_request = None
-        return True
-    changes: dict[Slot, WindowTuple] = {}
+    applied = state.applied_windows
+    generations = _registry.last_generations if backend is _registry.last_backend else \
+        _registry.generations.get(backend, {})
+    limit = -1
+    if not state.limited and state.base_limit is not None and state.applied_request != state.base_limit:
+        limit = state.base_limit
     others = list(state.scopes.values())
+    changes: dict[Slot, WindowTuple] = {}
     for slot in scope.slots:
         window = bases.get(slot)
-        if window is None or not _live(backend, slot):
+        if window is None or generations and slot[2] != generations.get((slot[0], slot[1]), 0):
             continue
         for other in reversed(others):
             if other.window is not None and slot in other.slots:
                 window = other.effective or other.window
                 break
-        if state.applied_windows.get(slot) != window:
+        if applied.get(slot) != window:
             changes[slot] = window
-    limit: Optional[int] = None
-    if not state.limited and state.base_limit is not None and state.applied_request != state.base_limit:
-        limit = state.base_limit
-    if changes or limit is not None or reset:
-        _apply(backend, state, changes, limit, False, reset)
+    if changes or limit >= 0 or reset:
+        first = next(iter(changes.values()), _EMPTY)
+        if all(w is first or w == first for w in changes.values()):  # one window for all: one cheap crossing
+            _apply_window(backend, state, list(changes), first, limit, False, reset)
+        else:
+            _apply(backend, state, changes, None if limit < 0 else limit, False, reset)
     if others:
         _forget_idle(backend, state)
     else:  # nothing live: forget the device's slots and limit until a scope needs them again
         bases.clear()
-        state.applied_windows.clear()
+        applied.clear()
         state.base_limit = state.applied_limit = state.applied_request = None
     return True
 
@@ -581,6 +607,33 @@ def enter(scope: Scope, maximum: int) -> tuple[int, float, bool]:
             _activate(backend, state, scope)
         scope.id = next(_registry.ids)  # _add, inline: this is every scope's path
         state.scopes[scope.id] = scope
+        window = scope.window
+        if (len(state.scopes) == 1 and scope.limit is None and len(scope.slots) == 1 and window is not None
+                and not scope.share and not scope.fit_hit_ratio):
+            # The lone scope on its device asking for no limit, on one stream: its window goes on, the stream's
+            # own read first (unless l2ctl still knows it: a failed exit). _fast_enter, inline.
+            slot = scope.slots[0]
+            scope.effective = window
+            generations = _registry.last_generations if backend is _registry.last_backend else \
+                _registry.generations.get(backend, {})
+            if state.applied_windows.get(slot) != window and (
+                    not generations or slot[2] == generations.get((slot[0], slot[1]), 0)):
+                fresh = slot not in state.base_windows
+                try:
+                    _, _, previous = backend.apply_window(scope.device, slot[0], (slot[1],), *window, fresh, -1,
+                                                          False, False)
+                except BaseException as exc:
+                    del state.scopes[scope.id]
+                    _resync(backend, state, [slot])
+                    raise _translate(exc, scope.device) if isinstance(exc, CudaError) else exc
+                if fresh:
+                    state.base_windows[slot] = tuple(previous[0])  # type: ignore[assignment]
+                state.applied_windows[slot] = window
+            state.in_force_demand = demand = window.hit_ratio * window.num_bytes if window.hit_prop == 2 else 0.0
+            if CHECK_FAST_PATHS:
+                _check_fast_path(backend, state)
+            limit = state.observed_limit
+            return (limit if limit is not None else _seen_limit(backend, state)), demand, False
         if scope.share:
             state.shared += 1
         if scope.limit is not None:
@@ -635,6 +688,30 @@ def exit(scope: Scope) -> None:
         if state is None or state.scopes.get(scope.id) is not scope:
             return
         del state.scopes[scope.id]  # _remove, inline: this is every scope's path
+        if not state.scopes and not scope.share and len(scope.slots) == 1:
+            # The last scope on the device, on one stream: the stream back to its base, the limit to its base,
+            # the lines reset, in one crossing; then the device is forgotten until a scope needs it again.
+            slot = scope.slots[0]
+            base = state.base_windows.get(slot)  # none for a stream that died (forget_slots)
+            handles = (slot[1],) if base is not None and state.applied_windows.get(slot) != base else ()
+            limit = state.base_limit
+            if limit is None or state.applied_request == limit:
+                limit = -1
+            if handles or limit >= 0 or scope.reset_on_exit:
+                try:
+                    _, after, _ = backend.apply_window(scope.device, slot[0], handles, *(base or _EMPTY), False, limit,
+                                                       False, scope.reset_on_exit)
+                except BaseException as exc:
+                    state.limited = state.autos = state.shared = 0
+                    _resync(backend, state, [slot])
+                    raise _translate(exc, scope.device) if isinstance(exc, CudaError) else exc
+                if limit >= 0:
+                    state.observed_limit = after
+            state.base_windows.clear()
+            state.applied_windows.clear()
+            state.base_limit = state.applied_limit = state.applied_request = None
+            state.limited = state.autos = state.shared = 0
+            return
         if scope.share:
             state.shared -= 1
         if scope.limit is not None:

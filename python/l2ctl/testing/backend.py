@@ -841,18 +841,26 @@ class FakeBackend:
     def Event(self, device: int = -1) -> FakeEvent:
         return FakeEvent(self, device)
 
-    def swap_stream_window(self, stream: int, base: int, num_bytes: int, hit_ratio: float, hit_prop: int,
-                           miss_prop: int, read_previous: bool) -> Optional[WindowTuple]:
-        """One stream's window set, returning the one it replaces when ``read_previous``."""
-        with self._locker:
-            previous: Optional[WindowTuple] = None
-            if read_previous:
-                if stream not in self._streams:
-                    self._stream(stream, "cudaStreamGetAttribute(stream, cudaStreamAttributeAccessPolicyWindow)")
-                self.calls.append("cudaStreamGetAttribute")
-                previous = self.windows.get(stream, EMPTY_WINDOW)
-            self._set_stream_window(stream, (base, num_bytes, hit_ratio, hit_prop, miss_prop))
-            return previous
+    def apply_window(self, device: int, kind: int, handles: Sequence[int], base: int, num_bytes: int,
+                     hit_ratio: float, hit_prop: int, miss_prop: int, read_previous: bool, limit: int,
+                     at_least: bool, reset_lines: bool) -> tuple[int, int, list[WindowTuple]]:
+        """One window on every handle (kind 0: streams, 1: kernel nodes), with apply_state's limit and reset."""
+        w: WindowTuple = (base, num_bytes, hit_ratio, hit_prop, miss_prop)
+        if kind == 0 and limit < 0 and not reset_lines and len(handles) == 1:
+            # The commonest call (a lean scope's entry or exit). A failure leaves the window as it was, as in C++.
+            with self._locker:
+                handle = handles[0]
+                previous: list[WindowTuple] = []
+                if read_previous:
+                    if handle not in self._streams:
+                        self._stream(handle, "cudaStreamGetAttribute(stream, cudaStreamAttributeAccessPolicyWindow)")
+                    self.calls.append("cudaStreamGetAttribute")
+                    previous.append(self.windows.get(handle, EMPTY_WINDOW))
+                self._set_stream_window(handle, w)
+                return -1, -1, previous
+        changes = [(h, w) for h in handles]
+        return self.apply_state(device, limit, at_least, changes if kind == 0 else [], changes if kind != 0 else [],
+                                reset_lines, read_previous)
 
     def apply_state(self, device: int, limit: int, at_least: bool, stream_windows: Sequence[tuple[int, WindowTuple]],
                     node_windows: Sequence[tuple[int, WindowTuple]], reset_lines: bool,
@@ -868,16 +876,8 @@ class FakeBackend:
             before = after = -1
             changed: list[tuple[bool, int]] = []  # (is a stream, handle) in the order applied
             if limit < 0 and not node_windows and not reset_lines and len(stream_windows) == 1:
-                # The commonest call (a scope's entry or exit): one stream window. A failure leaves the
-                # window as it was, as in C++.
                 handle, w = stream_windows[0]
-                if read_previous:
-                    if handle not in self._streams:
-                        self._stream(handle, "cudaStreamGetAttribute(stream, cudaStreamAttributeAccessPolicyWindow)")
-                    self.calls.append("cudaStreamGetAttribute")
-                    previous.append(self.windows.get(handle, EMPTY_WINDOW))
-                self._set_stream_window(handle, w)
-                return before, after, previous
+                return self.apply_window(device, 0, [handle], *w, read_previous, -1, False, False)
             try:
                 if limit >= 0:
                     before = after = self.get_persisting_limit(device)
