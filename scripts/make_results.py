@@ -121,6 +121,7 @@ def readme_gallery() -> str:
 
 OVERHEAD_ROWS = [
     ("persist_lean", "`persist(s, buf, 0.75, set_aside=None, reset_on_exit=False)`", "raw_set_clear_window"),
+    ("persist_lean_reused", "the same scope object made once and re-entered (`with scope:` in the loop)", "raw_set_clear_window"),
     ("persist_default", "`persist(s, buf, 0.75)` (defaults: \"auto\" set-aside, lines reset at the end)", None),
     ("persist_exact", "`persist(s, buf, 0.75, set_aside=<one granule more>)`: the limit up and back", "raw_set_limit_pair"),
     ("persist_policy", "the same through `policy=Policy(...)`", "raw_set_limit_pair"),

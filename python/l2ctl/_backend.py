@@ -161,7 +161,7 @@ class Backend(Protocol):
 
 
 _lock = threading.Lock()
-_active: Backend = _core
+_active: Backend = _core  # read directly (not through current()) on a scope's hot path
 
 
 def current() -> Backend:

@@ -248,7 +248,7 @@ class Persist:
                 "use a stream of the buffer's device"
             )
         known = _known_properties  # [backend, {device: properties}]: properties(), inline
-        props = known[1].get(device) if _backend.current() is known[0] else None
+        props = known[1].get(device) if _backend._active is known[0] else None
         if props is None:
             props = properties(device)
         if not props.supports_persistence:

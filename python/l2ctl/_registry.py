@@ -190,7 +190,7 @@ def _generation(backend: Backend, kind: int, handle: int) -> int:
 
 
 def stream_slot(handle: int) -> Slot:
-    backend = _backend.current()
+    backend = _backend._active  # current(), inline: every scope's path
     if backend is _registry.last_backend:
         return (STREAM, handle, _registry.last_generations.get((STREAM, handle), 0))
     return (STREAM, handle, _generation(backend, STREAM, handle))
@@ -598,37 +598,41 @@ def enter(scope: Scope, maximum: int) -> tuple[int, float, bool]:
     the device is put back as it was. Returns the limit in force (as l2ctl last saw it when it does not
     own it: read once), the demand of the windows in force, and whether an "auto" request was kept at the
     tax-free limit: what the caller's warnings need."""
-    backend = _backend.current()
+    backend = _backend._active  # current(), inline: every scope's path
+    registry = _registry
+    device = scope.device
     with lock:
-        state = _registry.last_states.get(scope.device) if backend is _registry.last_backend else None
+        state = registry.last_states.get(device) if backend is registry.last_backend else None
         if state is None:
-            state = _state(backend, scope.device, maximum)
+            state = _state(backend, device, maximum)
         if state.base_limit is None and (scope.share or scope.fit_hit_ratio or state.shared):
             _activate(backend, state, scope)
-        scope.id = next(_registry.ids)  # _add, inline: this is every scope's path
-        state.scopes[scope.id] = scope
+        scope.id = key = next(registry.ids)  # _add, inline: this is every scope's path
+        scopes = state.scopes
+        scopes[key] = scope
         window = scope.window
-        if (len(state.scopes) == 1 and scope.limit is None and len(scope.slots) == 1 and window is not None
+        slots = scope.slots
+        if (len(scopes) == 1 and scope.limit is None and len(slots) == 1 and window is not None
                 and not scope.share and not scope.fit_hit_ratio):
             # The lone scope on its device asking for no limit, on one stream: its window goes on, the stream's
             # own read first (unless l2ctl still knows it: a failed exit). _fast_enter, inline.
-            slot = scope.slots[0]
+            slot = slots[0]
             scope.effective = window
-            generations = _registry.last_generations if backend is _registry.last_backend else \
-                _registry.generations.get(backend, {})
-            if state.applied_windows.get(slot) != window and (
-                    not generations or slot[2] == generations.get((slot[0], slot[1]), 0)):
-                fresh = slot not in state.base_windows
+            applied = state.applied_windows
+            generations = registry.last_generations if backend is registry.last_backend else \
+                registry.generations.get(backend, {})
+            if applied.get(slot) != window and (not generations or slot[2] == generations.get(slot[:2], 0)):
+                bases = state.base_windows
+                fresh = slot not in bases
                 try:
-                    _, _, previous = backend.apply_window(scope.device, slot[0], (slot[1],), *window, fresh, -1,
-                                                          False, False)
+                    previous = backend.apply_window(device, slot[0], (slot[1],), *window, fresh, -1, False, False)[2]
                 except BaseException as exc:
-                    del state.scopes[scope.id]
+                    del scopes[key]
                     _resync(backend, state, [slot])
-                    raise _translate(exc, scope.device) if isinstance(exc, CudaError) else exc
+                    raise _translate(exc, device) if isinstance(exc, CudaError) else exc
                 if fresh:
-                    state.base_windows[slot] = tuple(previous[0])  # type: ignore[assignment]
-                state.applied_windows[slot] = window
+                    bases[slot] = previous[0]
+                applied[slot] = window
             state.in_force_demand = demand = window.hit_ratio * window.num_bytes if window.hit_prop == 2 else 0.0
             if CHECK_FAST_PATHS:
                 _check_fast_path(backend, state)
@@ -681,34 +685,43 @@ def enter(scope: Scope, maximum: int) -> tuple[int, float, bool]:
 def exit(scope: Scope) -> None:
     """Unregister ``scope`` (idempotent) and make the device match the scopes left. The persisting lines
     are reset when the scope asked for it and no other scope with a window is live on the device."""
-    backend = _backend.current()
+    backend = _backend._active  # current(), inline: every scope's path
+    registry = _registry
+    device = scope.device
     with lock:
-        state = _registry.last_states.get(scope.device) if backend is _registry.last_backend else \
-            _registry.states.get(backend, {}).get(scope.device)
-        if state is None or state.scopes.get(scope.id) is not scope:
+        state = registry.last_states.get(device) if backend is registry.last_backend else \
+            registry.states.get(backend, {}).get(device)
+        if state is None:
             return
-        del state.scopes[scope.id]  # _remove, inline: this is every scope's path
-        if not state.scopes and not scope.share and len(scope.slots) == 1:
+        scopes = state.scopes
+        key = scope.id
+        if scopes.get(key) is not scope:
+            return
+        del scopes[key]  # _remove, inline: this is every scope's path
+        slots = scope.slots
+        if not scopes and len(slots) == 1 and not scope.share:
             # The last scope on the device, on one stream: the stream back to its base, the limit to its base,
             # the lines reset, in one crossing; then the device is forgotten until a scope needs it again.
-            slot = scope.slots[0]
-            base = state.base_windows.get(slot)  # none for a stream that died (forget_slots)
-            handles = (slot[1],) if base is not None and state.applied_windows.get(slot) != base else ()
+            slot = slots[0]
+            bases, applied = state.base_windows, state.applied_windows
+            base = bases.get(slot)  # none for a stream that died (forget_slots)
+            handles = (slot[1],) if base is not None and applied.get(slot) != base else ()
             limit = state.base_limit
             if limit is None or state.applied_request == limit:
                 limit = -1
-            if handles or limit >= 0 or scope.reset_on_exit:
+            reset = scope.reset_on_exit
+            if handles or limit >= 0 or reset:
                 try:
-                    _, after, _ = backend.apply_window(scope.device, slot[0], handles, *(base or _EMPTY), False, limit,
-                                                       False, scope.reset_on_exit)
+                    after = backend.apply_window(device, slot[0], handles, *(base or _EMPTY), False, limit, False,
+                                                 reset)[1]
                 except BaseException as exc:
                     state.limited = state.autos = state.shared = 0
                     _resync(backend, state, [slot])
-                    raise _translate(exc, scope.device) if isinstance(exc, CudaError) else exc
+                    raise _translate(exc, device) if isinstance(exc, CudaError) else exc
                 if limit >= 0:
                     state.observed_limit = after
-            state.base_windows.clear()
-            state.applied_windows.clear()
+            bases.clear()
+            applied.clear()
             state.base_limit = state.applied_limit = state.applied_request = None
             state.limited = state.autos = state.shared = 0
             return

@@ -34,6 +34,7 @@ MiB = 1 << 20
 #: name -> what one operation is.
 OVERHEAD_VARIANTS: dict[str, str] = {
     "persist_lean": "persist(s, buf, 0.75, set_aside=None, reset_on_exit=False): enter + exit",
+    "persist_lean_reused": "the lean scope made once, outside the loop: `with scope:` enter + exit",
     "persist_default": "persist(s, buf, 0.75): enter + exit (auto set-aside, lines reset at exit)",
     "persist_exact": "persist(s, buf, 0.75, set_aside=<one granule more>): enter + exit (two limit changes)",
     "persist_policy": "persist(s, buf, policy=Policy(set_aside=<one granule more>, hit_ratio=0.75)): the same",
@@ -144,6 +145,12 @@ def bench_overhead(
             with persist(s, buf, 0.75, set_aside=None, reset_on_exit=False):
                 pass
 
+        reusable = persist(s, buf, 0.75, set_aside=None, reset_on_exit=False)
+
+        def persist_lean_reused() -> None:
+            with reusable:
+                pass
+
         def persist_default() -> None:
             with persist(s, buf, 0.75):
                 pass
@@ -168,7 +175,7 @@ def bench_overhead(
             with set_aside(up, index):
                 pass
 
-        ops.update(persist_lean=persist_lean, persist_default=persist_default, persist_exact=persist_exact,
+        ops.update(persist_lean=persist_lean, persist_lean_reused=persist_lean_reused, persist_default=persist_default, persist_exact=persist_exact,
                    persist_policy=persist_policy, persist_graph_1=persist_graph_1, persist_graph_32=persist_graph_32,
                    set_aside_scope=set_aside_scope)
 
@@ -228,8 +235,9 @@ def _torch_objects(index: int) -> Optional[tuple[Any, Any]]:
 def _check_variant(name: str, op: Callable[[], Any], s: Stream, buf: DeviceBuffer, expected: AccessPolicyWindow,
                    graphs_by_size: dict[int, graphs.Graph], index: int, limit_before: int, up: int) -> None:
     """Once, outside the timed loops: the operation really applies what it claims inside the scope."""
-    if name in ("persist_lean", "persist_default", "persist_exact", "persist_policy"):
-        by_name: dict[str, dict[str, Any]] = {"persist_lean": {"set_aside": None, "reset_on_exit": False},
+    if name in ("persist_lean", "persist_lean_reused", "persist_default", "persist_exact", "persist_policy"):
+        lean: dict[str, Any] = {"set_aside": None, "reset_on_exit": False}
+        by_name: dict[str, dict[str, Any]] = {"persist_lean": lean, "persist_lean_reused": lean,
                                               "persist_default": {}, "persist_exact": {"set_aside": up},
                                               "persist_policy": {}}
         settings = by_name[name]
