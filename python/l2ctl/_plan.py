@@ -40,6 +40,8 @@ def normalize_hit_ratio(value: object, name: str = "hit_ratio") -> float:
     Raises TypeError for non-real values (bool included) and ValueError for NaN, infinities, negative
     values and values above ``1 + HIT_RATIO_TOLERANCE``.
     """
+    if type(value) is float and 0.0 <= value <= 0.9999999:  # below 1.0 in float32 too: nothing to do
+        return value
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number in [0, 1], not {type(value).__name__}")
     x = float(value)
@@ -74,6 +76,8 @@ MAX_BYTES = (1 << 63) - 1
 
 def check_nbytes(value: object, name: str, *, allow_zero: bool = False) -> int:
     """A byte count: an integer (not bool), positive (or zero when allowed), below 2**63."""
+    if type(value) is int and (0 < value <= MAX_BYTES or (allow_zero and value == 0)):
+        return value  # the common case, without the ABC checks (a scope's path)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an integer number of bytes, not {type(value).__name__}")
     n = int(value)

@@ -751,10 +751,11 @@ def set_base_window(slots: Iterable[Slot], device: int, maximum: int, window: Ac
                 state.base_windows[slot] = value
             else:
                 idle.append(slot)
-        streams = [(s[1], value) for s in idle if s[0] == STREAM]
-        nodes = [(s[1], value) for s in idle if s[0] == NODE]
-        if streams or nodes:
-            backend.apply_state(device, -1, False, streams, nodes, False, False)
+        for kind in (STREAM, NODE):  # one window on each kind of holder: the cheap crossing
+            handles = [s[1] for s in idle if s[0] == kind]
+            if handles:
+                backend.apply_window(device, kind, handles, value[0], value[1], value[2], value[3], value[4], False,
+                                     -1, False, False)
 
 
 def forget_slots(kind: int, handles: Iterable[int]) -> None:

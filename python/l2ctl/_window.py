@@ -77,6 +77,8 @@ class AccessPolicyWindow(NamedTuple):
 
 def check_property(value: object, name: str, *, miss: bool = False) -> AccessProperty:
     """An AccessProperty from itself or its int value; ``miss``: PERSISTING is refused (CUDA refuses it)."""
+    if type(value) is AccessProperty and not (miss and value is AccessProperty.PERSISTING):
+        return value
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an AccessProperty (or its int value), not {type(value).__name__}")
     try:
@@ -98,10 +100,14 @@ def validate_window(window: AccessPolicyWindow) -> AccessPolicyWindow:
     miss_prop = check_property(window.miss_prop, "miss_prop", miss=True)
     if nbytes and not base:
         raise ValueError("a non-empty window needs a base_ptr")
+    hit_ratio = normalize_hit_ratio(window.hit_ratio)
+    if (base is window.base_ptr and nbytes is window.num_bytes and hit_ratio is window.hit_ratio
+            and hit_prop is window.hit_prop and miss_prop is window.miss_prop):
+        return window  # already canonical: no copy
     return window._replace(
         base_ptr=base,
         num_bytes=nbytes,
-        hit_ratio=normalize_hit_ratio(window.hit_ratio),
+        hit_ratio=hit_ratio,
         hit_prop=hit_prop,
         miss_prop=miss_prop,
     )
