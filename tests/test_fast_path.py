@@ -209,3 +209,37 @@ def test_the_lone_lean_scope_fails_cleanly(fake, monkeypatch):
     with l2ctl.persist(s, buf, 0.5, set_aside=None, reset_on_exit=False):
         pass
     assert l2ctl.get_window(s).empty and fake.device(0).limit == fake.device(0).initial_limit
+
+
+def test_the_lone_default_scope_raises_the_limit_in_its_one_crossing_and_fails_cleanly(fake, monkeypatch):
+    """The lone "auto" scope: the window and the limit in one crossing (the limit only raised, to the window's
+    demand rounded up to the granularity, never past the driver's default); a refused crossing leaves no
+    scope, the limit and the stream as they were."""
+    s = l2ctl.Stream()
+    big = l2ctl.DeviceBuffer(16 * MiB)  # 12 MiB at 0.75: more than the initial limit (9.375 MiB)
+    initial = fake.device(0).limit
+    counter = Crossings(fake, NAMES)
+    with pytest.warns(l2ctl.SetAsideTaxWarning):  # the demand is above the tax-free default: capped there
+        with l2ctl.persist(s, big, 0.75) as scope:
+            assert fake.device(0).limit == initial == scope.set_aside
+    small = l2ctl.DeviceBuffer(2 * MiB)
+    fake.device(0).limit = 0  # an idle device whose limit someone set to nothing
+    with l2ctl.persist(s, small, 0.75) as scope:
+        assert fake.device(0).limit == 3_276_800 == scope.set_aside  # raised to one granule
+    assert fake.device(0).limit == 0 and l2ctl.get_window(s).empty
+    fake.device(0).limit = initial
+    assert counter.count.get("apply_window", 0) == 4 and counter.count.get("apply_state", 0) == 0, counter.count
+
+    def refuse(*args: Any) -> Any:
+        raise l2ctl.CudaError("cudaDeviceSetLimit(...)", 1, "cudaErrorInvalidValue", "invalid argument", "device 0")
+
+    real = fake.apply_window
+    monkeypatch.setattr(fake, "apply_window", refuse)
+    with pytest.raises(l2ctl.CudaError):
+        with l2ctl.persist(s, small, 0.75):
+            pytest.fail("the block must not run")
+    monkeypatch.setattr(fake, "apply_window", real)
+    assert l2ctl.budget().scopes == () and fake.device(0).limit == initial and l2ctl.get_window(s).empty
+    with l2ctl.persist(s, small, 0.75):
+        pass
+    assert fake.device(0).limit == initial and l2ctl.get_window(s).empty

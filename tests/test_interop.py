@@ -135,6 +135,9 @@ class FakeTorchTensor:
     def data_ptr(self):
         return 0x9000
 
+    def get_device(self):
+        return self.device.index if self.is_cuda else -1
+
     def is_contiguous(self):
         return self._contiguous
 

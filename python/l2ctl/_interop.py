@@ -268,4 +268,5 @@ def _torch_buffer(tensor: Any) -> BufferRef:
     nbytes = int(tensor.numel()) * int(tensor.element_size())
     if nbytes == 0:
         raise ValueError("the tensor is empty (0 bytes); a window must cover at least one byte")
-    return BufferRef(int(tensor.data_ptr()), nbytes, int(tensor.device.index), "torch.Tensor", tensor)
+    # get_device() is an int; tensor.device builds a torch.device object (a microsecond, on every scope).
+    return BufferRef(int(tensor.data_ptr()), nbytes, int(tensor.get_device()), "torch.Tensor", tensor)

@@ -123,6 +123,7 @@ class _DeviceState:
     observed_limit: Optional[int] = None
     in_force_demand: float = 0.0  # of the effective windows in force after the last sync
     auto_capped: bool = False  # the last plan kept an "auto" request at the tax-free limit
+    auto_bounds: Optional[tuple[int, int]] = None  # (granularity, tax-free cap), known once probed
     shared: int = 0  # live scopes with share=True
     autos: int = 0  # live scopes asking for "auto"
     limited: int = 0  # live scopes asking for any limit
@@ -274,8 +275,11 @@ def _auto(state: _DeviceState, demand: float, current: int) -> int:
     and never past the tax-free limit (the driver's default); notes in ``state`` when that cap bound."""
     if demand <= 0:
         return current
-    step = _step(state)
-    cap = tax_free_limit(state.maximum, step)
+    bounds = state.auto_bounds
+    if bounds is None:
+        step = _step(state)
+        bounds = state.auto_bounds = (step, tax_free_limit(state.maximum, step))
+    step, cap = bounds
     limit = auto_set_aside(demand, current, step, cap)
     if limit < min(state.maximum, round_up(math.ceil(demand), step)):
         state.auto_capped = True
@@ -612,32 +616,54 @@ def enter(scope: Scope, maximum: int) -> tuple[int, float, bool]:
         scopes[key] = scope
         window = scope.window
         slots = scope.slots
-        if (len(scopes) == 1 and scope.limit is None and len(slots) == 1 and window is not None
+        request = scope.limit
+        if (len(scopes) == 1 and (request is None or request == "auto") and len(slots) == 1 and window is not None
                 and not scope.share and not scope.fit_hit_ratio):
-            # The lone scope on its device asking for no limit, on one stream: its window goes on, the stream's
-            # own read first (unless l2ctl still knows it: a failed exit). _fast_enter, inline.
+            # The lone scope on its device, on one stream, asking for no limit or for "auto": its window goes
+            # on, the stream's own read first (unless l2ctl still knows it: a failed exit), and an "auto"
+            # request raises the limit to the window's demand ("at least": the same call reads the base).
+            # _fast_enter, inline.
             slot = slots[0]
             scope.effective = window
+            demand = window.hit_ratio * window.num_bytes if window.hit_prop == 2 else 0.0
+            limit, at_least = -1, False
+            if request is not None:
+                state.limited = state.autos = 1
+                state.auto_capped = False
+                need = _auto(state, demand, 0)
+                if state.base_limit is None:
+                    limit, at_least = need, True
+                elif max(state.base_limit, need) != state.applied_request:
+                    limit = max(state.base_limit, need)
             applied = state.applied_windows
             generations = registry.last_generations if backend is registry.last_backend else \
                 registry.generations.get(backend, {})
+            handles: tuple[int, ...] = ()
             if applied.get(slot) != window and (not generations or slot[2] == generations.get(slot[:2], 0)):
+                handles = (slot[1],)
+            if handles or limit >= 0:
                 bases = state.base_windows
-                fresh = slot not in bases
+                fresh = bool(handles) and slot not in bases
                 try:
-                    previous = backend.apply_window(device, slot[0], (slot[1],), *window, fresh, -1, False, False)[2]
+                    before, after, previous = backend.apply_window(device, slot[0], handles, *window, fresh, limit,
+                                                                   at_least, False)
                 except BaseException as exc:
                     del scopes[key]
+                    state.limited = state.autos = 0
                     _resync(backend, state, [slot])
                     raise _translate(exc, device) if isinstance(exc, CudaError) else exc
                 if fresh:
                     bases[slot] = previous[0]
-                applied[slot] = window
-            state.in_force_demand = demand = window.hit_ratio * window.num_bytes if window.hit_prop == 2 else 0.0
+                if handles:
+                    applied[slot] = window
+                if limit >= 0:
+                    _record_limit(state, limit, at_least, before, after)
+            state.in_force_demand = demand
             if CHECK_FAST_PATHS:
                 _check_fast_path(backend, state)
-            limit = state.observed_limit
-            return (limit if limit is not None else _seen_limit(backend, state)), demand, False
+            seen = state.applied_limit if state.applied_limit is not None else state.observed_limit
+            return (seen if seen is not None else _seen_limit(backend, state)), demand, \
+                request is not None and state.auto_capped
         if scope.share:
             state.shared += 1
         if scope.limit is not None:
