@@ -286,6 +286,19 @@ def _auto(state: _DeviceState, demand: float, current: int) -> int:
     return limit
 
 
+def _auto_request(state: _DeviceState, demand: float) -> tuple[int, bool]:
+    """The limit request (-1: none needed) and its "at least" flag for the only "auto" request on a device
+    whose windows in force ask for ``demand``: with the base unknown, "at least" the demand's need (the call
+    reads the base); otherwise the larger of the two, when it differs from what is applied."""
+    state.auto_capped = False
+    need = _auto(state, demand, 0)
+    if state.base_limit is None:
+        return need, True
+    if max(state.base_limit, need) != state.applied_request:
+        return max(state.base_limit, need), False
+    return -1, False
+
+
 def _share(backend: Backend, in_force: list[Scope], limit: Optional[int]) -> None:
     """Set each in-force scope's effective window: shared PERSISTING scopes scaled to fit what the
     non-shared ones leave of the limit (the source documents' rule), the others as requested."""
@@ -477,12 +490,7 @@ def _fast_enter(backend: Backend, state: _DeviceState, scope: Scope) -> bool:
             assert window is not None  # an "auto" request comes with a window
             demand = window.demand if len(state.scopes) == 1 else \
                 _requested_demand(_in_force(backend, state.scopes.values()))
-            state.auto_capped = False
-            need = _auto(state, demand, 0)
-            if state.base_limit is None:
-                request, at_least = need, True
-            elif max(state.base_limit, need) != state.applied_request:
-                request = max(state.base_limit, need)
+            request, at_least = _auto_request(state, demand)
         elif isinstance(scope.limit, int) and scope.limit != state.applied_request:
             request = scope.limit  # the only exact request: it is the limit (the batch reads the base)
     if window is None:  # a limit-only scope (set_aside)
@@ -629,12 +637,7 @@ def enter(scope: Scope, maximum: int) -> tuple[int, float, bool]:
             limit, at_least = -1, False
             if request is not None:
                 state.limited = state.autos = 1
-                state.auto_capped = False
-                need = _auto(state, demand, 0)
-                if state.base_limit is None:
-                    limit, at_least = need, True
-                elif max(state.base_limit, need) != state.applied_request:
-                    limit = max(state.base_limit, need)
+                limit, at_least = _auto_request(state, demand)
             applied = state.applied_windows
             generations = registry.last_generations if backend is registry.last_backend else \
                 registry.generations.get(backend, {})
