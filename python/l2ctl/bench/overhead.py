@@ -3,8 +3,9 @@
 scope, a reset of persisting lines, and the same through cuda-python's cuda.bindings when installed.
 
 Host time per operation (no GPU work and no synchronisation inside), the median over ``rounds`` rounds
-of ``iterations`` operations each. Every variant is checked once per round: the scope applied its
-window (and limit) inside and left the device as it found it after.
+of ``iterations`` operations each, the rounds taken round-robin over the variants. Every variant is
+checked once before it is timed (the scope applied its window, and limit, inside) and after every round
+(it left the device as it found it).
 """
 
 from __future__ import annotations
@@ -197,6 +198,7 @@ def bench_overhead(
                     pass
 
             ops["persist_lean_torch"] = persist_lean_torch
+        measured = []
         for name in names:
             if name not in ops:
                 reason = "cuda-python is not installed" if name.startswith("raw_") else "torch is not installed"
@@ -205,17 +207,22 @@ def bench_overhead(
                 bar.step(f"{name}: skipped")
                 continue
             _check_variant(name, ops[name], s, buf, expected, graphs_by_size, index, limit_before, up)
-            samples = []
-            for _ in range(rounds):
+            measured.append(name)
+        # Rounds go round-robin over the variants, so that a burst of load on the host falls on all of them
+        # alike and the medians stay comparable side by side.
+        samples: dict[str, list[float]] = {name: [] for name in measured}
+        for _ in range(rounds):
+            for name in measured:
                 ops[name]()  # warm
-                samples.append(_per_op_us(ops[name], iterations))
+                samples[name].append(_per_op_us(ops[name], iterations))
                 _check_left_clean(name, s, graphs_by_size, index, limit_before)
-            median = statistics.median(samples)
+        for name in measured:
+            median = statistics.median(samples[name])
             records.append(Record("overhead", name, {"operation": OVERHEAD_VARIANTS[name], "iterations": iterations,
-                                                     "rounds": rounds},
-                                  median / 1e3, min(samples) / 1e3, max(samples) / 1e3,
-                                  (max(samples) - min(samples)) / median if median else 0.0, rounds, True,
-                                  {"median_us": median, "rounds_us": samples}))
+                                                     "rounds": rounds, "order": "round-robin"},
+                                  median / 1e3, min(samples[name]) / 1e3, max(samples[name]) / 1e3,
+                                  (max(samples[name]) - min(samples[name])) / median if median else 0.0, rounds,
+                                  True, {"median_us": median, "rounds_us": samples[name]}))
             bar.step(f"{name}: {median:.1f} us")
     report = Report("overhead", environment(index), records)
     report.summary = {r.variant: r.metrics["median_us"] for r in records if r.verified}
