@@ -9,6 +9,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from typing import Any, Callable
 
 import pytest
@@ -243,3 +244,84 @@ def test_the_lone_default_scope_raises_the_limit_in_its_one_crossing_and_fails_c
     with l2ctl.persist(s, small, 0.75):
         pass
     assert fake.device(0).limit == initial and l2ctl.get_window(s).empty
+
+
+# ---- found by review of the fast paths (each failed before its fix) --------------------------------------
+
+
+def _refusing(name: str = "cudaStreamSetAttribute(stream, ...)") -> Callable[..., Any]:
+    def refuse(*args: Any) -> Any:
+        raise l2ctl.CudaError(name, 1, "cudaErrorInvalidValue", "invalid argument", "")
+    return refuse
+
+
+def test_a_default_scope_refused_by_mps_leaves_no_scope():
+    with FakeBackend.installed(FakeDevice.mps_client()) as fake:
+        s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(2 * MiB)
+        for _ in range(2):  # the limit probe raises inside the lone scope's path, every time
+            with pytest.raises(l2ctl.NotSupportedError):
+                with l2ctl.persist(s, buf, 0.75):
+                    pytest.fail("the block must not run")
+            assert _registry.live_scopes(0) == [] and l2ctl.get_window(s).empty
+        with l2ctl.persist(s, buf, 0.75, set_aside=None) as scope:  # the limit MPS gave still works
+            assert scope.set_aside == fake.device(0).limit
+
+
+def test_a_refused_entry_leaves_no_limit_the_registry_thinks_it_owns(fake, monkeypatch):
+    s, other, buf = l2ctl.Stream(), l2ctl.Stream(), l2ctl.DeviceBuffer(2 * MiB)
+    granule = 3_276_800
+    fake.device(0).limit = 2 * granule
+    real = fake.apply_window
+    for live in (False, True):  # the lone scope's path; the fast path beside a live scope
+        outer = l2ctl.persist(other, buf, 0.5, set_aside=None, reset_on_exit=False)
+        if live:
+            with warnings.catch_warnings():  # l2ctl last saw the limit at 0 (it reads an idle device's once)
+                warnings.simplefilter("ignore", l2ctl.L2BudgetWarning)
+                outer.__enter__()
+        monkeypatch.setattr(fake, "apply_window", _refusing())
+        with pytest.raises(l2ctl.CudaError):
+            with l2ctl.persist(s, buf, 0.75, set_aside=None):
+                pass
+        monkeypatch.setattr(fake, "apply_window", real)
+        assert _registry.known_limit(0) is None  # nothing of l2ctl's holds the limit
+        fake.device(0).limit = 0  # changed outside l2ctl meanwhile
+        with l2ctl.persist(s, buf, 0.75, set_aside=2 * granule) as scope:
+            assert fake.device(0).limit == 2 * granule == scope.set_aside
+        if live:
+            outer.__exit__(None, None, None)
+        assert fake.device(0).limit == 0 and l2ctl.get_window(s).empty and l2ctl.get_window(other).empty
+        fake.device(0).limit = 2 * granule
+
+
+def test_after_a_refused_exit_the_next_change_puts_the_device_back_to_the_plan(fake, monkeypatch):
+    s, other, buf = l2ctl.Stream(), l2ctl.Stream(), l2ctl.DeviceBuffer(4 * MiB)
+    fake.device(0).limit = 0
+    scope = l2ctl.persist(s, buf, 0.75)  # "auto": raises the limit
+    scope.__enter__()
+    assert fake.device(0).limit > 0
+    monkeypatch.setattr(fake, "apply_window", _refusing("cudaCtxResetPersistingL2Cache()"))
+    with pytest.raises(l2ctl.CudaError):
+        scope.__exit__(None, None, None)
+    monkeypatch.undo()
+    assert l2ctl.get_window(s).hit_ratio == 0.75 and fake.device(0).limit > 0  # the refused exit changed nothing
+    with pytest.warns(l2ctl.L2BudgetWarning):  # the limit is back at 0
+        with l2ctl.persist(other, buf, 0.5, set_aside=None, reset_on_exit=False):
+            # the scope that ended is gone from the device: its stream and the limit are back to their base
+            assert l2ctl.get_window(s).empty and fake.device(0).limit == 0
+    assert l2ctl.get_window(other).empty and fake.device(0).limit == 0
+    with pytest.warns(l2ctl.L2BudgetWarning):
+        with l2ctl.persist(s, buf, 0.5, set_aside=None, reset_on_exit=False):
+            assert l2ctl.get_window(s).hit_ratio == 0.5
+    assert l2ctl.get_window(s).empty
+
+
+def test_a_closed_streams_window_asks_for_no_set_aside(fake):
+    fake.device(0).limit = 0
+    s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(4 * MiB)
+    slot = _registry.stream_slot(s.handle)  # what a scope computes before taking the registry's lock
+    _registry.forget_slots(_registry.STREAM, [s.handle])  # the stream closes in another thread meanwhile
+    scope = _registry.Scope(0, (slot,), AccessPolicyWindow.for_buffer(buf, 0.75), "auto", reset_on_exit=True)
+    limit, demand, capped = _registry.enter(scope, fake.device(0).persisting_l2_cache_max_size)
+    assert (limit, demand, capped) == (0, 0.0, False) and fake.device(0).limit == 0
+    _registry.exit(scope)
+    assert fake.device(0).limit == 0

@@ -305,8 +305,12 @@ class Persist:
                     f"but the set-aside is {limit} bytes; lines will evict each other (thrash). Use "
                     "share=True, a smaller hit_ratio, or a larger set_aside",
                     L2BudgetWarning, stacklevel=2)
-        except BaseException:
-            self.__exit__(None, None, None)
+        except BaseException as error:
+            try:
+                self.__exit__(None, None, None)
+            except BaseException as cleanup:  # the first error is the one to see
+                if hasattr(error, "add_note"):
+                    error.add_note(f"l2ctl: ending the scope after this error also failed: {cleanup!r}")
             raise
         return self
 

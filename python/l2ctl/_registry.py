@@ -124,6 +124,9 @@ class _DeviceState:
     in_force_demand: float = 0.0  # of the effective windows in force after the last sync
     auto_capped: bool = False  # the last plan kept an "auto" request at the tax-free limit
     auto_bounds: Optional[tuple[int, int]] = None  # (granularity, tax-free cap), known once probed
+    # A batch failed: the device may be off the plan (a slot or the limit left as a failed exit found them),
+    # so changes go through the general plan, which writes every difference, until one succeeds.
+    dirty: bool = False
     shared: int = 0  # live scopes with share=True
     autos: int = 0  # live scopes asking for "auto"
     limited: int = 0  # live scopes asking for any limit
@@ -150,10 +153,9 @@ class _Registry:
         self.generations: "weakref.WeakKeyDictionary[Any, dict[tuple[int, int], int]]" = weakref.WeakKeyDictionary()
         self.granularity: "weakref.WeakKeyDictionary[Any, dict[int, tuple[int, str]]]" = weakref.WeakKeyDictionary()
         self.ids = itertools.count(1)
-        # The last backend looked up and its states and generations: weak keys cost a lookup each time.
-        self.last_backend: Any = None
-        self.last_states: dict[int, _DeviceState] = {}
-        self.last_generations: dict[tuple[int, int], int] = {}
+        # The last backend looked up, its states and its generations, as one tuple replaced whole (readers
+        # outside the lock see one backend's pair): weak keys cost a lookup each time.
+        self.last: tuple[Any, dict[int, _DeviceState], dict[tuple[int, int], int]] = (None, {}, {})
 
 
 _registry = _Registry()
@@ -171,30 +173,29 @@ if hasattr(os, "register_at_fork"):
 
 
 def _state(backend: Backend, device: int, maximum: int) -> _DeviceState:
-    if backend is _registry.last_backend:  # the common case: one backend for the whole process
-        state = _registry.last_states.get(device)
+    last = _registry.last
+    if backend is last[0]:  # the common case: one backend for the whole process
+        state = last[1].get(device)
         if state is not None:
             return state
     per_backend = _registry.states.setdefault(backend, {})
-    _registry.last_backend, _registry.last_states = backend, per_backend
-    _registry.last_generations = _registry.generations.setdefault(backend, {})
+    _registry.last = (backend, per_backend, _registry.generations.setdefault(backend, {}))
     state = per_backend.get(device)
     if state is None:
         state = per_backend[device] = _DeviceState(device, maximum)
     return state
 
 
-def _generation(backend: Backend, kind: int, handle: int) -> int:
-    if backend is _registry.last_backend:
-        return _registry.last_generations.get((kind, handle), 0)
-    return _registry.generations.get(backend, {}).get((kind, handle), 0)
+def _generations_of(backend: Backend) -> dict[tuple[int, int], int]:
+    """(kind, handle) -> generation for ``backend`` (empty while no handle of it died)."""
+    last = _registry.last
+    return last[2] if backend is last[0] else _registry.generations.get(backend, {})
 
 
 def stream_slot(handle: int) -> Slot:
-    backend = _backend._active  # current(), inline: every scope's path
-    if backend is _registry.last_backend:
-        return (STREAM, handle, _registry.last_generations.get((STREAM, handle), 0))
-    return (STREAM, handle, _generation(backend, STREAM, handle))
+    last = _registry.last
+    generations = last[2] if _backend._active is last[0] else _generations_of(_backend._active)  # every scope's path
+    return (STREAM, handle, generations.get((STREAM, handle), 0) if generations else 0)
 
 
 def node_slot(handle: int) -> Slot:
@@ -203,16 +204,17 @@ def node_slot(handle: int) -> Slot:
 
 def node_slots(handles: Iterable[int]) -> tuple[Slot, ...]:
     """Slots of many kernel nodes at once (a graph of N nodes is N slots)."""
-    backend = _backend.current()
-    generations = _registry.last_generations if backend is _registry.last_backend else \
-        _registry.generations.get(backend, {})
+    generations = _generations_of(_backend.current())
     return tuple((NODE, h, generations.get((NODE, h), 0)) for h in handles)
 
 
 def _live(backend: Backend, slot: Slot) -> bool:
-    if backend is _registry.last_backend:
-        return slot[2] == _registry.last_generations.get((slot[0], slot[1]), 0)
-    return slot[2] == _generation(backend, slot[0], slot[1])
+    return slot[2] == _generations_of(backend).get((slot[0], slot[1]), 0)
+
+
+def _any_live(backend: Backend, slots: tuple[Slot, ...]) -> bool:
+    generations = _generations_of(backend)
+    return not generations and bool(slots) or any(slot[2] == generations.get((slot[0], slot[1]), 0) for slot in slots)
 
 
 # ---- planning (pure) ------------------------------------------------------------------------------
@@ -455,6 +457,7 @@ def _sync(backend: Backend, state: _DeviceState, *, reset: bool = False) -> None
             _apply(backend, state, {}, follow, False, False)
     state.in_force_demand = sum((s.effective or s.window).demand for s in in_force if s.window is not None)
     _forget_idle(backend, state)
+    state.dirty = False  # the device matches the plan
 
 
 def _add(state: _DeviceState, scope: Scope) -> None:
@@ -480,7 +483,8 @@ def _fast_enter(backend: Backend, state: _DeviceState, scope: Scope) -> bool:
     which also reads what the device held (the base of new slots; the limit, with "at least").
     False: use the general path."""
     window = scope.window
-    if scope.share or scope.fit_hit_ratio or state.shared or not (scope.limit is None or state.limited == 1):
+    if (scope.share or scope.fit_hit_ratio or state.shared or state.dirty
+            or not (scope.limit is None or state.limited == 1)):
         return False
     scope.effective = window
     request = -1
@@ -488,8 +492,10 @@ def _fast_enter(backend: Backend, state: _DeviceState, scope: Scope) -> bool:
     if scope.limit is not None:
         if scope.limit == "auto":
             assert window is not None  # an "auto" request comes with a window
-            demand = window.demand if len(state.scopes) == 1 else \
-                _requested_demand(_in_force(backend, state.scopes.values()))
+            if len(state.scopes) == 1:  # in force when one of its slots is live
+                demand = window.demand if _any_live(backend, scope.slots) else 0.0
+            else:
+                demand = _requested_demand(_in_force(backend, state.scopes.values()))
             request, at_least = _auto_request(state, demand)
         elif isinstance(scope.limit, int) and scope.limit != state.applied_request:
             request = scope.limit  # the only exact request: it is the limit (the batch reads the base)
@@ -498,8 +504,7 @@ def _fast_enter(backend: Backend, state: _DeviceState, scope: Scope) -> bool:
             _apply(backend, state, {}, request, at_least, False)
         return True
     applied = state.applied_windows
-    generations = _registry.last_generations if backend is _registry.last_backend else \
-        _registry.generations.get(backend, {})
+    generations = _generations_of(backend)
     slots = scope.slots
     if len(slots) == 1:  # a stream: the commonest scope, the shortest way
         slot = slots[0]
@@ -532,7 +537,7 @@ def _fast_exit(backend: Backend, state: _DeviceState, scope: Scope, reset: bool)
     whose demand could have counted it; or the only one asking for a limit) where no live scope shares:
     its slots return to the latest other scope on them, or to their base; the limit, when no live scope
     asks for one any more, to its base. One crossing when the slots all return to one window."""
-    if scope.share or state.shared:
+    if scope.share or state.shared or state.dirty:
         return False
     if scope.limit is None:
         if state.autos and any(s.limit == "auto" and s.id > scope.id for s in state.scopes.values()):
@@ -541,8 +546,7 @@ def _fast_exit(backend: Backend, state: _DeviceState, scope: Scope, reset: bool)
         return False
     bases = state.base_windows
     applied = state.applied_windows
-    generations = _registry.last_generations if backend is _registry.last_backend else \
-        _registry.generations.get(backend, {})
+    generations = _generations_of(backend)
     limit = -1
     if not state.limited and state.base_limit is not None and state.applied_request != state.base_limit:
         limit = state.base_limit
@@ -594,12 +598,18 @@ def _resync(backend: Backend, state: _DeviceState, slots: list[Slot]) -> None:
             state.applied_windows[slot] = _read_window(backend, slot)
         except Exception:
             state.applied_windows.pop(slot, None)  # unknown: the next plan writes it again
+    state.dirty = True
     if state.applied_limit is not None or state.base_limit is None:
         try:
             limit = int(backend.get_persisting_limit(state.device))
-            state.applied_limit = state.applied_request = state.observed_limit = limit
         except Exception:
             state.applied_request = None
+            return
+        state.observed_limit = limit
+        if state.base_limit is not None:  # l2ctl owns the limit: what it holds now is what it applied
+            state.applied_limit = state.applied_request = limit
+        else:  # the batch put back a limit l2ctl does not own
+            state.applied_limit = state.applied_request = None
 
 
 # ---- entry points ---------------------------------------------------------------------------------
@@ -614,7 +624,8 @@ def enter(scope: Scope, maximum: int) -> tuple[int, float, bool]:
     registry = _registry
     device = scope.device
     with lock:
-        state = registry.last_states.get(device) if backend is registry.last_backend else None
+        last = registry.last
+        state = last[1].get(device) if backend is last[0] else None
         if state is None:
             state = _state(backend, device, maximum)
         if state.base_limit is None and (scope.share or scope.fit_hit_ratio or state.shared):
@@ -626,41 +637,39 @@ def enter(scope: Scope, maximum: int) -> tuple[int, float, bool]:
         slots = scope.slots
         request = scope.limit
         if (len(scopes) == 1 and (request is None or request == "auto") and len(slots) == 1 and window is not None
-                and not scope.share and not scope.fit_hit_ratio):
-            # The lone scope on its device, on one stream, asking for no limit or for "auto": its window goes
-            # on, the stream's own read first (unless l2ctl still knows it: a failed exit), and an "auto"
-            # request raises the limit to the window's demand ("at least": the same call reads the base).
-            # _fast_enter, inline.
+                and not scope.share and not scope.fit_hit_ratio and not state.dirty):
+            # The lone scope on its device, on one slot, asking for no limit or for "auto": its window goes on,
+            # the holder's own read first, and an "auto" request raises the limit to the window's demand ("at
+            # least": the same call reads the base). _fast_enter, inline.
             slot = slots[0]
             scope.effective = window
-            demand = window.hit_ratio * window.num_bytes if window.hit_prop == 2 else 0.0
-            limit, at_least = -1, False
-            if request is not None:
-                state.limited = state.autos = 1
-                limit, at_least = _auto_request(state, demand)
+            generations = last[2] if backend is last[0] else _generations_of(backend)
+            live = not generations or slot[2] == generations.get(slot[:2], 0)  # a closed stream is not written
+            demand = window.hit_ratio * window.num_bytes if live and window.hit_prop == 2 else 0.0
             applied = state.applied_windows
-            generations = registry.last_generations if backend is registry.last_backend else \
-                registry.generations.get(backend, {})
-            handles: tuple[int, ...] = ()
-            if applied.get(slot) != window and (not generations or slot[2] == generations.get(slot[:2], 0)):
-                handles = (slot[1],)
-            if handles or limit >= 0:
-                bases = state.base_windows
-                fresh = bool(handles) and slot not in bases
-                try:
+            handles = (slot[1],) if live and applied.get(slot) != window else ()
+            bases = state.base_windows
+            fresh = bool(handles) and slot not in bases
+            try:
+                limit, at_least = -1, False
+                if request is not None:
+                    state.limited = state.autos = 1
+                    limit, at_least = _auto_request(state, demand)  # may probe the granularity: may raise
+                if handles or limit >= 0:
                     before, after, previous = backend.apply_window(device, slot[0], handles, *window, fresh, limit,
                                                                    at_least, False)
-                except BaseException as exc:
-                    del scopes[key]
-                    state.limited = state.autos = 0
-                    _resync(backend, state, [slot])
-                    raise _translate(exc, device) if isinstance(exc, CudaError) else exc
-                if fresh:
-                    bases[slot] = previous[0]
-                if handles:
-                    applied[slot] = window
-                if limit >= 0:
-                    _record_limit(state, limit, at_least, before, after)
+            except BaseException as exc:
+                del scopes[key]
+                state.limited = state.autos = 0
+                _resync(backend, state, [slot])
+                _forget_idle(backend, state)  # nothing live: nothing of this device stays known
+                raise _translate(exc, device) if isinstance(exc, CudaError) else exc
+            if fresh:
+                bases[slot] = previous[0]
+            if handles:
+                applied[slot] = window
+            if limit >= 0:
+                _record_limit(state, limit, at_least, before, after)
             state.in_force_demand = demand
             if CHECK_FAST_PATHS:
                 _check_fast_path(backend, state)
@@ -678,7 +687,7 @@ def enter(scope: Scope, maximum: int) -> tuple[int, float, bool]:
                     _check_fast_path(backend, state)
                 window = scope.window
                 if len(state.scopes) == 1 and window is not None:
-                    state.in_force_demand = window.hit_ratio * window.num_bytes if window.hit_prop == 2 else 0.0
+                    state.in_force_demand = window.demand if _any_live(backend, scope.slots) else 0.0
                 else:
                     state.in_force_demand = _requested_demand(_in_force(backend, state.scopes.values()))
                 limit = state.applied_limit if state.applied_limit is not None else _seen_limit(backend, state)
@@ -718,8 +727,8 @@ def exit(scope: Scope) -> None:
     registry = _registry
     device = scope.device
     with lock:
-        state = registry.last_states.get(device) if backend is registry.last_backend else \
-            registry.states.get(backend, {}).get(device)
+        last = registry.last
+        state = last[1].get(device) if backend is last[0] else registry.states.get(backend, {}).get(device)
         if state is None:
             return
         scopes = state.scopes
@@ -728,7 +737,7 @@ def exit(scope: Scope) -> None:
             return
         del scopes[key]  # _remove, inline: this is every scope's path
         slots = scope.slots
-        if not scopes and len(slots) == 1 and not scope.share:
+        if not scopes and len(slots) == 1 and not scope.share and not state.dirty:
             # The last scope on the device, on one stream: the stream back to its base, the limit to its base,
             # the lines reset, in one crossing; then the device is forgotten until a scope needs it again.
             slot = slots[0]
@@ -792,8 +801,9 @@ def forget_slots(kind: int, handles: Iterable[int]) -> None:
     backend = _backend.current()
     with lock:
         generations = _registry.generations.setdefault(backend, {})
-        if backend is _registry.last_backend:
-            _registry.last_generations = generations
+        last = _registry.last
+        if backend is last[0] and last[2] is not generations:
+            _registry.last = (backend, last[1], generations)
         for handle in handles:
             key = (kind, int(handle))
             generations[key] = generations.get(key, 0) + 1
