@@ -10,8 +10,8 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
-from . import _backend, _registry
-from ._device import _last as _known_properties, check_owned_pointer, properties, require_persistence, stream_device
+from . import _registry
+from ._device import check_owned_pointer, properties, require_persistence, stream_device
 from ._errors import L2BudgetWarning, SetAsideTaxWarning, WindowClippedWarning
 from ._interop import BufferRef, StreamRef, resolve_buffer, resolve_stream
 from ._plan import DEFAULT_LIMIT_FRACTION, check_nbytes, clip_window, normalize_hit_ratio
@@ -247,10 +247,7 @@ class Persist:
                 f"the buffer is on device {buffer.device} but the stream is on device {device}; "
                 "use a stream of the buffer's device"
             )
-        known = _known_properties  # [backend, {device: properties}]: properties(), inline
-        props = known[1].get(device) if _backend._active is known[0] else None
-        if props is None:
-            props = properties(device)
+        props = properties(device)
         if not props.supports_persistence:
             require_persistence(device)  # raises, saying why
         offset = self._offset
