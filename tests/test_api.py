@@ -326,7 +326,10 @@ def test_threads_share_the_registry(fake):
             barrier.wait()
             for _ in range(50):
                 with warnings.catch_warnings():
+                    # how many scopes overlap depends on the threads' timing: five or more ask for more
+                    # than the tax-free set-aside, and "auto" says so
                     warnings.simplefilter("ignore", l2ctl.L2BudgetWarning)
+                    warnings.simplefilter("ignore", l2ctl.SetAsideTaxWarning)
                     with l2ctl.persist(s, lut, 0.5):
                         assert l2ctl.get_window(s).hit_ratio == 0.5
             s.close()
