@@ -130,7 +130,7 @@ _last: list[Any] = [None, {}]  # the last backend looked up and its cache: the c
 
 def properties(device: object = None) -> DeviceProperties:
     """The immutable properties of ``device``, queried once per backend and device."""
-    backend = _backend.current()
+    backend = _backend._active  # current(), inline: every scope's path
     if type(device) is int and backend is _last[0]:
         known: Optional[DeviceProperties] = _last[1].get(device)
         if known is not None:

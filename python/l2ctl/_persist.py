@@ -145,6 +145,11 @@ class Persist:
     ``stream`` (the handle), ``clipped``.
     """
 
+    # Slots: a scope is made for every step of a user's loop, and slot attributes are cheaper to set.
+    __slots__ = ("_enabled", "_ref", "_target_object", "_buffer", "_offset", "_num_bytes", "_hit_prop", "_miss_prop",
+                 "_requested_hit_ratio", "_limit_request", "_reset_on_exit", "_share", "_scope", "_slots", "_changed",
+                 "window", "device", "clipped", "__weakref__")
+
     def __init__(
         self,
         stream: object,

@@ -19,12 +19,13 @@ import math
 import os
 import threading
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, NamedTuple, Optional, Union
 
-from . import _backend
+from . import _backend, _fastpath
 from ._backend import Backend, WindowTuple
 from ._errors import CudaError, NotSupportedError
+from ._fastpath import DeviceState
 from ._plan import auto_set_aside, default_hit_ratio, round_up, shared_hit_ratios, tax_free_limit
 from ._window import AccessPolicyWindow, AccessProperty
 
@@ -108,28 +109,22 @@ class Scope:
         return self.limit is not None or self.share or self.fit_hit_ratio
 
 
-@dataclass
-class _DeviceState:
-    device: int
-    maximum: int
-    scopes: dict[int, Scope] = field(default_factory=dict)  # in entry order
-    base_limit: Optional[int] = None  # what the limit returns to; known while the device has live scopes
-    applied_request: Optional[int] = None  # the last limit l2ctl asked for (or read)
-    applied_limit: Optional[int] = None  # what the driver granted for it
-    base_windows: dict[Slot, WindowTuple] = field(default_factory=dict)  # per active slot
-    applied_windows: dict[Slot, WindowTuple] = field(default_factory=dict)
-    # The limit as last read or set, kept while idle too: only for budget warnings and reports, never
-    # for deciding what to restore (a change made outside l2ctl may have happened since).
-    observed_limit: Optional[int] = None
-    in_force_demand: float = 0.0  # of the effective windows in force after the last sync
-    auto_capped: bool = False  # the last plan kept an "auto" request at the tax-free limit
-    auto_bounds: Optional[tuple[int, int]] = None  # (granularity, tax-free cap), known once probed
-    # A batch failed: the device may be off the plan (a slot or the limit left as a failed exit found them),
-    # so changes go through the general plan, which writes every difference, until one succeeds.
-    dirty: bool = False
-    shared: int = 0  # live scopes with share=True
-    autos: int = 0  # live scopes asking for "auto"
-    limited: int = 0  # live scopes asking for any limit
+#: What the registry knows of one device, a C type (l2ctl._fastpath) so that the lone-scope path reads it
+#: without the interpreter. Its fields:
+#: - device, maximum (persistingL2CacheMaxSize);
+#: - scopes: dict id -> Scope, in entry order;
+#: - base_limit: what the limit returns to; known while the device has live scopes;
+#: - applied_request, applied_limit: the last limit l2ctl asked for (or read), and what the driver granted;
+#: - base_windows, applied_windows: per active slot, what it returns to and what l2ctl last applied;
+#: - observed_limit: the limit as last read or set, kept while idle too: only for budget warnings and
+#:   reports, never for deciding what to restore (a change made outside l2ctl may have happened since);
+#: - in_force_demand: of the effective windows in force after the last change;
+#: - auto_capped: the last plan kept an "auto" request at the tax-free limit;
+#: - auto_bounds: (granularity, tax-free cap), known once probed;
+#: - dirty: a batch failed, so the device may be off the plan (a slot or the limit left as a failed exit
+#:   found them): changes go through the general plan, which writes every difference, until one succeeds;
+#: - shared, autos, limited: live scopes with share=True, asking for "auto", asking for any limit.
+_DeviceState = DeviceState
 
 
 @dataclass(frozen=True)
@@ -161,11 +156,30 @@ class _Registry:
 _registry = _Registry()
 
 
+def _lone_failed(backend: Backend, state: _DeviceState, slots: tuple[Slot, ...], exc: BaseException,
+                 entering: bool) -> BaseException:
+    """The lone-scope path's batch failed (called by l2ctl._fastpath under the lock, with nothing of the scope
+    registered): learn what the device holds, as the general path does, and say what to raise."""
+    _resync(backend, state, list(slots))
+    if entering:
+        _forget_idle(backend, state)  # nothing live: nothing of this device stays known
+    if isinstance(exc, CudaError):
+        translated = _translate(exc, state.device)
+        if translated is not exc:
+            translated.__cause__ = exc
+        return translated
+    return exc
+
+
+_fastpath.configure(lock, _registry.ids, _lone_failed)
+
+
 def _after_fork_in_child() -> None:
     # A forked child cannot use its parent's CUDA context; it starts with an empty registry and a fresh lock.
     global lock, _registry
     lock = threading.RLock()
     _registry = _Registry()
+    _fastpath.configure(lock, _registry.ids, _lone_failed)
 
 
 if hasattr(os, "register_at_fork"):
@@ -193,8 +207,9 @@ def _generations_of(backend: Backend) -> dict[tuple[int, int], int]:
 
 
 def stream_slot(handle: int) -> Slot:
-    generations = _generations_of(_backend._active)
-    return (STREAM, handle, generations.get((STREAM, handle), 0) if generations else 0)
+    last = _registry.last  # _generations_of, inline: every stream scope's path
+    generations = last[2] if _backend._active is last[0] else _generations_of(_backend._active)
+    return (STREAM, handle, generations.get((STREAM, handle), 0)) if generations else (STREAM, handle, 0)
 
 
 def node_slot(handle: int) -> Slot:
@@ -607,67 +622,25 @@ def enter(scope: Scope, maximum: int) -> tuple[int, float, bool]:
     own it: read once), the demand of the windows in force, and whether an "auto" request was kept at the
     tax-free limit: what the caller's warnings need."""
     backend = _backend._active  # current(), inline: every scope's path
-    registry = _registry
     device = scope.device
+    last = _registry.last
+    if backend is last[0]:
+        state = last[1].get(device)
+        if state is not None:
+            # The lone scope on its device, asking for no limit or for "auto": C takes the lock, applies its
+            # window in one backend call (reading what the slots held; with "auto", "at least" the window's
+            # demand, which reads the base limit too) and registers it; None: any other case, nothing changed.
+            seen = _fastpath.enter_lone(backend, state, scope, last[2])
+            if seen is not None:
+                if CHECK_FAST_PATHS:
+                    with lock:
+                        _check_fast_path(backend, state)
+                return seen
     with lock:
-        last = registry.last
-        state = last[1].get(device) if backend is last[0] else None
-        if state is None:
-            state = _state(backend, device, maximum)
+        state = _state(backend, device, maximum)
         if state.base_limit is None and (scope.share or scope.fit_hit_ratio or state.shared):
             _activate(backend, state, scope)
-        scope.id = key = next(registry.ids)  # _add, inline: this is every scope's path
-        scopes = state.scopes
-        scopes[key] = scope
-        window = scope.window
-        slots = scope.slots
-        request = scope.limit
-        if (len(scopes) == 1 and (request is None or request == "auto") and len(slots) == 1 and window is not None
-                and not scope.share and not scope.fit_hit_ratio and not state.dirty):
-            # The lone scope on its device, on one slot, asking for no limit or for "auto": its window goes on,
-            # the holder's own read first, and an "auto" request raises the limit to the window's demand ("at
-            # least": the same call reads the base). _fast_enter, inline.
-            slot = slots[0]
-            scope.effective = window
-            generations = last[2] if backend is last[0] else _generations_of(backend)
-            live = not generations or slot[2] == generations.get(slot[:2], 0)  # a closed stream is not written
-            demand = window.hit_ratio * window.num_bytes if live and window.hit_prop == 2 else 0.0
-            # _apply_window, inline for one slot (a sixth of the scope's host time is saved on this path)
-            applied = state.applied_windows
-            handles = (slot[1],) if live and applied.get(slot) != window else ()
-            bases = state.base_windows
-            fresh = bool(handles) and slot not in bases
-            try:
-                limit, at_least = -1, False
-                if request is not None:
-                    state.limited = state.autos = 1
-                    limit, at_least = _auto_request(state, demand)  # may probe the granularity: may raise
-                if handles or limit >= 0:
-                    before, after, previous = backend.apply_window(device, slot[0], handles, *window, fresh, limit,
-                                                                   at_least, False)
-            except BaseException as exc:
-                del scopes[key]
-                state.limited = state.autos = 0
-                _resync(backend, state, [slot])
-                _forget_idle(backend, state)  # nothing live: nothing of this device stays known
-                raise _translate(exc, device) if isinstance(exc, CudaError) else exc
-            if fresh:
-                bases[slot] = previous[0]
-            if handles:
-                applied[slot] = window
-            if limit >= 0:
-                _record_limit(state, limit, at_least, before, after)
-            state.in_force_demand = demand
-            if CHECK_FAST_PATHS:
-                _check_fast_path(backend, state)
-            seen = state.applied_limit if state.applied_limit is not None else state.observed_limit
-            return (seen if seen is not None else _seen_limit(backend, state)), demand, \
-                request is not None and state.auto_capped
-        if scope.share:
-            state.shared += 1
-        if scope.limit is not None:
-            state.limited += 1
-            state.autos += scope.limit == "auto"
+        _add(state, scope)
         try:
             if _fast_enter(backend, state, scope):
                 if CHECK_FAST_PATHS:
@@ -711,46 +684,22 @@ def exit(scope: Scope) -> None:
     """Unregister ``scope`` (idempotent) and make the device match the scopes left. The persisting lines
     are reset when the scope asked for it and no other scope with a window is live on the device."""
     backend = _backend._active  # current(), inline: every scope's path
-    registry = _registry
     device = scope.device
+    last = _registry.last
+    if backend is last[0]:
+        state = last[1].get(device)
+        if state is not None and _fastpath.exit_lone(backend, state, scope):
+            # Done in C (or it had ended): the last scope on its device, its slots back to one base window,
+            # the limit to its base, the lines reset when asked, in one backend call; the device forgotten.
+            if CHECK_FAST_PATHS:
+                with lock:
+                    _check_fast_path(backend, state)
+            return
     with lock:
-        last = registry.last
-        state = last[1].get(device) if backend is last[0] else registry.states.get(backend, {}).get(device)
-        if state is None:
+        state = _registry.states.get(backend, {}).get(device)
+        if state is None or state.scopes.get(scope.id) is not scope:
             return
-        scopes = state.scopes
-        key = scope.id
-        if scopes.get(key) is not scope:
-            return
-        del scopes[key]  # _remove, inline: this is every scope's path
-        slots = scope.slots
-        if not scopes and len(slots) == 1 and not scope.share and not state.dirty:
-            # The last scope on the device, on one stream: the stream back to its base, the limit to its base,
-            # the lines reset, in one crossing; then the device is forgotten until a scope needs it again.
-            slot = slots[0]
-            base = state.base_windows.get(slot)  # none for a stream that died (forget_slots)
-            handles = (slot[1],) if base is not None and state.applied_windows.get(slot) != base else ()
-            limit = state.base_limit
-            if limit is None or state.applied_request == limit:
-                limit = -1
-            reset = scope.reset_on_exit
-            if handles or limit >= 0 or reset:
-                try:  # _apply_window, inline for one slot (everything is forgotten after it anyway)
-                    after = backend.apply_window(device, slot[0], handles, *(base or _EMPTY), False, limit, False,
-                                                 reset)[1]
-                except BaseException as exc:
-                    state.limited = state.autos = state.shared = 0
-                    _resync(backend, state, [slot])
-                    raise _translate(exc, device) if isinstance(exc, CudaError) else exc
-                if limit >= 0:
-                    state.observed_limit = after
-            _forget_device(state)
-            return
-        if scope.share:
-            state.shared -= 1
-        if scope.limit is not None:
-            state.limited -= 1
-            state.autos -= scope.limit == "auto"
+        _remove(state, scope)
         reset = scope.reset_on_exit and (not state.scopes or not any(s.window is not None for s in state.scopes.values()))
         if _fast_exit(backend, state, scope, reset):
             if CHECK_FAST_PATHS:
