@@ -14,6 +14,7 @@ from . import _registry
 from ._device import check_owned_pointer, properties, require_persistence, stream_device
 from ._errors import L2BudgetWarning, SetAsideTaxWarning, WindowClippedWarning
 from ._interop import BufferRef, StreamRef, resolve_buffer, resolve_stream
+from ._memory import DeviceBuffer, Stream
 from ._plan import DEFAULT_LIMIT_FRACTION, check_nbytes, clip_window, normalize_hit_ratio
 from ._stream_window import resolve_target
 from ._window import AccessPolicyWindow, AccessProperty, check_property
@@ -184,14 +185,18 @@ class Persist:
                 offset, num_bytes = policy_offset, policy_bytes
         # A stream is resolved now (its errors now, not at entry); a graph's nodes at entry. l2ctl's own
         # streams and buffers hand over their references directly.
-        own_stream = getattr(type(stream), "_l2ctl_stream_ref", None)
-        if own_stream is not None:
-            self._ref: Optional[StreamRef] = own_stream(stream)
+        if type(stream) is Stream and stream._ref is not None:  # the commonest object, first
+            self._ref: Optional[StreamRef] = stream._ref
+        elif (own_stream := getattr(type(stream), "_l2ctl_stream_ref", None)) is not None:
+            self._ref = own_stream(stream)  # raises for a closed stream
         else:
             self._ref = None if hasattr(type(stream), "_l2ctl_target") else resolve_stream(stream)
         self._target_object = stream
-        own_buffer = getattr(type(buf), "_l2ctl_buffer_ref", None)
-        self._buffer: BufferRef = own_buffer(buf) if own_buffer is not None else resolve_buffer(buf)
+        if type(buf) is DeviceBuffer and buf._ref is not None:
+            self._buffer: BufferRef = buf._ref
+        else:
+            own_buffer = getattr(type(buf), "_l2ctl_buffer_ref", None)
+            self._buffer = own_buffer(buf) if own_buffer is not None else resolve_buffer(buf)
         if type(offset) is int and offset == 0 and num_bytes is None:
             self._offset, self._num_bytes = 0, None
         else:
