@@ -266,6 +266,15 @@ int differs(PyObject* dict, PyObject* key, PyObject* value) {
   return PyObject_RichCompareBool(held, value, Py_NE);
 }
 
+// The handles of `slots` (each (kind, handle, generation)) as a tuple, what apply_window takes; null on error.
+PyObject* handles_of(const std::vector<PyObject*>& slots) {
+  PyObject* handles = PyTuple_New(static_cast<Py_ssize_t>(slots.size()));
+  if (handles == nullptr) return nullptr;
+  for (std::size_t i = 0; i < slots.size(); ++i)
+    PyTuple_SET_ITEM(handles, static_cast<Py_ssize_t>(i), Py_NewRef(PyTuple_GET_ITEM(slots[i], 1)));
+  return handles;
+}
+
 // backend.apply_window(...) with one window on `handles` (a tuple); a new reference to its result.
 PyObject* apply_window(PyObject* backend, int device, long kind, PyObject* handles, PyObject* window, bool fresh,
                        long long limit, bool at_least, bool reset) {
@@ -427,10 +436,8 @@ PyObject* enter_locked(PyObject* backend, DeviceState* state, PyObject* scope, P
     }
     const Py_ssize_t count = static_cast<Py_ssize_t>(changed.size());
     if (count > 0 || limit >= 0) {
-      PyObject* handles = PyTuple_New(count);
+      PyObject* handles = handles_of(changed);
       if (handles == nullptr) break;
-      for (Py_ssize_t i = 0; i < count; ++i)
-        PyTuple_SET_ITEM(handles, i, Py_NewRef(PyTuple_GET_ITEM(changed[static_cast<std::size_t>(i)], 1)));
       applied = apply_window(backend, state->device, kind, handles, window, fresh, limit, at_least, false);
       Py_DECREF(handles);
       if (applied == nullptr) {
@@ -528,15 +535,15 @@ int exit_locked(PyObject* backend, DeviceState* state, PyObject* scope) {
     Py_DECREF(key);
     return 0;
   }
-  int share = truth(scope, s_share);
-  int reset = share == 0 ? truth(scope, s_reset_on_exit) : share;
+  const int share = truth(scope, s_share);
+  const int reset = share == 0 ? truth(scope, s_reset_on_exit) : 0;
   PyObject* slots = share == 0 && reset >= 0 ? field(scope, s_slots) : nullptr;
-  if (slots == nullptr) {
+  if (slots == nullptr) {  // a shared scope (the general plan rebalances the others), or an error
     Py_DECREF(key);
     return share > 0 ? 0 : -1;
   }
   int outcome = -1;
-  PyObject* handles = nullptr;
+  std::vector<PyObject*> changed;  // the slots to write back (borrowed from `slots`)
   do {
     long kind = 0;
     if (!PyTuple_CheckExact(slots) || !one_kind(slots, &kind)) {
@@ -544,8 +551,6 @@ int exit_locked(PyObject* backend, DeviceState* state, PyObject* scope) {
       break;
     }
     // Every slot back to its base (none for a handle that died): one crossing when they share one base.
-    handles = PyList_New(0);
-    if (handles == nullptr) break;
     PyObject* base = nullptr;  // borrowed, the common base
     bool failed = false, mixed = false;
     const Py_ssize_t n = PyTuple_GET_SIZE(slots);
@@ -566,7 +571,7 @@ int exit_locked(PyObject* backend, DeviceState* state, PyObject* scope) {
         if (same < 0) { failed = true; break; }
         mixed = !same;
       }
-      if (!mixed && PyList_Append(handles, PyTuple_GET_ITEM(slot, 1)) < 0) failed = true;
+      if (!mixed) changed.push_back(slot);
     }
     if (failed) break;
     if (mixed) {  // several bases: the general plan's batch
@@ -583,13 +588,13 @@ int exit_locked(PyObject* backend, DeviceState* state, PyObject* scope) {
       }
     }
     if (PyDict_DelItem(state->scopes, key) < 0) break;
-    if (PyList_GET_SIZE(handles) > 0 || limit >= 0 || reset) {
+    if (!changed.empty() || limit >= 0 || reset) {
       PyObject* empty = nullptr;
       if (base == nullptr) {
         empty = Py_BuildValue("(iidii)", 0, 0, 0.0, 0, 0);
         if (empty == nullptr) break;
       }
-      PyObject* handle_tuple = PyList_AsTuple(handles);
+      PyObject* handle_tuple = handles_of(changed);
       PyObject* applied = handle_tuple == nullptr ? nullptr
                                                   : apply_window(backend, state->device, kind, handle_tuple,
                                                                  base ? base : empty, false, limit, false, reset != 0);
@@ -616,7 +621,6 @@ int exit_locked(PyObject* backend, DeviceState* state, PyObject* scope) {
     state->limited = state->autos = state->shared = 0;
     outcome = PyErr_Occurred() ? -1 : 1;
   } while (false);
-  Py_XDECREF(handles);
   Py_DECREF(slots);
   Py_DECREF(key);
   return outcome;

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterable, NamedTuple, Optional, Union
 from . import _backend, _fastpath
 from ._backend import Backend, WindowTuple
 from ._errors import CudaError, NotSupportedError
-from ._fastpath import DeviceState
+from ._fastpath import DeviceState as _DeviceState
 from ._plan import auto_set_aside, default_hit_ratio, round_up, shared_hit_ratios, tax_free_limit
 from ._window import AccessPolicyWindow, AccessProperty
 
@@ -124,7 +124,7 @@ class Scope:
 #: - dirty: a batch failed, so the device may be off the plan (a slot or the limit left as a failed exit
 #:   found them): changes go through the general plan, which writes every difference, until one succeeds;
 #: - shared, autos, limited: live scopes with share=True, asking for "auto", asking for any limit.
-_DeviceState = DeviceState
+#: (_DeviceState is l2ctl._fastpath.DeviceState, imported above.)
 
 
 @dataclass(frozen=True)
