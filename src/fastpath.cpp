@@ -7,7 +7,9 @@
 // given, the CUDA extension or the simulator, so the simulator's tests run this very code.
 //
 // DeviceState is the registry's per-device record (the fields _registry.py documents), a C type so that this
-// code reads its fields directly; Python reads and writes them as ordinary attributes.
+// code reads its fields directly; Python reads and writes them as ordinary attributes. PersistCore is
+// l2ctl.Persist's base: its fields, and an entry and exit that take a lone stream scope to the code above
+// without the interpreter (the rest goes to Persist's Python methods).
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
@@ -137,10 +139,12 @@ int state_clear(PyObject* self_object) {
   return 0;
 }
 
-void state_dealloc(PyObject* self_object) {
+// The dealloc of a garbage-collected heap type whose fields `clear` drops (it holds a reference to its type).
+template <int (*clear)(PyObject*)>
+void gc_dealloc(PyObject* self_object) {
   PyTypeObject* type = Py_TYPE(self_object);
   PyObject_GC_UnTrack(self_object);
-  state_clear(self_object);
+  clear(self_object);
   type->tp_free(self_object);
   Py_DECREF(type);
 }
@@ -181,7 +185,7 @@ PyType_Slot state_slots[] = {
     {Py_tp_new, reinterpret_cast<void*>(PyType_GenericNew)},
     {Py_tp_traverse, reinterpret_cast<void*>(state_traverse)},
     {Py_tp_clear, reinterpret_cast<void*>(state_clear)},
-    {Py_tp_dealloc, reinterpret_cast<void*>(state_dealloc)},
+    {Py_tp_dealloc, reinterpret_cast<void*>(gc_dealloc<state_clear>)},
     {Py_tp_repr, reinterpret_cast<void*>(state_repr)},
     {Py_tp_members, state_members},
     {0, nullptr},
@@ -644,6 +648,391 @@ PyObject* exit_lone(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return PyBool_FromLong(outcome);
 }
 
+// ---- PersistCore: a persist scope's fields, and its entry and exit on a stream ----------------------
+
+// l2ctl.Persist's base: the fields Persist.__init__ sets (checked there), and __enter__/__exit__ that take the
+// commonest case without the interpreter: a scope on a stream of a known device, over a whole l2ctl buffer (or
+// any buffer, checked by the configured check_owned_pointer) that fits the device's largest window, with a
+// fixed hit ratio, no limit or "auto", not shared, on a device whose properties and registry record are known
+// and where it is the lone scope. Every other case (and every argument or state error) goes to Persist's
+// Python methods, which are the general path; this one decides nothing they would not.
+struct PersistCore {
+  PyObject_HEAD
+  PyObject* enabled;
+  PyObject* ref;            // StreamRef or None (a graph target)
+  PyObject* target_object;  // what was passed as the stream
+  PyObject* buffer;         // BufferRef
+  PyObject* offset;
+  PyObject* num_bytes;
+  PyObject* hit_prop;
+  PyObject* miss_prop;
+  PyObject* requested_hit_ratio;
+  PyObject* limit_request;
+  PyObject* reset_on_exit;
+  PyObject* share;
+  PyObject* scope;    // the registry's Scope while live
+  PyObject* slots;
+  PyObject* changed;  // what to call after a graph's windows changed
+  PyObject* window;
+  PyObject* device;
+  PyObject* clipped;
+};
+
+// Set by configure_persist(): where the hot path reads what Persist's Python would (the active backend, the
+// registry's last-backend tuple, the properties cache), the types it makes, and the checks it delegates.
+struct PersistConfig {
+  PyObject* backend_module = nullptr;   // l2ctl._backend (its _active)
+  PyObject* registry_module = nullptr;  // l2ctl._registry (its _registry.last, CHECK_FAST_PATHS, _verify_fast_path)
+  PyObject* properties_last = nullptr;  // l2ctl._device._last: [backend, {device: DeviceProperties}]
+  PyObject* scope_type = nullptr;       // _registry.Scope
+  PyObject* window_type = nullptr;      // AccessPolicyWindow (a tuple subclass)
+  PyObject* check_owned_pointer = nullptr;
+};
+PersistConfig persist_config;
+
+PyObject *s_active, *s_registry, *s_last, *s_check_fast_paths, *s_verify_fast_path, *s_supports_persistence,
+    *s_access_policy_max_window_size, *s_device, *s_enter_general, *s_exit_general, *s_announce, *s_the_buffer,
+    *s_add_note;
+
+PyObject* persist_core_field(PyObject* value) { return value ? value : Py_None; }  // borrowed, null as None
+
+// A new reference to the registry's tuple (backend, states, generations) when it is `backend`'s; null (no
+// error set) when it is not, null with an error set on failure.
+PyObject* registry_last(PyObject* backend) {
+  PyObject* registry = PyObject_GetAttr(persist_config.registry_module, s_registry);
+  if (registry == nullptr) return nullptr;
+  PyObject* last = PyObject_GetAttr(registry, s_last);
+  Py_DECREF(registry);
+  if (last == nullptr) return nullptr;
+  if (!PyTuple_Check(last) || PyTuple_GET_SIZE(last) != 3 || PyTuple_GET_ITEM(last, 0) != backend ||
+      !PyDict_Check(PyTuple_GET_ITEM(last, 1)) || !PyDict_Check(PyTuple_GET_ITEM(last, 2))) {
+    Py_DECREF(last);
+    return nullptr;
+  }
+  return last;
+}
+
+// The tests' cross-check of every fast path against the general plan (_registry.CHECK_FAST_PATHS).
+bool verify_if_checking(PyObject* backend, DeviceState* state) {
+  PyObject* flag = PyObject_GetAttr(persist_config.registry_module, s_check_fast_paths);
+  if (flag == nullptr) return false;
+  const int on = PyObject_IsTrue(flag);
+  Py_DECREF(flag);
+  if (on <= 0) return on == 0;
+  PyObject* verified = PyObject_CallMethodObjArgs(persist_config.registry_module, s_verify_fast_path, backend,
+                                                  reinterpret_cast<PyObject*>(state), nullptr);
+  Py_XDECREF(verified);
+  return verified != nullptr;
+}
+
+// A window (an AccessPolicyWindow, made as tuple.__new__ makes a tuple subclass) of these five values.
+PyObject* make_window(PyObject* ptr, PyObject* nbytes, PyObject* hit_ratio, PyObject* hit_prop, PyObject* miss_prop) {
+  auto* type = reinterpret_cast<PyTypeObject*>(persist_config.window_type);
+  PyObject* window = type->tp_alloc(type, 5);
+  if (window == nullptr) return nullptr;
+  PyObject* items[5] = {ptr, nbytes, hit_ratio, hit_prop, miss_prop};
+  for (Py_ssize_t i = 0; i < 5; ++i) PyTuple_SET_ITEM(window, i, Py_NewRef(items[i]));
+  return window;
+}
+
+// The stream scope's entry: 1 entered (the fields set; *announce when a warning is due), 0 not this path's case
+// (nothing changed), -1 an error (nothing changed, or what the registry's failure hook left).
+int enter_stream(PersistCore* self, PyObject** announce) {
+  if (persist_config.backend_module == nullptr) return 0;
+  if (persist_core_field(self->scope) != Py_None || self->enabled != Py_True) return 0;
+  PyObject* ref = self->ref;
+  PyObject* buffer = self->buffer;
+  if (ref == nullptr || !PyTuple_Check(ref) || PyTuple_GET_SIZE(ref) != 4 || buffer == nullptr ||
+      !PyTuple_Check(buffer) || PyTuple_GET_SIZE(buffer) != 6)
+    return 0;
+  PyObject* device = PyTuple_GET_ITEM(ref, 1);
+  PyObject* buffer_device = PyTuple_GET_ITEM(buffer, 2);
+  PyObject* requested = persist_core_field(self->requested_hit_ratio);
+  PyObject* request = persist_core_field(self->limit_request);
+  if (!PyLong_CheckExact(device) || !PyFloat_CheckExact(requested) || self->share != Py_False ||
+      (self->reset_on_exit != Py_True && self->reset_on_exit != Py_False) ||
+      persist_core_field(self->num_bytes) != Py_None || self->offset == nullptr || !PyLong_CheckExact(self->offset) ||
+      !PyLong_CheckExact(PyTuple_GET_ITEM(buffer, 0)) || !PyLong_CheckExact(PyTuple_GET_ITEM(buffer, 1)))
+    return 0;
+  if (request != Py_None && !(PyUnicode_Check(request) && PyUnicode_Compare(request, s_auto) == 0)) {
+    if (PyErr_Occurred()) PyErr_Clear();
+    return 0;
+  }
+  const long offset = PyLong_AsLong(self->offset);
+  const long device_index = PyLong_AsLong(device);
+  if (PyErr_Occurred()) return -1;
+  if (offset != 0) return 0;
+  if (buffer_device != Py_None) {  // another device's buffer: the general path says so
+    const int same = PyObject_RichCompareBool(buffer_device, device, Py_EQ);
+    if (same <= 0) return same;
+  }
+  PyObject* backend = PyObject_GetAttr(persist_config.backend_module, s_active);
+  if (backend == nullptr) return -1;
+  int outcome = -1;
+  PyObject *last = nullptr, *window = nullptr, *slots = nullptr, *scope = nullptr, *seen = nullptr;
+  do {
+    // The device's properties as properties() caches them for this backend (not known yet: the general path).
+    PyObject* cache = persist_config.properties_last;
+    if (!PyList_Check(cache) || PyList_GET_SIZE(cache) != 2 || PyList_GET_ITEM(cache, 0) != backend ||
+        !PyDict_Check(PyList_GET_ITEM(cache, 1))) {
+      outcome = 0;
+      break;
+    }
+    PyObject* props = PyDict_GetItemWithError(PyList_GET_ITEM(cache, 1), device);  // borrowed
+    if (props == nullptr) {
+      outcome = PyErr_Occurred() ? -1 : 0;
+      break;
+    }
+    Py_INCREF(props);
+    const int supported = truth(props, s_supports_persistence);
+    PyObject* max_window_object = supported > 0 ? field(props, s_access_policy_max_window_size) : nullptr;
+    Py_DECREF(props);
+    if (supported <= 0 || max_window_object == nullptr) {
+      outcome = supported == 0 ? 0 : -1;  // unsupported: the general path raises, saying why
+      break;
+    }
+    const long long max_window = PyLong_AsLongLong(max_window_object);
+    Py_DECREF(max_window_object);
+    const long long nbytes = PyLong_AsLongLong(PyTuple_GET_ITEM(buffer, 1));
+    if (PyErr_Occurred()) break;
+    if (nbytes > max_window) {  // clipped, with a warning: the general path
+      outcome = 0;
+      break;
+    }
+    last = registry_last(backend);
+    if (last == nullptr) {
+      outcome = PyErr_Occurred() ? -1 : 0;
+      break;
+    }
+    PyObject* state_object = PyDict_GetItemWithError(PyTuple_GET_ITEM(last, 1), device);  // borrowed
+    if (state_object == nullptr || !PyObject_TypeCheck(state_object, state_type)) {
+      outcome = PyErr_Occurred() ? -1 : 0;
+      break;
+    }
+    auto* state = reinterpret_cast<DeviceState*>(state_object);
+    if (PyDict_GET_SIZE(state->scopes) != 0 || state->dirty) {  // not the lone scope: the general plan
+      outcome = 0;
+      break;
+    }
+    const int allocation = PyObject_IsTrue(PyTuple_GET_ITEM(buffer, 5));
+    if (allocation < 0) break;
+    if (!allocation) {  // a foreign buffer: its range is checked (and remembered) as the general path does
+      PyObject* checked = PyObject_CallFunctionObjArgs(persist_config.check_owned_pointer, PyTuple_GET_ITEM(buffer, 0),
+                                                       PyTuple_GET_ITEM(buffer, 1), device, PyTuple_GET_ITEM(buffer, 4),
+                                                       s_the_buffer, nullptr);
+      if (checked == nullptr) break;
+      Py_DECREF(checked);
+    }
+    // The slot: (STREAM, handle, generation), as _registry.stream_slot makes it.
+    PyObject* generations = PyTuple_GET_ITEM(last, 2);
+    PyObject* handle = PyTuple_GET_ITEM(ref, 0);
+    PyObject* zero = PyLong_FromLong(0);
+    if (zero == nullptr) break;
+    PyObject* generation = zero;
+    if (PyDict_GET_SIZE(generations) != 0) {
+      PyObject* key = PyTuple_Pack(2, zero, handle);
+      PyObject* known = key ? PyDict_GetItemWithError(generations, key) : nullptr;  // borrowed
+      Py_XDECREF(key);
+      if (known == nullptr && PyErr_Occurred()) {
+        Py_DECREF(zero);
+        break;
+      }
+      if (known != nullptr) generation = known;
+    }
+    PyObject* slot = PyTuple_Pack(3, zero, handle, generation);
+    Py_DECREF(zero);
+    slots = slot ? PyTuple_Pack(1, slot) : nullptr;
+    Py_XDECREF(slot);
+    if (slots == nullptr) break;
+    window = make_window(PyTuple_GET_ITEM(buffer, 0), PyTuple_GET_ITEM(buffer, 1), requested,
+                         persist_core_field(self->hit_prop), persist_core_field(self->miss_prop));
+    if (window == nullptr) break;
+    PyObject* owners = PyTuple_Pack(2, PyTuple_GET_ITEM(ref, 3), PyTuple_GET_ITEM(buffer, 4));
+    if (owners == nullptr) break;
+    // Scope(device, slots, window, limit, share, reset_on_exit, fit_hit_ratio, standing, orphaned, owner)
+    PyObject* args[10] = {device, slots, window, request, Py_False, self->reset_on_exit, Py_False, Py_False, Py_False,
+                          owners};
+    scope = PyObject_Vectorcall(persist_config.scope_type, args, 10, nullptr);
+    Py_DECREF(owners);
+    if (scope == nullptr) break;
+    {
+      Locked locked;
+      if (!locked.ok()) break;
+      seen = enter_locked(backend, state, scope, generations);
+    }
+    if (seen == nullptr) break;
+    if (seen == Py_None) {
+      outcome = 0;
+      break;
+    }
+    if (!verify_if_checking(backend, state)) break;
+    // Entered: what the scope describes, as the general path sets it.
+    Py_XSETREF(self->scope, Py_NewRef(scope));
+    Py_XSETREF(self->slots, Py_NewRef(slots));
+    Py_XSETREF(self->changed, Py_NewRef(Py_None));
+    Py_XSETREF(self->device, Py_NewRef(device));
+    Py_XSETREF(self->clipped, Py_NewRef(Py_False));
+    Py_XSETREF(self->window, Py_NewRef(window));
+    // Nothing to tell unless "auto" was capped or the windows ask more than the set-aside (_announce's cases).
+    PyObject* limit = PyTuple_GET_ITEM(seen, 0);
+    const double demand = PyFloat_AsDouble(PyTuple_GET_ITEM(seen, 1));
+    const long hit_prop = PyLong_AsLong(PyTuple_GET_ITEM(window, 3));
+    const double limit_value = limit == Py_None ? 0.0 : PyLong_AsDouble(limit);
+    if (PyErr_Occurred()) PyErr_Clear();  // then the announcement decides
+    if (PyTuple_GET_ITEM(seen, 2) == Py_True || (hit_prop == kPersisting && !(demand <= limit_value)))
+      *announce = Py_NewRef(seen);
+    outcome = 1;
+  } while (false);
+  Py_XDECREF(seen);
+  Py_XDECREF(scope);
+  Py_XDECREF(window);
+  Py_XDECREF(slots);
+  Py_XDECREF(last);
+  Py_DECREF(backend);
+  return outcome;
+}
+
+PyObject* persist_enter(PyObject* self_object, PyObject*) {
+  auto* self = reinterpret_cast<PersistCore*>(self_object);
+  PyObject* announce = nullptr;
+  const int entered = enter_stream(self, &announce);
+  if (entered < 0) return nullptr;
+  if (entered == 0) return PyObject_CallMethodNoArgs(self_object, s_enter_general);
+  if (announce != nullptr) {  // the warnings, in Python (a filter may raise: then the scope ends there)
+    PyObject* none = PyObject_CallMethodObjArgs(self_object, s_announce, Py_None, PyTuple_GET_ITEM(announce, 0),
+                                                PyTuple_GET_ITEM(announce, 1), PyTuple_GET_ITEM(announce, 2), nullptr);
+    Py_DECREF(announce);
+    if (none == nullptr) return nullptr;
+    Py_DECREF(none);
+  }
+  return Py_NewRef(self_object);
+}
+
+PyObject* persist_exit(PyObject* self_object, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 3) {
+    PyErr_SetString(PyExc_TypeError, "__exit__(exc_type, exc, traceback)");
+    return nullptr;
+  }
+  auto* self = reinterpret_cast<PersistCore*>(self_object);
+  PyObject* scope = self->scope;  // taken: the scope ends once, whatever happens below
+  if (scope == nullptr || scope == Py_None) Py_RETURN_NONE;
+  self->scope = Py_NewRef(Py_None);
+  int outcome = 0;
+  PyObject* backend = nullptr;
+  if (persist_config.backend_module != nullptr && persist_core_field(self->changed) == Py_None) {
+    backend = PyObject_GetAttr(persist_config.backend_module, s_active);
+    PyObject* last = backend ? registry_last(backend) : nullptr;
+    PyObject* device = last ? field(scope, s_device) : nullptr;
+    PyObject* state = device ? PyDict_GetItemWithError(PyTuple_GET_ITEM(last, 1), device) : nullptr;  // borrowed
+    Py_XDECREF(device);
+    if (state != nullptr && PyObject_TypeCheck(state, state_type)) {
+      Locked locked;
+      outcome = locked.ok() ? exit_locked(backend, reinterpret_cast<DeviceState*>(state), scope) : -1;
+      if (outcome > 0 && !verify_if_checking(backend, reinterpret_cast<DeviceState*>(state))) outcome = -1;
+    } else if (PyErr_Occurred()) {
+      outcome = -1;
+    }
+    Py_XDECREF(last);
+  }
+  Py_XDECREF(backend);
+  PyObject* result = nullptr;
+  if (outcome == 0) {  // the general path (another scope live, a graph, a failed device): Persist._exit_general
+    result = PyObject_CallMethodObjArgs(self_object, s_exit_general, scope, args[1], nullptr);
+  } else if (outcome > 0) {
+    result = Py_NewRef(Py_None);
+  } else if (args[1] == Py_None) {
+    result = nullptr;  // ending the scope failed, and nothing else is being raised: this is the error
+  } else {
+    // The block raised and ending the scope failed too: the block's error is the one to see, with a note.
+    PyObject* error = take_error();
+    PyObject* note = PyUnicode_FromFormat("l2ctl: restoring device state after the error also failed: %R",
+                                          error ? error : Py_None);
+    PyObject* noted = note && PyObject_HasAttr(args[1], s_add_note)
+                          ? PyObject_CallMethodObjArgs(args[1], s_add_note, note, nullptr)
+                          : nullptr;
+    Py_XDECREF(noted);
+    Py_XDECREF(note);
+    Py_XDECREF(error);
+    PyErr_Clear();
+    result = Py_NewRef(Py_None);
+  }
+  Py_DECREF(scope);
+  return result;
+}
+
+#define PERSIST_FIELDS(X)                                                                                        \
+  X(enabled, "_enabled") X(ref, "_ref") X(target_object, "_target_object") X(buffer, "_buffer")                  \
+  X(offset, "_offset") X(num_bytes, "_num_bytes") X(hit_prop, "_hit_prop") X(miss_prop, "_miss_prop")            \
+  X(requested_hit_ratio, "_requested_hit_ratio") X(limit_request, "_limit_request")                              \
+  X(reset_on_exit, "_reset_on_exit") X(share, "_share") X(scope, "_scope") X(slots, "_slots")                    \
+  X(changed, "_changed") X(window, "window") X(device, "device") X(clipped, "clipped")
+
+int persist_traverse(PyObject* self_object, visitproc visit, void* arg) {
+  auto* self = reinterpret_cast<PersistCore*>(self_object);
+  Py_VISIT(Py_TYPE(self_object));
+#define VISIT_FIELD(name, text) Py_VISIT(self->name);
+  PERSIST_FIELDS(VISIT_FIELD)
+#undef VISIT_FIELD
+  return 0;
+}
+
+int persist_clear(PyObject* self_object) {
+  auto* self = reinterpret_cast<PersistCore*>(self_object);
+#define CLEAR_FIELD(name, text) Py_CLEAR(self->name);
+  PERSIST_FIELDS(CLEAR_FIELD)
+#undef CLEAR_FIELD
+  return 0;
+}
+
+PyMemberDef persist_members[] = {
+#define MEMBER_FIELD(name, text) {text, T_OBJECT_EX, offsetof(PersistCore, name), 0, nullptr},
+    PERSIST_FIELDS(MEMBER_FIELD)
+#undef MEMBER_FIELD
+    {nullptr, 0, 0, 0, nullptr},
+};
+
+PyMethodDef persist_methods[] = {
+    {"__enter__", persist_enter, METH_NOARGS, "Enter the scope (the stream case here, any other in _enter_general)."},
+    {"__exit__", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(persist_exit)), METH_FASTCALL,
+     "End the scope (the lone scope's case here, any other in _exit_general)."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+PyType_Slot persist_slots[] = {
+    {Py_tp_doc, const_cast<char*>("The fields of an l2ctl.Persist and its entry and exit (see l2ctl/_persist.py).")},
+    {Py_tp_new, reinterpret_cast<void*>(PyType_GenericNew)},
+    {Py_tp_traverse, reinterpret_cast<void*>(persist_traverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(persist_clear)},
+    {Py_tp_dealloc, reinterpret_cast<void*>(gc_dealloc<persist_clear>)},
+    {Py_tp_members, persist_members},
+    {Py_tp_methods, persist_methods},
+    {0, nullptr},
+};
+
+PyType_Spec persist_spec = {"l2ctl._fastpath.PersistCore", sizeof(PersistCore), 0,
+                            Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_BASETYPE, persist_slots};
+
+PyObject* configure_persist(PyObject*, PyObject* args) {
+  PyObject *backend_module, *registry_module, *properties_last, *scope_type, *window_type, *check_owned_pointer;
+  if (!PyArg_ParseTuple(args, "OOO!O!O!O:configure_persist", &backend_module, &registry_module, &PyList_Type,
+                        &properties_last, &PyType_Type, &scope_type, &PyType_Type, &window_type,
+                        &check_owned_pointer))
+    return nullptr;
+  if (!PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(window_type), &PyTuple_Type) ||
+      !PyCallable_Check(check_owned_pointer)) {
+    PyErr_SetString(PyExc_TypeError, "configure_persist: the window type must be a tuple subclass and the check "
+                                     "a callable");
+    return nullptr;
+  }
+  PyObject* const values[] = {backend_module, registry_module, properties_last, scope_type, window_type,
+                              check_owned_pointer};
+  PyObject** const fields[] = {&persist_config.backend_module, &persist_config.registry_module,
+                               &persist_config.properties_last, &persist_config.scope_type,
+                               &persist_config.window_type, &persist_config.check_owned_pointer};
+  for (std::size_t i = 0; i < 6; ++i) Py_XSETREF(*fields[i], Py_NewRef(values[i]));
+  Py_RETURN_NONE;
+}
+
 // ---- configure -------------------------------------------------------------------------------------
 
 PyObject* configure(PyObject*, PyObject* args) {
@@ -674,6 +1063,9 @@ PyMethodDef methods[] = {
      enter_lone_doc},
     {"exit_lone", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(exit_lone)), METH_FASTCALL,
      exit_lone_doc},
+    {"configure_persist", configure_persist, METH_VARARGS,
+     "configure_persist(backend_module, registry_module, properties_last, scope_type, window_type, "
+     "check_owned_pointer): what PersistCore's stream path reads and calls."},
     {"configure", configure, METH_VARARGS,
      "configure(lock, ids, on_failure): the registry's lock, scope-id counter and failed-batch hook."},
     {nullptr, nullptr, 0, nullptr},
@@ -694,7 +1086,13 @@ PyMODINIT_FUNC PyInit__fastpath() {
                  Name{&s_share, "share"}, Name{&s_fit_hit_ratio, "fit_hit_ratio"},
                  Name{&s_reset_on_exit, "reset_on_exit"}, Name{&s_id, "id"}, Name{&s_effective, "effective"},
                  Name{&s_auto, "auto"}, Name{&s_apply_window, "apply_window"},
-                 Name{&s_get_persisting_limit, "get_persisting_limit"}}) {
+                 Name{&s_get_persisting_limit, "get_persisting_limit"}, Name{&s_active, "_active"},
+                 Name{&s_registry, "_registry"}, Name{&s_last, "last"}, Name{&s_check_fast_paths, "CHECK_FAST_PATHS"},
+                 Name{&s_verify_fast_path, "_verify_fast_path"},
+                 Name{&s_supports_persistence, "supports_persistence"},
+                 Name{&s_access_policy_max_window_size, "access_policy_max_window_size"}, Name{&s_device, "device"},
+                 Name{&s_enter_general, "_enter_general"}, Name{&s_exit_general, "_exit_general"},
+                 Name{&s_announce, "_announce"}, Name{&s_the_buffer, "the buffer"}, Name{&s_add_note, "add_note"}}) {
     *n.slot = PyUnicode_InternFromString(n.text);
     if (*n.slot == nullptr) return nullptr;
   }
@@ -705,5 +1103,12 @@ PyMODINIT_FUNC PyInit__fastpath() {
     Py_DECREF(module);
     return nullptr;
   }
+  PyObject* persist_type = PyType_FromSpec(&persist_spec);
+  if (persist_type == nullptr || PyModule_AddObjectRef(module, "PersistCore", persist_type) < 0) {
+    Py_XDECREF(persist_type);
+    Py_DECREF(module);
+    return nullptr;
+  }
+  Py_DECREF(persist_type);
   return module;
 }

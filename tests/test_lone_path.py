@@ -21,20 +21,24 @@ MiB = 1 << 20
 STUB = pathlib.Path(l2ctl.__file__).with_name("_fastpath.pyi")
 
 
-def _stub_names() -> tuple[set[str], set[str]]:
+def _stub_names(class_name: str) -> tuple[set[str], set[str]]:
     tree = ast.parse(STUB.read_text())
     functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
-    state = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "DeviceState")
-    fields = {n.name for n in state.body if isinstance(n, ast.FunctionDef) and n.name != "__init__"}
-    fields |= {n.target.id for n in state.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name)
+    fields = {n.name for n in cls.body if isinstance(n, ast.FunctionDef) and n.name != "__init__"}
+    fields |= {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
     return functions, fields
 
 
 def test_the_stub_names_what_the_module_has():
-    functions, fields = _stub_names()
-    assert functions == {name for name in dir(_fastpath) if not name.startswith("_") and name != "DeviceState"}
+    functions, fields = _stub_names("DeviceState")
+    classes = {"DeviceState", "PersistCore"}
+    assert functions == {name for name in dir(_fastpath) if not name.startswith("_") and name not in classes}
     state = _fastpath.DeviceState(3, 1000)
     assert fields == {name for name in dir(state) if not name.startswith("_")}
+    _, persist_fields = _stub_names("PersistCore")
+    own = set(vars(_fastpath.PersistCore)) - set(vars(object))
+    assert persist_fields == own - {"__doc__", "__new__", "__module__"}
     assert (state.device, state.maximum, state.scopes, state.base_windows, state.applied_windows) == (3, 1000, {}, {}, {})
     assert (state.base_limit, state.applied_limit, state.auto_bounds, state.dirty, state.limited) == (None, None, None, False, 0)
     with pytest.raises(TypeError):
@@ -154,3 +158,138 @@ def test_an_auto_scope_takes_the_c_path_once_the_granularity_is_known(fake):
         with l2ctl.persist(s, small, 1.0) as p:  # within the tax-free limit: nothing to say
             assert p.set_aside == fake.device(0).initial_limit
     assert counter.count == {"apply_window": 4}
+
+
+# ---- Persist's own entry and exit in C (PersistCore) ---------------------------------------------------
+
+
+class GeneralCalls:
+    """Counts the calls of Persist's general path (its Python entry and exit)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = {"_enter_general": 0, "_exit_general": 0}
+        for name in self.count:
+            original = getattr(l2ctl.Persist, name)
+
+            def counted(*args: Any, _name: str = name, _original: Any = original) -> Any:
+                self.count[_name] += 1
+                return _original(*args)
+
+            monkeypatch.setattr(l2ctl.Persist, name, counted)
+
+
+def test_a_lone_stream_scope_enters_and_ends_without_the_general_path(fake, monkeypatch):
+    s, lut = l2ctl.Stream(), l2ctl.DeviceBuffer(MiB)
+    before = fake.state()
+    with l2ctl.persist(s, lut, 0.5):
+        pass  # the first scope learns the device (its properties, its registry record, the limit's granularity)
+    general, counter = GeneralCalls(monkeypatch), Crossings(fake, NAMES)
+    for settings in (dict(set_aside=None, reset_on_exit=False), {}):
+        with l2ctl.persist(s, lut, 0.5, **settings) as p:
+            assert p.active and p.device == 0 and p.stream == s.handle and not p.clipped
+            assert p.window == AccessPolicyWindow.for_buffer(lut, 0.5) and type(p.window) is AccessPolicyWindow
+            assert type(fake).get_stream_window(fake, s.handle) == tuple(p.window)  # not a counted crossing
+            assert [sc.window for sc in _registry.live_scopes(0)] == [p.window]
+        assert not p.active and not _registry.live_scopes(0)
+    assert general.count == {"_enter_general": 0, "_exit_general": 0}
+    assert counter.count == {"apply_window": 4}
+    assert fake.state() == before
+
+
+MAX_WINDOW = 128 * MiB  # FakeDevice.h100's accessPolicyMaxWindowSize
+
+
+@pytest.mark.parametrize("case", ["share", "fit hit ratio", "exact limit", "max limit", "offset", "num_bytes",
+                                  "clipped", "nested", "graph", "disabled policy"])
+def test_every_other_scope_takes_the_general_path_and_ends_as_before(fake, monkeypatch, case):
+    s, lut = l2ctl.Stream(), l2ctl.DeviceBuffer(MiB)
+    with l2ctl.persist(s, lut, 0.5):
+        pass
+    buf = l2ctl.DeviceBuffer(MAX_WINDOW + MiB) if case == "clipped" else lut
+    target: Any = _graph(fake, s, 2) if case == "graph" else s
+    before = fake.state()
+    kwargs: dict[str, Any] = {
+        "share": dict(share=True), "fit hit ratio": {}, "exact limit": dict(set_aside=3_276_800),
+        "max limit": dict(set_aside="max"), "offset": dict(offset=4096), "num_bytes": dict(num_bytes=4096),
+        "clipped": {}, "nested": {}, "graph": {}, "disabled policy": dict(policy=l2ctl.Policy(enabled=False)),
+    }[case]
+    ratio = None if case in ("fit hit ratio", "disabled policy") else 0.5
+    general = GeneralCalls(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # clipped windows and the set-aside's tax say so; not the point here
+        outer = l2ctl.persist(l2ctl.Stream(), lut, 0.25) if case == "nested" else None
+        if outer is not None:
+            outer.__enter__()
+        with l2ctl.persist(target, buf, ratio, **kwargs) as p:
+            if case != "disabled policy":
+                assert p.active and [sc.effective is not None for sc in _registry.live_scopes(0)][-1]
+        if outer is not None:
+            outer.__exit__(None, None, None)
+    assert general.count["_enter_general"] == 1
+    # A lone scope ends in C however it entered, unless it is shared (the others' share changes) or on a graph.
+    assert general.count["_exit_general"] == (1 if case in ("share", "nested", "graph") else 0)
+    assert fake.state() == before and not _registry.live_scopes(0)
+
+
+def test_its_warnings_name_the_users_line_and_a_raising_filter_ends_the_scope(fake):
+    s, lut = l2ctl.Stream(), l2ctl.DeviceBuffer(MiB)
+    big = l2ctl.DeviceBuffer(fake.device(0).initial_limit + 8 * MiB)
+    with l2ctl.persist(s, lut, 0.5, set_aside=None):
+        pass
+    before = fake.state()
+    # More than the set-aside asked of it with the limit left alone: the budget warning, from the C path.
+    with pytest.warns(l2ctl.L2BudgetWarning) as caught:
+        with l2ctl.persist(s, big, 1.0, set_aside=None):
+            pass
+    assert [w.filename for w in caught] == [__file__]
+    with pytest.warns(l2ctl.L2BudgetWarning) as caught:  # the general path (a byte range) says it as well
+        with l2ctl.persist(s, big, 1.0, set_aside=None, share=False, offset=0, num_bytes=big.nbytes):
+            pass
+    assert [w.filename for w in caught] == [__file__]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", l2ctl.L2BudgetWarning)
+        p = l2ctl.persist(s, big, 1.0, set_aside=None)
+        with pytest.raises(l2ctl.L2BudgetWarning):
+            p.__enter__()
+    assert not p.active and not _registry.live_scopes(0) and fake.state() == before
+
+
+def test_a_failed_end_raises_or_notes_the_blocks_error(fake, monkeypatch):
+    s, lut = l2ctl.Stream(), l2ctl.DeviceBuffer(MiB)
+    with l2ctl.persist(s, lut, 0.5, set_aside=None):
+        pass
+    general = GeneralCalls(monkeypatch)
+
+    def refused(*args: object) -> Any:
+        raise l2ctl.CudaError("cudaStreamSetAttribute", 1, "cudaErrorInvalidValue", "invalid argument", "")
+
+    p = l2ctl.persist(s, lut, 0.5, set_aside=None)
+    p.__enter__()
+    monkeypatch.setattr(fake, "apply_window", refused)
+    with pytest.raises(l2ctl.CudaError, match="cudaStreamSetAttribute"):
+        p.__exit__(None, None, None)
+    assert not p.active and not _registry.live_scopes(0)
+    p.__exit__(None, None, None)  # ended once: a second exit does nothing
+    monkeypatch.setattr(fake, "apply_window", type(fake).apply_window.__get__(fake))
+    with pytest.raises(KeyError) as raised:
+        with l2ctl.persist(s, lut, 0.5, set_aside=None):
+            monkeypatch.setattr(fake, "apply_window", refused)
+            raise KeyError("the block's own error")
+    assert "restoring device state after the error also failed" in " ".join(getattr(raised.value, "__notes__", []))
+    # Both ends were C's; after the failed one the device went through the general plan once (marked dirty).
+    assert general.count == {"_enter_general": 1, "_exit_general": 0}
+
+
+def test_a_persist_object_is_collected_with_its_cycles(fake):
+    import gc
+    import weakref
+
+    s, lut = l2ctl.Stream(), l2ctl.DeviceBuffer(MiB)
+    p = l2ctl.persist(s, lut, 0.5)
+    with p:
+        pass
+    p.window = [p]  # a cycle through a field the C type holds: the collector must see it (tp_traverse)
+    gone = weakref.ref(p)
+    del p
+    gc.collect()
+    assert gone() is None

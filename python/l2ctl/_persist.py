@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
-from . import _registry
+from . import _backend, _device, _fastpath, _registry
 from ._device import check_owned_pointer, properties, require_persistence, stream_device
 from ._errors import L2BudgetWarning, SetAsideTaxWarning, WindowClippedWarning
 from ._interop import BufferRef, StreamRef, resolve_buffer, resolve_stream
@@ -103,7 +103,7 @@ def _policy_fields(policy: object) -> tuple[Optional[float], LimitRequest, bool,
                                 getattr(inner, "num_bytes", None))
 
 
-class Persist:
+class Persist(_fastpath.PersistCore):
     """Keep ``buf`` (or ``num_bytes`` of it from ``offset``) in L2 for kernels launched on ``stream``
     inside the ``with`` block.
 
@@ -146,10 +146,10 @@ class Persist:
     ``stream`` (the handle), ``clipped``.
     """
 
-    # Slots: a scope is made for every step of a user's loop, and slot attributes are cheaper to set.
-    __slots__ = ("_enabled", "_ref", "_target_object", "_buffer", "_offset", "_num_bytes", "_hit_prop", "_miss_prop",
-                 "_requested_hit_ratio", "_limit_request", "_reset_on_exit", "_share", "_scope", "_slots", "_changed",
-                 "window", "device", "clipped", "__weakref__")
+    # The fields live in l2ctl._fastpath.PersistCore (set here, read there), whose __enter__/__exit__ take the
+    # commonest case, a stream scope alone on its device, without the interpreter; every other case comes back
+    # to _enter_general/_exit_general below, the general path (docs/DESIGN.md, "The lone scope is planned in C").
+    __slots__ = ("__weakref__",)
 
     def __init__(
         self,
@@ -237,7 +237,7 @@ class Persist:
         props = require_persistence(self.device)
         return _registry.observed_limit(self.device, props.persisting_l2_cache_max_size)
 
-    def __enter__(self) -> "Persist":
+    def _enter_general(self) -> "Persist":
         if self._scope is not None:
             raise RuntimeError("this persist scope is already active; create a new one with l2ctl.persist(...)")
         if not self._enabled:
@@ -285,19 +285,35 @@ class Persist:
         limit, demand, capped = _registry.enter(scope, props.persisting_l2_cache_max_size)
         self._scope, self._slots, self._changed, self.device, self.clipped = scope, slots, changed, device, clipped
         self.window = scope.window
-        if changed is None and not clipped and not capped and (window.hit_prop is not _PERSISTING or demand <= limit):
-            return self  # the common case: nothing to tell
-        try:
-            if changed is not None:
+        if changed is not None:
+            try:
                 changed()
-            # Warnings go out after the registry's lock is released: a filter may raise (then the scope
-            # ends here) or run user code.
-            if clipped:
-                full = buffer.nbytes - self._offset if self._num_bytes is None else self._num_bytes
+            except BaseException as error:
+                self._end_after(error)
+                raise
+        clip = None
+        if clipped:
+            full = buffer.nbytes - self._offset if self._num_bytes is None else self._num_bytes
+            clip = (full, nbytes, props.access_policy_max_window_size)
+        if clipped or capped or window.hit_prop is _PERSISTING and demand > limit:
+            self._announce(clip, limit, demand, capped, 3)
+        return self
+
+    def _announce(self, clip: Optional[tuple[int, int, int]], limit: int, demand: float, capped: bool,
+                  stacklevel: int = 2) -> None:
+        """The entered scope's warnings: a clipped window (``clip``: bytes asked, bytes kept, the device's
+        largest window), an "auto" limit kept at the tax-free one, windows asking more than the set-aside.
+        They go out after the registry's lock is released: a filter may raise (then the scope ends here) or
+        run user code. ``stacklevel``: the user's frame counted from here (2 when PersistCore's C __enter__,
+        which is no frame, calls this; 3 from _enter_general)."""
+        device = self.device
+        try:
+            if clip is not None:
+                full, nbytes, max_window = clip
                 warnings.warn(
-                    f"window of {full} bytes clipped to accessPolicyMaxWindowSize ({props.access_policy_max_window_size}"
+                    f"window of {full} bytes clipped to accessPolicyMaxWindowSize ({max_window}"
                     f" bytes) of device {device}; only the first {nbytes} bytes persist",
-                    WindowClippedWarning, stacklevel=2)
+                    WindowClippedWarning, stacklevel=stacklevel)
             if capped:
                 warnings.warn(
                     f"device {device}: set_aside='auto' kept the persisting limit at {limit} bytes, the driver's default "
@@ -305,26 +321,29 @@ class Persist:
                     "larger set-aside slows every other kernel on the GPU (up to 2.5x at the max on an H100). "
                     f"{'The hit ratio was fitted to it. ' if self._requested_hit_ratio is None else ''}"
                     "Pass set_aside=<bytes> or 'max' to pay that knowingly; l2ctl.tune measures both sides",
-                    SetAsideTaxWarning, stacklevel=2)
-            elif window.hit_prop == AccessProperty.PERSISTING and demand > limit * (1 + 1e-9):
+                    SetAsideTaxWarning, stacklevel=stacklevel)
+            elif self.window is not None and self.window.hit_prop == AccessProperty.PERSISTING and demand > limit * (1 + 1e-9):
                 warnings.warn(
                     f"device {device}: live persisting windows ask for {demand:.0f} bytes (hit_ratio x num_bytes) "
                     f"but the set-aside is {limit} bytes; lines will evict each other (thrash). Use "
                     "share=True, a smaller hit_ratio, or a larger set_aside",
-                    L2BudgetWarning, stacklevel=2)
+                    L2BudgetWarning, stacklevel=stacklevel)
         except BaseException as error:
-            try:
-                self.__exit__(None, None, None)
-            except BaseException as cleanup:  # the first error is the one to see
-                if hasattr(error, "add_note"):
-                    error.add_note(f"l2ctl: ending the scope after this error also failed: {cleanup!r}")
+            self._end_after(error)
             raise
-        return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        scope, self._scope = self._scope, None
-        if scope is None:
-            return
+    def _end_after(self, error: BaseException) -> None:
+        """Entry failed after the scope was registered (a warning filter raised, a graph's update failed):
+        end it, keeping ``error`` the one to see."""
+        try:
+            self.__exit__(None, None, None)
+        except BaseException as cleanup:
+            if hasattr(error, "add_note"):
+                error.add_note(f"l2ctl: ending the scope after this error also failed: {cleanup!r}")
+
+    def _exit_general(self, scope: _registry.Scope, exc: Optional[BaseException]) -> None:
+        """End ``scope`` (taken off this object already) through the registry, then tell a graph its nodes
+        changed. An error while the block's own exception propagates becomes a note on that exception."""
         try:
             _registry.exit(scope)
             if self._changed is not None:
@@ -343,3 +362,8 @@ class Persist:
 
 #: ``persist(stream, buf, hit_ratio=None, ...)``: the scope itself (see Persist).
 persist = Persist
+
+# What PersistCore's stream path reads (the active backend, the registry's record, the properties cache) and
+# makes or calls (a Scope, a window, the check of a foreign buffer's range).
+_fastpath.configure_persist(_backend, _registry, _device._last, _registry.Scope, AccessPolicyWindow,
+                            check_owned_pointer)

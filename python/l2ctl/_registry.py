@@ -588,6 +588,13 @@ def _check_fast_path(backend: Backend, state: _DeviceState) -> None:
                                                 state.applied_request)
 
 
+def _verify_fast_path(backend: Backend, state: _DeviceState) -> None:
+    """CHECK_FAST_PATHS (tests): what a fast path left agrees with the general plan; called by l2ctl._fastpath
+    after a Persist's stream scope entered or ended there."""
+    with lock:
+        _check_fast_path(backend, state)
+
+
 def _resync(backend: Backend, state: _DeviceState, slots: list[Slot]) -> None:
     """After a failed batch, learn what the device really holds: the batch put back the limit and the
     slots it had read first (every slot l2ctl covered for the first time); the others may have changed."""
