@@ -735,33 +735,25 @@ PyObject* make_window(PyObject* ptr, PyObject* nbytes, PyObject* hit_ratio, PyOb
   return window;
 }
 
-// The stream scope's entry: 1 entered (the fields set; *announce when a warning is due), 0 not this path's case
-// (nothing changed), -1 an error (nothing changed, or what the registry's failure hook left).
-int enter_stream(PersistCore* self, PyObject** announce) {
-  if (persist_config.backend_module == nullptr) return 0;
-  if (persist_core_field(self->scope) != Py_None || self->enabled != Py_True) return 0;
-  PyObject* ref = self->ref;
-  PyObject* buffer = self->buffer;
-  if (ref == nullptr || !PyTuple_Check(ref) || PyTuple_GET_SIZE(ref) != 4 || buffer == nullptr ||
-      !PyTuple_Check(buffer) || PyTuple_GET_SIZE(buffer) != 6)
+// The stream scope's entry with the fields it reads held (Python code runs below: a foreign buffer's check,
+// the Scope's constructor, the lock; the fields may be reassigned meanwhile): 1 entered (the scope's fields
+// set; *announce when a warning is due), 0 not this path's case (nothing changed), -1 an error (nothing
+// changed, or what the registry's failure hook left).
+int enter_stream_held(PersistCore* self, PyObject* ref, PyObject* buffer, PyObject* requested, PyObject* request,
+                      PyObject* reset_on_exit, PyObject** announce) {
+  if (!PyTuple_Check(ref) || PyTuple_GET_SIZE(ref) != 4 || !PyTuple_Check(buffer) || PyTuple_GET_SIZE(buffer) != 6)
     return 0;
   PyObject* device = PyTuple_GET_ITEM(ref, 1);
   PyObject* buffer_device = PyTuple_GET_ITEM(buffer, 2);
-  PyObject* requested = persist_core_field(self->requested_hit_ratio);
-  PyObject* request = persist_core_field(self->limit_request);
   if (!PyLong_CheckExact(device) || !PyFloat_CheckExact(requested) || self->share != Py_False ||
-      (self->reset_on_exit != Py_True && self->reset_on_exit != Py_False) ||
-      persist_core_field(self->num_bytes) != Py_None || self->offset == nullptr || !PyLong_CheckExact(self->offset) ||
+      (reset_on_exit != Py_True && reset_on_exit != Py_False) || persist_core_field(self->num_bytes) != Py_None ||
+      self->offset == nullptr || !PyLong_CheckExact(self->offset) || PyObject_IsTrue(self->offset) != 0 ||
       !PyLong_CheckExact(PyTuple_GET_ITEM(buffer, 0)) || !PyLong_CheckExact(PyTuple_GET_ITEM(buffer, 1)))
-    return 0;
+    return 0;  // (an exact int's truth cannot fail)
   if (request != Py_None && !(PyUnicode_Check(request) && PyUnicode_Compare(request, s_auto) == 0)) {
     if (PyErr_Occurred()) PyErr_Clear();
     return 0;
   }
-  const long offset = PyLong_AsLong(self->offset);
-  const long device_index = PyLong_AsLong(device);
-  if (PyErr_Occurred()) return -1;
-  if (offset != 0) return 0;
   if (buffer_device != Py_None) {  // another device's buffer: the general path says so
     const int same = PyObject_RichCompareBool(buffer_device, device, Py_EQ);
     if (same <= 0) return same;
@@ -850,7 +842,7 @@ int enter_stream(PersistCore* self, PyObject** announce) {
     PyObject* owners = PyTuple_Pack(2, PyTuple_GET_ITEM(ref, 3), PyTuple_GET_ITEM(buffer, 4));
     if (owners == nullptr) break;
     // Scope(device, slots, window, limit, share, reset_on_exit, fit_hit_ratio, standing, orphaned, owner)
-    PyObject* args[10] = {device, slots, window, request, Py_False, self->reset_on_exit, Py_False, Py_False, Py_False,
+    PyObject* args[10] = {device, slots, window, request, Py_False, reset_on_exit, Py_False, Py_False, Py_False,
                           owners};
     scope = PyObject_Vectorcall(persist_config.scope_type, args, 10, nullptr);
     Py_DECREF(owners);
@@ -892,6 +884,21 @@ int enter_stream(PersistCore* self, PyObject** announce) {
   return outcome;
 }
 
+// The stream scope's entry (enter_stream_held's outcomes), when the registry and this path are configured.
+int enter_stream(PersistCore* self, PyObject** announce) {
+  if (persist_config.backend_module == nullptr || config.acquire == nullptr) return 0;
+  if (persist_core_field(self->scope) != Py_None || self->enabled != Py_True || self->ref == nullptr ||
+      self->buffer == nullptr)
+    return 0;
+  PyObject* held[5] = {Py_NewRef(self->ref), Py_NewRef(self->buffer),
+                       Py_NewRef(persist_core_field(self->requested_hit_ratio)),
+                       Py_NewRef(persist_core_field(self->limit_request)),
+                       Py_NewRef(persist_core_field(self->reset_on_exit))};
+  const int outcome = enter_stream_held(self, held[0], held[1], held[2], held[3], held[4], announce);
+  for (PyObject* object : held) Py_DECREF(object);
+  return outcome;
+}
+
 PyObject* persist_enter(PyObject* self_object, PyObject*) {
   auto* self = reinterpret_cast<PersistCore*>(self_object);
   PyObject* announce = nullptr;
@@ -919,7 +926,8 @@ PyObject* persist_exit(PyObject* self_object, PyObject* const* args, Py_ssize_t 
   self->scope = Py_NewRef(Py_None);
   int outcome = 0;
   PyObject* backend = nullptr;
-  if (persist_config.backend_module != nullptr && persist_core_field(self->changed) == Py_None) {
+  if (persist_config.backend_module != nullptr && config.acquire != nullptr &&
+      persist_core_field(self->changed) == Py_None) {
     backend = PyObject_GetAttr(persist_config.backend_module, s_active);
     PyObject* last = backend ? registry_last(backend) : nullptr;
     PyObject* device = last ? field(scope, s_device) : nullptr;

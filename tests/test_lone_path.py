@@ -293,3 +293,33 @@ def test_a_persist_object_is_collected_with_its_cycles(fake):
     del p
     gc.collect()
     assert gone() is None
+
+
+def test_fields_reassigned_while_it_enters_do_not_pull_the_ground_away(fake):
+    """A foreign buffer's check runs Python code in the middle of the C entry; the fields it read stay alive
+    (held) even if that code rebinds them, as another thread could."""
+    from l2ctl import _backend, _device
+    from l2ctl._device import check_owned_pointer
+
+    s, block = l2ctl.Stream(), l2ctl.DeviceBuffer(8 * MiB)
+
+    class Array:  # a foreign object: its stream and buffer references live only in the scope's fields
+        def __init__(self, ptr: int, nbytes: int) -> None:
+            self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3}
+
+    with l2ctl.persist(s, block, 0.5, set_aside=None):
+        pass
+    p = l2ctl.persist(s.handle, Array(block.ptr, 2 * MiB), 0.5, set_aside=None)
+
+    def meddling_check(*args: Any) -> None:
+        check_owned_pointer(*args)
+        p._ref, p._buffer, p._requested_hit_ratio = None, None, None  # the only references to them
+
+    _fastpath.configure_persist(_backend, _registry, _device._last, _registry.Scope, AccessPolicyWindow, meddling_check)
+    try:
+        with p:
+            assert p.window == AccessPolicyWindow.for_buffer(block, 0.5)._replace(num_bytes=2 * MiB)
+    finally:
+        _fastpath.configure_persist(_backend, _registry, _device._last, _registry.Scope, AccessPolicyWindow,
+                                    check_owned_pointer)
+    assert not _registry.live_scopes(0) and fake.state()[1] == ()
