@@ -508,6 +508,12 @@ PyObject* enter_locked(PyObject* backend, DeviceState* state, PyObject* scope, P
   return result;
 }
 
+// enter_locked under the registry's lock (its outcomes; null when the lock could not be taken).
+PyObject* enter_under_lock(PyObject* backend, DeviceState* state, PyObject* scope, PyObject* generations) {
+  Locked locked;
+  return locked.ok() ? enter_locked(backend, state, scope, generations) : nullptr;
+}
+
 constexpr const char* enter_lone_doc =
     "enter_lone(backend, state, scope, generations) -> (limit, demand, capped) | None\n\n"
     "Register a lone scope and apply its window in one backend call (see _registry.enter); None when the "
@@ -519,9 +525,7 @@ PyObject* enter_lone(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     return nullptr;
   }
   if (!check_configured()) return nullptr;
-  Locked locked;
-  if (!locked.ok()) return nullptr;
-  return enter_locked(args[0], reinterpret_cast<DeviceState*>(args[1]), args[2], args[3]);
+  return enter_under_lock(args[0], reinterpret_cast<DeviceState*>(args[1]), args[2], args[3]);
 }
 
 // ---- exit_lone -------------------------------------------------------------------------------------
@@ -630,6 +634,12 @@ int exit_locked(PyObject* backend, DeviceState* state, PyObject* scope) {
   return outcome;
 }
 
+// exit_locked under the registry's lock (its outcomes; -1 when the lock could not be taken).
+int exit_under_lock(PyObject* backend, DeviceState* state, PyObject* scope) {
+  Locked locked;
+  return locked.ok() ? exit_locked(backend, state, scope) : -1;
+}
+
 constexpr const char* exit_lone_doc =
     "exit_lone(backend, state, scope) -> bool\n\n"
     "End the lone scope on a device in one backend call (see _registry.exit); False when the case is not the "
@@ -641,9 +651,7 @@ PyObject* exit_lone(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     return nullptr;
   }
   if (!check_configured()) return nullptr;
-  Locked locked;
-  if (!locked.ok()) return nullptr;
-  const int outcome = exit_locked(args[0], reinterpret_cast<DeviceState*>(args[1]), args[2]);
+  const int outcome = exit_under_lock(args[0], reinterpret_cast<DeviceState*>(args[1]), args[2]);
   if (outcome < 0) return nullptr;
   return PyBool_FromLong(outcome);
 }
@@ -847,11 +855,7 @@ int enter_stream_held(PersistCore* self, PyObject* ref, PyObject* buffer, PyObje
     scope = PyObject_Vectorcall(persist_config.scope_type, args, 10, nullptr);
     Py_DECREF(owners);
     if (scope == nullptr) break;
-    {
-      Locked locked;
-      if (!locked.ok()) break;
-      seen = enter_locked(backend, state, scope, generations);
-    }
+    seen = enter_under_lock(backend, state, scope, generations);
     if (seen == nullptr) break;
     if (seen == Py_None) {
       outcome = 0;
@@ -934,8 +938,7 @@ PyObject* persist_exit(PyObject* self_object, PyObject* const* args, Py_ssize_t 
     PyObject* state = device ? PyDict_GetItemWithError(PyTuple_GET_ITEM(last, 1), device) : nullptr;  // borrowed
     Py_XDECREF(device);
     if (state != nullptr && PyObject_TypeCheck(state, state_type)) {
-      Locked locked;
-      outcome = locked.ok() ? exit_locked(backend, reinterpret_cast<DeviceState*>(state), scope) : -1;
+      outcome = exit_under_lock(backend, reinterpret_cast<DeviceState*>(state), scope);
       if (outcome > 0 && !verify_if_checking(backend, reinterpret_cast<DeviceState*>(state))) outcome = -1;
     } else if (PyErr_Occurred()) {
       outcome = -1;

@@ -148,7 +148,8 @@ class Persist(_fastpath.PersistCore):
 
     # The fields live in l2ctl._fastpath.PersistCore (set here, read there), whose __enter__/__exit__ take the
     # commonest case, a stream scope alone on its device, without the interpreter; every other case comes back
-    # to _enter_general/_exit_general below, the general path (docs/DESIGN.md, "The lone scope is planned in C").
+    # to _enter_general/_exit_general below, the general path (docs/DESIGN.md, "A persist scope on a stream
+    # enters and ends in C too").
     __slots__ = ("__weakref__",)
 
     def __init__(

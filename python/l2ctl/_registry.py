@@ -589,8 +589,8 @@ def _check_fast_path(backend: Backend, state: _DeviceState) -> None:
 
 
 def _verify_fast_path(backend: Backend, state: _DeviceState) -> None:
-    """CHECK_FAST_PATHS (tests): what a fast path left agrees with the general plan; called by l2ctl._fastpath
-    after a Persist's stream scope entered or ended there."""
+    """CHECK_FAST_PATHS (tests): what the C lone-scope path left agrees with the general plan, checked under
+    the lock (after enter/exit here, and by l2ctl._fastpath after a Persist's stream scope)."""
     with lock:
         _check_fast_path(backend, state)
 
@@ -640,8 +640,7 @@ def enter(scope: Scope, maximum: int) -> tuple[int, float, bool]:
             seen = _fastpath.enter_lone(backend, state, scope, last[2])
             if seen is not None:
                 if CHECK_FAST_PATHS:
-                    with lock:
-                        _check_fast_path(backend, state)
+                    _verify_fast_path(backend, state)
                 return seen
     with lock:
         state = _state(backend, device, maximum)
@@ -699,8 +698,7 @@ def exit(scope: Scope) -> None:
             # Done in C (or it had ended): the last scope on its device, its slots back to one base window,
             # the limit to its base, the lines reset when asked, in one backend call; the device forgotten.
             if CHECK_FAST_PATHS:
-                with lock:
-                    _check_fast_path(backend, state)
+                _verify_fast_path(backend, state)
             return
     with lock:
         state = _registry.states.get(backend, {}).get(device)
