@@ -323,6 +323,94 @@ with warnings.catch_warnings(record=True) as caught:
               f"{p.window.hit_ratio:.2f}")
 print("warned:", ", ".join(w.category.__name__ for w in caught) or "nothing")
 print("limit back to", l2ctl.get_set_aside(), "bytes")"""),
+    new_markdown_cell("""## The same step as a CUDA graph
+
+A stream's window reaches the kernels launched on that stream, **not a graph's replays**: each kernel node
+of a graph carries its own window, and CUDA copies node windows into an executable graph only when it
+instantiates it (`cudaGraphExecUpdate` reports success and carries none). So a `persist(stream, ...)`
+scope around `g.replay()` would raise the set-aside while the replays run without the window: slower than
+doing nothing.
+
+Persist the graph itself. On a `torch.cuda.CUDAGraph(keep_graph=True)` (torch >= 2.9) l2ctl puts the
+window on the template's kernel nodes and has torch re-instantiate its executable, so torch's own
+`replay()` runs with it, also when the graph was replayed before the scope (as after any warm-up). A
+graph captured with the default `keep_graph=False` has no template left: l2ctl refuses it and says what
+to do instead. `tune` takes the graph as its target; the workload replays it on the stream given."""),
+    new_code_cell("""graph_stream = torch.cuda.Stream()
+graph_stream.wait_stream(torch.cuda.current_stream())
+g = torch.cuda.CUDAGraph(keep_graph=True)
+with torch.cuda.stream(graph_stream):
+    step.enqueue(graph_stream)                       # warm-up outside the capture
+    with torch.cuda.graph(g, stream=graph_stream):
+        step.enqueue(graph_stream)
+    g.replay()                                       # torch has made its executable
+torch.cuda.current_stream().wait_stream(graph_stream)
+for k in l2ctl.graph.inspect(g):                     # torch's kernels, named through the driver
+    print(f"{k.function[:60]:60s} grid {k.grid} block {k.block}")
+
+
+class Replay:
+    def enqueue(self, s):
+        with torch.cuda.stream(s):
+            g.replay()
+
+    def verify(self, s):
+        return step.verify(s)
+
+
+graphed_tuned = l2ctl.tune(Replay(), g, candidates, stream=stream)
+print(graphed_tuned)"""),
+    new_markdown_cell("""## Compiled with `torch.compile(mode="reduce-overhead")`
+
+torch.compile's CUDA graph trees record graphs on a stream of their own and keep only the executables:
+nothing can change their windows once recorded. A window reaches them only while they are captured, so
+the target is `l2ctl.graph.torch_captures()`: a scope on it puts the window on the streams torch captures
+on, and every graph recorded inside carries it. Enter it **before the compiled function's first call**;
+l2ctl refuses it when the graph trees hold graphs recorded outside it (it cannot tell whether their
+replays would carry the window, and without it a larger set-aside only slows them).
+
+Two things decide whether compiled code can gain. Inductor may write into buffers of its own:
+compiled together, `acc.zero_(); acc.index_add_(...)` scatters into a temporary that is then copied into
+`acc`, so a window on `acc` misses the scatter; here the zeroing stays eager (`prepare`). And inputs that
+are not at static addresses are copied into torch's pool before every replay, copies that pay the
+set-aside's tax: mark them (`torch._dynamo.mark_static_address`). `l2ctl.workloads.Compiled` compiles the
+step once per window it runs under, so `tune` measures every point on graphs recorded with its own
+window."""),
+    new_code_cell("""class CompiledPart:
+    device = info.index
+
+    def prepare(self):
+        acc.zero_()
+
+    def step(self):
+        step.e = F.embedding(lookup, table)
+        torch.add(x, bias, out=h)
+        acc.index_add_(0, index, values)
+
+    def verify(self, s):
+        return step.verify(s)
+
+
+for t in (lookup, table, x, bias, h, acc, index, values):
+    torch._dynamo.mark_static_address(t)
+compiled = l2ctl.workloads.Compiled(CompiledPart())
+compiled_tuned = l2ctl.tune(compiled, compiled.target(), {n: candidates[n] for n in ("bias", "acc")},  # the two that paid eagerly
+                            stream=stream)
+print(compiled_tuned)
+print(f"{compiled.compilations} compilations, one per window measured")"""),
+    new_code_cell("""def run_compiled(n=20):
+    with l2ctl.Timer(stream) as t:
+        for _ in range(n):
+            compiled.enqueue(stream)
+    return t.elapsed_ms / n
+
+plain = run_compiled()                                # the graphs recorded with no window
+with compiled_tuned.persist(compiled.target()):
+    run_compiled(1)                                   # recorded under this window already by tune
+    tuned_ms = run_compiled()
+print(f"compiled: plain {plain:.3f} ms, tuned {tuned_ms:.3f} ms ({plain / tuned_ms:.2f}x); "
+      f"verified: {step.verify(stream)}")
+torch.compiler.reset()"""),
 ])
 
 

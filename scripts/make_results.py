@@ -119,6 +119,32 @@ def readme_gallery() -> str:
     return "\n".join(lines)
 
 
+GRAPH_ROWS = {"broadcast": "`x + bias`", "scatter-add": "`acc.index_add_`"}
+GRAPH_MODES = (("eager", ""), ("graphed", "-graphed"), ("compiled", "-compiled"))
+
+
+def readme_graphs() -> str:
+    """The same step eager, as a CUDA graph and compiled (reduce-overhead), tuned against itself without l2ctl;
+    and a stream scope with the tuned policy around the graph's replays."""
+    rows = {gpu: {row["workload"]: row for row in r["summary"]["rows"]}
+            for gpu in GPUS if (r := load(gpu, "workloads")) is not None}
+    lines = ["| workload, GPU | eager | CUDA graph (`keep_graph=True`) | `torch.compile(mode=\"reduce-overhead\")` "
+             "| a stream scope around the graph's replays |", "|---|---|---|---|---|"]
+    for name, label in GRAPH_ROWS.items():
+        for gpu, found in rows.items():
+            if f"{name}-graphed" not in found:
+                continue
+            cells = []
+            for _, suffix in GRAPH_MODES:
+                row = found.get(name + suffix)
+                cells.append("-" if row is None else
+                             f"{min(row['tuned_speedups']):.2f}x ({row['baseline_ms']:.2f} ms)")
+            harm = found[f"{name}-graphed"].get("stream_scope_speedup")
+            cells.append("-" if harm is None else f"{harm:.2f}x")
+            lines.append(f"| {label}, {GPUS[gpu]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
 OVERHEAD_ROWS = [
     ("persist_lean", "`persist(s, buf, 0.75, set_aside=None, reset_on_exit=False)`", "raw_set_clear_window"),
     ("persist_lean_reused", "the same scope object made once and re-entered (`with scope:` in the loop)", "raw_set_clear_window"),
@@ -254,7 +280,7 @@ def ncu(gpu: str) -> str:
     return "\n".join(lines)
 
 
-GENERATORS: dict[str, Callable[[], str]] = {"readme-gallery": readme_gallery}
+GENERATORS: dict[str, Callable[[], str]] = {"readme-gallery": readme_gallery, "readme-graphs": readme_graphs}
 for _gpu in GPUS:
     for _name, _fn in (("tax", tax), ("gallery", gallery), ("overhead", overhead), ("reset-data", reset_data),
                        ("tuner", tuner), ("stride", stride), ("micro", micro), ("ncu", ncu)):

@@ -96,3 +96,21 @@ def test_gallery_benchmark_one_small_row(gpu_state, tmp_path):
     assert row["workload"] == "broadcast" and row["baseline_ms"] > 0 and len(row["tuned_speedups"]) == 1
     assert all(r.verified for r in report.records)
     report.to_json(str(tmp_path / "w.json"))
+
+
+@pytest.mark.parametrize("mode", ["graphed", "compiled"])
+def test_gallery_rows_that_replay_graphs(mode, gpu_state):
+    if torch_missing():
+        pytest.skip(torch_missing())
+    import torch
+
+    from l2ctl.workloads import Compiled, Graphed
+
+    wrap = Graphed if mode == "graphed" else Compiled
+    small = {f"scatter-add-{mode}": lambda d: wrap(ScatterAdd(d, acc_bytes=2 * MiB, update_bytes=48 * MiB))}
+    try:
+        report = bench.bench_workloads(runs=1, rounds=3, repeat=2, progress=False, factories=small)
+    finally:
+        torch.compiler.reset()
+    (row,) = report.summary["rows"]
+    assert row["mode"] == mode and row["baseline_ms"] > 0 and all(r.verified for r in report.records)

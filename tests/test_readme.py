@@ -1,6 +1,6 @@
-"""The README's Python examples: each type-checks under mypy --strict and pyright, and each that needs no
-third-party GPU library runs to completion on the simulated H100 (on a GPU machine the GPU tests run
-the same calls for real)."""
+"""The README's Python examples: each type-checks under mypy --strict and pyright; each that needs no
+third-party GPU library runs to completion on the simulated H100, and each that needs PyTorch runs on the
+GPU, leaving the device as it found it."""
 
 from __future__ import annotations
 
@@ -32,6 +32,20 @@ def test_example_runs_on_the_simulator(index):
     with FakeBackend.installed(FakeDevice.h100()) as fake:
         exec(compile(code, f"README.md example {index + 1}", "exec"), {"__name__": "__readme__"})
         assert fake.device(0).limit == fake.device(0).initial_limit and not fake.windows
+
+
+TORCH_EXAMPLES = [i for i, code in enumerate(EXAMPLES) if re.search(r"^\s*import torch", code, re.M)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("index", TORCH_EXAMPLES)
+def test_torch_example_runs_on_the_gpu(index, gpu_state):
+    torch = pytest.importorskip("torch", reason="the example needs PyTorch")
+    try:
+        exec(compile(EXAMPLES[index], f"README.md example {index + 1}", "exec"), {"__name__": "__readme__"})
+        torch.cuda.synchronize()
+    finally:
+        torch.compiler.reset()
 
 
 @pytest.fixture(scope="module")

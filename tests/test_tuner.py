@@ -145,7 +145,7 @@ def test_single_buffer_form_still_works_and_its_policy_applies_without_warnings(
 
 def test_it_picks_the_buffer_that_pays_in_a_mixed_step(sim):
     fake, s = sim
-    with ModeledWorkload.step() as w:
+    with ModeledWorkload.mixed_step() as w:
         tuned = l2ctl.tune(w, s, w.candidates())
         assert tuned.persists and tuned.buffer_name == "acc"  # not the big table the textbook would persist
         assert set(tuned.candidates) == {"x", "bias", "table", "acc"}
@@ -283,7 +283,7 @@ def test_gallery_needs_memory_it_says_so(monkeypatch):
 def test_gallery_benchmark_on_modeled_workloads(sim):
     fake, s = sim
     factories = {"broadcast": ModeledWorkload.broadcast, "gather": ModeledWorkload.gather,
-                 "step": ModeledWorkload.step}
+                 "step": ModeledWorkload.mixed_step}
     report = bench.bench_workloads(s, factories=factories, runs=2, progress=False)
     rows = {r["workload"]: r for r in report.summary["rows"]}
     assert set(rows) == set(factories) and report.summary["never_slower"]

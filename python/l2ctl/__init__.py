@@ -44,7 +44,7 @@ from ._errors import (
 from ._memory import DeviceBuffer, Stream
 from ._persist import Budget, Persist, Policy, budget, persist
 from ._plan import HIT_RATIO_TOLERANCE, hit_ratio_grid, shared_hit_ratios
-from ._stream_window import ScopedWindow as scoped_window
+from ._targets import ScopedWindow as scoped_window
 from ._stream_window import clear_window, get_window, set_window
 from ._window import AccessPolicyWindow, AccessProperty
 

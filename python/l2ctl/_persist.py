@@ -13,10 +13,12 @@ import numpy as np
 from . import _backend, _device, _fastpath, _registry
 from ._device import check_owned_pointer, properties, require_persistence, stream_device
 from ._errors import L2BudgetWarning, SetAsideTaxWarning, WindowClippedWarning
-from ._interop import BufferRef, StreamRef, resolve_buffer, resolve_stream
+from ._interop import BufferRef, StreamRef, resolve_buffer
+from ._torch_graphs import is_torch_graph
+from .graph import as_graph
 from ._memory import DeviceBuffer, Stream
 from ._plan import DEFAULT_LIMIT_FRACTION, check_nbytes, clip_window, normalize_hit_ratio
-from ._stream_window import resolve_target
+from ._targets import after_changes, is_graph_target, resolve_target, target_stream
 from ._window import AccessPolicyWindow, AccessProperty, check_property
 
 __all__ = ["persist", "Persist", "Policy", "Budget", "budget"]
@@ -191,8 +193,9 @@ class Persist(_fastpath.PersistCore):
         elif (own_stream := getattr(type(stream), "_l2ctl_stream_ref", None)) is not None:
             self._ref = own_stream(stream)  # raises for a closed stream
         else:
-            self._ref = None if hasattr(type(stream), "_l2ctl_target") else resolve_stream(stream)
-        self._target_object = stream
+            # graphs are resolved at entry (their nodes, a predicate); a torch graph is checked here
+            self._ref = None if is_graph_target(stream) else target_stream(stream)
+        self._target_object = as_graph(stream) if self._ref is None and is_torch_graph(stream) else stream
         if type(buf) is DeviceBuffer and buf._ref is not None:
             self._buffer: BufferRef = buf._ref
         else:
@@ -251,7 +254,8 @@ class Persist(_fastpath.PersistCore):
             slots: tuple[_registry.Slot, ...] = (_registry.stream_slot(ref.handle),)
             owner, changed = ref.owner, None
         else:
-            device, slots, owner, changed = resolve_target(self._target_object)  # a graph predicate runs here
+            target = resolve_target(self._target_object)  # a graph predicate runs here
+            device, slots, owner, changed = target.device, target.slots, target.owner, target.changed
         buffer = self._buffer
         if buffer.device is not None and buffer.device != device:
             raise ValueError(
@@ -281,6 +285,8 @@ class Persist(_fastpath.PersistCore):
                 raise ValueError(f"set_aside of {request} bytes exceeds persistingL2CacheMaxSize "
                                  f"({props.persisting_l2_cache_max_size} bytes) of device {device}; ask for at most "
                                  "that, or 'max'")
+        if ref is None:  # a graph-like target may refuse a window that would not reach what it launches
+            changed = after_changes(target, window)
         scope = _registry.Scope(device, slots, window, request, self._share, self._reset_on_exit, requested is None,
                                 False, False, (owner, buffer.owner))
         limit, demand, capped = _registry.enter(scope, props.persisting_l2_cache_max_size)

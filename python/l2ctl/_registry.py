@@ -74,12 +74,16 @@ _EMPTY: WindowTuple = (0, 0, 0.0, 0, 0)
 
 class Target(NamedTuple):
     """Where a scope's window goes: the device, its slots (a stream, or graph kernel nodes), the object to
-    keep alive, and what to call (outside the lock) after the slots' windows changed."""
+    keep alive, and what to call (outside the lock) after the slots' windows changed, at entry and at end.
+    ``admit(window)``, when given, is called before anything changes with the window the scope asks for:
+    it raises to refuse the scope (its window would not reach what launches) and returns one more thing to
+    call after each change."""
 
     device: int
     slots: tuple[Slot, ...]
     owner: Any = None
     changed: Optional[Callable[[], None]] = None
+    admit: Optional[Callable[[AccessPolicyWindow], Callable[[], None]]] = None
 
 
 @dataclass(eq=False, slots=True)

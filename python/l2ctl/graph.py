@@ -1,9 +1,13 @@
 """Access-policy windows on CUDA graph kernel nodes.
 
 A stream window cannot reach a graph after capture: replays use the windows stored in their kernel
-nodes (CUDA copies the stream's window into each node at capture time; measured on an H100 with CUDA
-13, see README). l2ctl reads and writes those node attributes, and re-applies them to the instantiated
-graph (cudaGraphExecUpdate, or a new instantiation when CUDA refuses the update) before the next launch.
+nodes (CUDA copies the stream's window into each node at capture time). l2ctl reads and writes those
+node attributes on the graph's template, and brings every executable graph made from it up to date:
+CUDA copies node attributes into an executable only when it instantiates it (cudaGraphExecUpdate reports
+success but carries no window: benchmarks/results/h100/graph.json), so l2ctl re-instantiates its own
+executable before the next launch and has PyTorch re-instantiate a torch.cuda.CUDAGraph's at once.
+Graphs whose template is gone (torch's keep_graph=False, make_graphed_callables, torch.compile's graph
+trees, CuPy's) get a window only at capture: ``torch_captures()`` and docs/DESIGN.md ("Graphs").
 
     with l2ctl.Stream() as s:
         with l2ctl.graph.capture(s) as g:
@@ -20,7 +24,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
-from . import _backend, _registry
+import weakref
+
+from . import _backend, _registry, _torch_graphs
 from ._backend import GraphExecImpl, GraphImpl
 from ._device import properties, resolve_device, stream_device
 from ._interop import resolve_stream
@@ -28,7 +34,8 @@ from ._plan import check_count
 from ._stream_window import check_window_fits
 from ._window import AccessPolicyWindow, validate_window
 
-__all__ = ["CaptureMode", "KernelNode", "Graph", "GraphNodes", "capture", "as_graph", "inspect"]
+__all__ = ["CaptureMode", "KernelNode", "Graph", "GraphNodes", "TorchCaptures", "capture", "as_graph", "inspect",
+           "torch_captures"]
 
 
 class CaptureMode(enum.IntEnum):
@@ -53,23 +60,20 @@ _NodeTuple = tuple[int, str, tuple[int, int, int], tuple[int, int, int]]
 
 
 class Graph:
-    """A cudaGraph_t: captured by l2ctl (owned, destroyed with the object) or borrowed from another
-    library (never destroyed by l2ctl). Launching goes through an instantiation l2ctl keeps in sync
-    with node windows changed through it."""
-
-    #: How node changes reach the instantiated graph before the next launch: "reinstantiate" (a new
-    #: cudaGraphExec_t) or "update" (cudaGraphExecUpdate). See README: on an H100 with driver 580 the update
-    #: reports success but the replays did not speed up, so l2ctl re-instantiates by default.
-    refresh = "reinstantiate"
+    """A cudaGraph_t (the template) and the executable graphs made from it: l2ctl's own (``launch``) and,
+    for a torch.cuda.CUDAGraph seen through ``as_graph``, torch's (``replay()``). Captured by l2ctl (owned,
+    destroyed with the object) or borrowed from another library (never destroyed by l2ctl). Whenever a
+    window on its kernel nodes changes through l2ctl, every executable it knows is made anew from the
+    template (l2ctl's own lazily, at its next launch; torch's at once)."""
 
     device: int
     reinstantiations: int
-    updates: int
     _owner: Any
     _impl: Optional[GraphImpl]
     _exec: Optional[GraphExecImpl]
     _dirty: bool
     _nodes: Optional[list[_NodeTuple]]  # the kernel nodes; a captured graph's never change
+    _torch: Any  # the torch.cuda.CUDAGraph whose executable follows the template, or None
 
     def __init__(self, handle: int, *, owned: bool = False, device: object = None, owner: Any = None) -> None:
         graph = check_count(handle, "a graph handle (cudaGraph_t)", minimum=1, maximum=(1 << 64) - 1)
@@ -83,8 +87,8 @@ class Graph:
         self._exec = None
         self._dirty = False
         self._nodes = None
+        self._torch = None
         self.reinstantiations = 0
-        self.updates = 0
 
     @classmethod
     def _deferred(cls, device: int) -> "Graph":
@@ -140,7 +144,8 @@ class Graph:
         nodes = self._selected(predicate)  # the predicate runs here, outside the registry's lock
         _registry.set_base_window(_registry.node_slots(nodes), self.device,
                                   properties(self.device).persisting_l2_cache_max_size, window)
-        self._dirty = self._dirty or bool(nodes)
+        if nodes:
+            self._node_windows_changed()
         return len(nodes)
 
     def clear_window(self, predicate: Optional[Predicate] = None) -> int:
@@ -153,19 +158,14 @@ class Graph:
         return GraphNodes(self, predicate)
 
     def instantiate(self) -> GraphExecImpl:
-        """The instantiated graph, brought up to date with node changes made through l2ctl."""
-        if self.refresh not in ("update", "reinstantiate"):
-            raise ValueError(f"refresh must be 'update' or 'reinstantiate', got {self.refresh!r}")
+        """l2ctl's executable graph, made anew from the template when node windows changed through l2ctl."""
         if self._exec is None:
             self._exec = _backend.current().GraphExec(self.handle)
             self._dirty = False
         elif self._dirty:
-            if self.refresh == "update" and self._exec.update(self.handle):
-                self.updates += 1
-            else:
-                self._exec.destroy()
-                self._exec = _backend.current().GraphExec(self.handle)
-                self.reinstantiations += 1
+            self._exec.destroy()
+            self._exec = _backend.current().GraphExec(self.handle)
+            self.reinstantiations += 1
             self._dirty = False
         return self._exec
 
@@ -175,13 +175,18 @@ class Graph:
         self.instantiate().launch(ref.handle)
 
     def mark_changed(self) -> None:
-        """Call after changing the graph outside l2ctl, so the next launch updates the instance (and the
-        kernel nodes are listed again)."""
+        """Call after changing the graph outside l2ctl, so the next launch re-instantiates (and the kernel
+        nodes are listed again)."""
         self._dirty = True
         self._nodes = None
 
     def _node_windows_changed(self) -> None:
+        """Node windows changed: l2ctl's executable is made anew before its next launch; torch's now, since
+        torch replays it without asking (one that does not exist yet is made from the template anyway)."""
         self._dirty = True
+        if self._torch is not None and _torch_graphs.has_executable(self._torch):
+            self._torch.instantiate()
+            self.reinstantiations += 1
 
     def destroy(self) -> None:
         """Destroy the instance and, when l2ctl owns it, the graph. Live scopes on its nodes stop writing."""
@@ -251,28 +256,115 @@ def capture(stream: object, mode: CaptureMode = CaptureMode.THREAD_LOCAL) -> Ite
     graph._attach(int(backend.end_capture(ref.handle)))
 
 
+# One view per torch graph, so that its kernel nodes are listed once however often it is persisted.
+_torch_views: "weakref.WeakKeyDictionary[Any, Graph]" = weakref.WeakKeyDictionary()
+
+
 def as_graph(obj: object, device: object = None) -> Graph:
     """A Graph view of: an l2ctl Graph, an int cudaGraph_t, a torch.cuda.CUDAGraph captured with
-    ``keep_graph=True`` (through ``raw_cuda_graph()``), or a cuda-python ``cudaGraph_t``/``CUgraph``.
-    Foreign graphs are borrowed, never destroyed by l2ctl."""
+    ``keep_graph=True`` (its windows reach torch's own ``replay()``: l2ctl has torch re-instantiate it
+    after every change), or a cuda-python ``cudaGraph_t``/``CUgraph``. Foreign graphs are borrowed, never
+    destroyed by l2ctl. Refused (ValueError, saying what to do instead): graphs whose executable no
+    window can reach any more: a torch graph with ``keep_graph=False``, a CuPy graph."""
     if isinstance(obj, Graph):
         return obj
     if isinstance(obj, int) and not isinstance(obj, bool):
         return Graph(obj, owned=False, device=device)
-    raw = getattr(obj, "raw_cuda_graph", None)
-    if callable(raw):
-        try:
-            handle = int(raw())
-        except RuntimeError as exc:
-            raise ValueError("torch.cuda.CUDAGraph exposes its graph only when captured with keep_graph=True") from exc
-        return Graph(handle, owned=False, device=device, owner=obj)
+    if _torch_graphs.is_torch_graph(obj):
+        return _torch_view(obj, device)
+    if type(obj).__module__.startswith("cupy") and hasattr(obj, "graphExec"):
+        raise ValueError(_torch_graphs.CUPY_GRAPH_HINT)
     get_ptr = getattr(obj, "getPtr", None)
     if callable(get_ptr):  # cuda.bindings handles: getPtr() is the address of the handle, int() the handle
         return Graph(int(obj), owned=False, device=device, owner=obj)  # type: ignore[call-overload]
+    if callable(obj):
+        raise TypeError(_torch_graphs.CALLABLE_HINT)
     raise TypeError(
         f"cannot use a {type(obj).__name__} as a CUDA graph; pass an l2ctl Graph, an int cudaGraph_t, a "
         "torch.cuda.CUDAGraph (keep_graph=True) or a cuda-python graph handle"
     )
+
+
+def _torch_view(obj: Any, device: object) -> Graph:
+    handle = _torch_graphs.template_of(obj)  # ValueError for keep_graph=False, saying what to do
+    try:
+        view = _torch_views.get(obj)
+    except TypeError:  # not weakly referable: a view per call
+        view = None
+    if view is not None and view._impl is not None and view._impl.owned is False and _same(view, handle, device):
+        return view
+    view = Graph(handle, owned=False, device=device, owner=obj)
+    view._torch = obj
+    try:
+        _torch_views[obj] = view
+    except TypeError:
+        pass
+    return view
+
+
+def _same(view: Graph, handle: int, device: object) -> bool:
+    try:
+        return view.handle == handle and (device is None or view.device == resolve_device(device))
+    except (ValueError, RuntimeError):  # the view was destroyed
+        return False
+
+
+class TorchCaptures:
+    """The CUDA graphs PyTorch captures while the scope lives, as a target for ``l2ctl.persist``: the
+    window goes on the streams PyTorch captures on (the recording stream of torch.compile's CUDA graph
+    trees, ``mode="reduce-overhead"``, and torch.cuda.graph's default capture stream, which
+    ``make_graphed_callables`` uses), and CUDA copies it into every kernel node captured there. Those
+    graphs keep it: their template is gone, so nothing can change it later.
+
+        step = torch.compile(step_fn, mode="reduce-overhead")
+        with l2ctl.persist(l2ctl.graph.torch_captures(), acc, policy=tuned):   # before the first call
+            for _ in range(100):
+                step()                      # warm-up, recording and replays, all with the window
+
+    A scope is refused before it changes anything when the graph trees on its device already hold a
+    graph recorded outside any such scope: l2ctl cannot tell whether its replays would carry the window,
+    and without it a larger set-aside only slows them (2x measured on an H100). Graphs recorded inside a
+    scope are remembered with the window they carry."""
+
+    def __init__(self, device: object = None) -> None:
+        self._device = device
+
+    def _l2ctl_target(self) -> _registry.Target:
+        device = resolve_device(self._device)
+        streams = _torch_graphs.trees.capture_streams(device)
+        slots = tuple(_registry.stream_slot(resolve_stream(s).handle) for s in streams)
+        return _registry.Target(device, slots, tuple(streams), None, _admit_recordings(device))
+
+    def __repr__(self) -> str:
+        return f"<l2ctl.graph.torch_captures device={self._device}>"
+
+
+def _admit_recordings(device: int) -> Callable[[AccessPolicyWindow], Callable[[], None]]:
+    def admit(window: AccessPolicyWindow) -> Callable[[], None]:
+        if not window.empty:
+            unknown = _torch_graphs.unknown_recordings(device)
+            if unknown:
+                raise ValueError(
+                    f"device {device}: PyTorch's CUDA graph trees already hold {unknown} graph(s) recorded outside any "
+                    "l2ctl.graph.torch_captures() scope. CUDA copies a window into a graph only while it is captured, "
+                    "so l2ctl cannot tell whether their replays would carry this one, and without it a larger "
+                    "set-aside only slows them. Enter the scope before the compiled function's first call (its "
+                    "warm-up and recording then happen inside it), or call torch.compiler.reset() and start again")
+        before = _torch_graphs.recordings(device)
+        value = None if window.empty else window.as_tuple()
+
+        def remember() -> None:  # after the entry (nothing new yet) and after the end: what was recorded inside
+            _torch_graphs.remember_recordings(device, before, value)
+
+        return remember
+
+    return admit
+
+
+def torch_captures(device: object = None) -> TorchCaptures:
+    """The graphs PyTorch captures inside the scope (torch.compile's CUDA graph trees, make_graphed_callables,
+    torch.cuda.graph on its default stream) as a target for ``l2ctl.persist``; see TorchCaptures."""
+    return TorchCaptures(device)
 
 
 def inspect(graph: object) -> list[KernelNode]:

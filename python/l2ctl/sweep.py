@@ -22,7 +22,7 @@ from ._plan import check_nbytes, hit_ratio_grid, normalize_hit_ratio, round_up
 from .kernels import check_variant
 from .bench import (Progress, Record, Report, check, check_repeats, clean_state, environment, measure_ceilings,
                     time_gpu)
-from .workloads import ResetDataWorkload, describe, enqueue_of
+from .workloads import ResetDataWorkload, describe, enqueue_of, verifier_of
 
 __all__ = [
     "ResetDataWorkload",
@@ -62,8 +62,9 @@ def measure_point(workload: Any, stream: object, buf: object, set_aside: int, hi
                     timing = time_gpu(enqueue, stream, warmup=warmup, repeat=repeat)
                     assert p.window is not None
                     applied = p.window.hit_ratio
-        verified = bool(workload.verify(stream)) if hasattr(workload, "verify") else False
-        if hasattr(workload, "verify"):
+        verify = verifier_of(workload)
+        verified = verify is not None and bool(verify(stream))
+        if verify is not None:
             check(verified, f"{label}: set-aside {granted}, hit ratio {hit_ratio}")
     config = describe(workload)
     config.update({"set_aside_requested": set_aside, "set_aside_granted": granted, "hit_ratio": applied,

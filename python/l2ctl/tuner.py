@@ -37,8 +37,10 @@ import numpy as np
 
 from ._device import require_persistence, stream_device
 from ._interop import BufferRef, resolve_buffer, resolve_stream
+from ._targets import is_graph_target, resolve_target
 from ._limit import auto_set_aside_cap
 from ._persist import Policy, persist
+from .graph import TorchCaptures
 from ._plan import check_count, normalize_hit_ratio
 from .bench import Progress, Record, Report, environment
 from .bench.paired import Arm, Comparison, check_confidence, compare
@@ -150,10 +152,10 @@ class TunedPolicy:
         """Half the width of the confirmation's interval, relative: how precisely the speedup is known."""
         return (self.ci[1] - self.ci[0]) / 2
 
-    def persist(self, stream: object, **kwargs: Any) -> Any:
-        """``l2ctl.persist(stream, <the chosen buffer>, policy=self)``; a scope that changes nothing when the
-        answer is "no persistence"."""
-        return persist(stream, self.buffer, policy=self.policy, **kwargs)
+    def persist(self, target: object, **kwargs: Any) -> Any:
+        """``l2ctl.persist(target, <the chosen buffer>, policy=self)`` (a stream or a graph, as tune's); a scope
+        that changes nothing when the answer is "no persistence"."""
+        return persist(target, self.buffer, policy=self.policy, **kwargs)
 
     def __str__(self) -> str:
         n = sum(len(c.points) for c in self.candidates.values())
@@ -217,12 +219,20 @@ def _fit(set_aside: int, nbytes: int) -> float:
     return normalize_hit_ratio(min(1.0, set_aside / nbytes))
 
 
-def tune(workload: Any, stream: object, candidates: object, *, rounds: int = 5, repeat: int = 5, warmup: int = 1,
-         confidence: float = 0.95, min_gain: float = 0.01, tax_gain: float = TAX_GAIN, seed: int = 0,
-         progress: bool = False) -> TunedPolicy:
-    """Find which of ``candidates`` to persist while ``workload`` runs on ``stream``, and how, or decide
-    that persistence does not pay. ``candidates``: one buffer, a sequence or a dict name -> buffer
-    (tensors, CuPy arrays, DeviceBuffers, (ptr, nbytes), anything with __cuda_array_interface__ or DLPack).
+def tune(workload: Any, target: object, candidates: object, *, stream: object = None, rounds: int = 5,
+         repeat: int = 5, warmup: int = 1, confidence: float = 0.95, min_gain: float = 0.01,
+         tax_gain: float = TAX_GAIN, seed: int = 0, progress: bool = False) -> TunedPolicy:
+    """Find which of ``candidates`` to persist while ``workload`` runs, and how, or decide that persistence
+    does not pay. ``candidates``: one buffer, a sequence or a dict name -> buffer (tensors, CuPy arrays,
+    DeviceBuffers, (ptr, nbytes), anything with __cuda_array_interface__ or DLPack).
+
+    ``target`` is what each point's window goes on: the stream the workload runs on, or a graph it replays
+    (an l2ctl Graph or a selection of its nodes, a torch.cuda.CUDAGraph captured with keep_graph=True),
+    whose kernel nodes then carry each point's window and whose executables are made anew for it. With a
+    graph, ``stream`` is the stream the workload is timed on (None: the default stream); replay there.
+    The graphs torch.compile records (``graph.torch_captures()``) keep the window they were captured with,
+    so tuning them needs a workload that records its step anew under each window
+    (``l2ctl.workloads.Compiled``); for any other, tune the same step captured with keep_graph=True.
 
     ``rounds`` x ``repeat`` timed runs per point and stage (after ``warmup`` runs per block); a point
     counts only when faster than the baseline at ``confidence`` by at least ``min_gain``; a set-aside above
@@ -242,8 +252,21 @@ def tune(workload: Any, stream: object, candidates: object, *, rounds: int = 5, 
     check_count(seed, "seed", minimum=0)
     if not isinstance(progress, bool):
         raise TypeError("progress must be a bool")
-    ref = resolve_stream(stream)
-    device = stream_device(ref)
+    if isinstance(target, TorchCaptures) and not getattr(workload, "records_each_window", False):
+        raise ValueError("tune cannot vary the window of the graphs PyTorch records (each keeps the window it was "
+                         "captured with): give it a workload that records its step anew under each window "
+                         "(l2ctl.workloads.Compiled), or tune the same step captured with "
+                         "torch.cuda.CUDAGraph(keep_graph=True), then persist its policy on graph.torch_captures() "
+                         "from the compiled function's first call")
+    if is_graph_target(target):
+        device = resolve_target(target).device  # the graph's kernel nodes, listed once here
+    else:
+        if stream is not None and resolve_stream(stream).handle != resolve_stream(target).handle:
+            raise ValueError("the target is a stream: the workload runs on it, so pass no other stream=")
+        stream = target
+        device = stream_device(resolve_stream(stream))
+    if stream_device(resolve_stream(stream)) != device:
+        raise ValueError(f"the stream is on device {stream_device(resolve_stream(stream))}, the graph on device {device}")
     info = require_persistence(device)
     for name, (_, buf) in named.items():
         if buf.device is not None and buf.device != device:
@@ -262,8 +285,8 @@ def tune(workload: Any, stream: object, candidates: object, *, rounds: int = 5, 
 
         def scope() -> Any:
             if whole:
-                return persist(stream, obj, point.hit_ratio, set_aside=None)
-            return persist(stream, obj, point.hit_ratio, offset=point.offset, num_bytes=point.num_bytes, set_aside=None)
+                return persist(target, obj, point.hit_ratio, set_aside=None)
+            return persist(target, obj, point.hit_ratio, offset=point.offset, num_bytes=point.num_bytes, set_aside=None)
 
         return Arm(point.describe(), point.set_aside, scope, {**base_config, **point._asdict()})
 

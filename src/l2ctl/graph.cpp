@@ -1,6 +1,7 @@
 #include "l2ctl/graph.hpp"
 
 #include <cuda_runtime_api.h>
+#include <cudaTypedefs.h>  // the driver API's function types only: l2ctl never links libcuda
 
 #include <stdexcept>
 
@@ -13,6 +14,73 @@ namespace {
 cudaGraph_t as_graph(std::uintptr_t h) { return reinterpret_cast<cudaGraph_t>(h); }
 std::string on_node(std::uintptr_t h) { return "node " + hex(h); }
 std::string on_graph(std::uintptr_t h) { return "graph " + hex(h); }
+
+// The driver calls that describe any kernel node, found once through the runtime (import needs no driver).
+// Why the driver: the runtime describes a node only through its own registered host stubs, so for nodes
+// that another library's runtime (PyTorch's libcudart) or the driver API (Triton) created, it gives no
+// name and no launch shape; the driver knows every node's CUfunction or CUkernel.
+struct NodeDescriber {
+  PFN_cuGraphKernelNodeGetParams_v12000 params = nullptr;
+  PFN_cuFuncGetName_v12030 function_name = nullptr;
+  PFN_cuKernelGetName_v12030 kernel_name = nullptr;
+};
+
+template <typename F>
+F driver_entry(const char* symbol, unsigned version) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableDefault, &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    clear_last_error();
+    return nullptr;
+  }
+  return reinterpret_cast<F>(fn);
+}
+
+const NodeDescriber& node_describer() {
+  static const NodeDescriber describer = [] {
+    NodeDescriber d;
+    d.params = driver_entry<PFN_cuGraphKernelNodeGetParams_v12000>("cuGraphKernelNodeGetParams", 12000);
+    d.function_name = driver_entry<PFN_cuFuncGetName_v12030>("cuFuncGetName", 12030);
+    d.kernel_name = driver_entry<PFN_cuKernelGetName_v12030>("cuKernelGetName", 12030);
+    return d;
+  }();
+  return describer;
+}
+
+// Name and launch shape through the driver; false where the driver cannot tell (too old a driver).
+bool describe_with_driver(cudaGraphNode_t node, KernelNode& k) {
+  const NodeDescriber& d = node_describer();
+  if (d.params == nullptr) return false;
+  CUDA_KERNEL_NODE_PARAMS_v2 params{};
+  if (d.params(reinterpret_cast<CUgraphNode>(node), &params) != CUDA_SUCCESS) return false;
+  k.grid[0] = params.gridDimX; k.grid[1] = params.gridDimY; k.grid[2] = params.gridDimZ;
+  k.block[0] = params.blockDimX; k.block[1] = params.blockDimY; k.block[2] = params.blockDimZ;
+  const char* name = nullptr;
+  if (params.func != nullptr && d.function_name != nullptr && d.function_name(&name, params.func) == CUDA_SUCCESS &&
+      name != nullptr)
+    k.function = name;
+  else if (params.kern != nullptr && d.kernel_name != nullptr && d.kernel_name(&name, params.kern) == CUDA_SUCCESS &&
+           name != nullptr)
+    k.function = name;
+  return true;
+}
+
+// The runtime's description: enough for nodes of l2ctl's own kernels where the driver gives nothing.
+void describe_with_runtime(cudaGraphNode_t node, KernelNode& k) {
+  cudaKernelNodeParams params{};
+  if (cudaGraphKernelNodeGetParams(node, &params) != cudaSuccess) {
+    clear_last_error();
+    return;
+  }
+  k.grid[0] = params.gridDim.x; k.grid[1] = params.gridDim.y; k.grid[2] = params.gridDim.z;
+  k.block[0] = params.blockDim.x; k.block[1] = params.blockDim.y; k.block[2] = params.blockDim.z;
+  const char* name = nullptr;
+  if (params.func != nullptr && cudaFuncGetName(&name, params.func) == cudaSuccess && name != nullptr)
+    k.function = name;
+  else
+    clear_last_error();
+}
 }  // namespace
 
 Graph::~Graph() {
@@ -103,18 +171,7 @@ std::vector<KernelNode> graph_kernel_nodes(std::uintptr_t graph) {
     if (type != cudaGraphNodeTypeKernel) continue;
     KernelNode k;
     k.node = reinterpret_cast<std::uintptr_t>(nodes[i]);
-    cudaKernelNodeParams params{};
-    if (cudaGraphKernelNodeGetParams(nodes[i], &params) == cudaSuccess) {
-      k.grid[0] = params.gridDim.x; k.grid[1] = params.gridDim.y; k.grid[2] = params.gridDim.z;
-      k.block[0] = params.blockDim.x; k.block[1] = params.blockDim.y; k.block[2] = params.blockDim.z;
-      const char* name = nullptr;
-      if (params.func != nullptr && cudaFuncGetName(&name, params.func) == cudaSuccess && name != nullptr)
-        k.function = name;
-      else
-        clear_last_error();
-    } else {
-      clear_last_error();  // kernels from driver-API modules have no runtime params; keep the node
-    }
+    if (!describe_with_driver(nodes[i], k) || k.function.empty()) describe_with_runtime(nodes[i], k);
     out.push_back(k);
   }
   return out;

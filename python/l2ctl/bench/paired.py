@@ -21,7 +21,7 @@ from typing import Any, Callable, ContextManager, Optional, Sequence
 import numpy as np
 
 from .._plan import check_count, check_nbytes
-from ..workloads import enqueue_of
+from ..workloads import enqueue_of, verifier_of
 from .progress import Progress
 from .records import Record
 from .state import clean_state
@@ -139,7 +139,7 @@ def compare(workload: Any, stream: object, arms: Sequence[Arm], *, rounds: int =
     times = np.zeros((len(everything), rounds, repeat))
     granted = [0] * len(everything)
     verified = [False] * len(everything)
-    verifiable = hasattr(workload, "verify")
+    verify = verifier_of(workload)
     rng = np.random.default_rng(seed)
     for r in range(rounds):
         last = r == rounds - 1
@@ -150,8 +150,8 @@ def compare(workload: Any, stream: object, arms: Sequence[Arm], *, rounds: int =
                     workload.poison(stream)
                 with arm.scope() if arm.scope is not None else contextlib.nullcontext():
                     timing = time_gpu(enqueue, stream, warmup=warmup, repeat=repeat)
-                if last and verifiable:
-                    verified[k] = bool(workload.verify(stream))
+                if last and verify is not None:
+                    verified[k] = bool(verify(stream))
                     check(verified[k], f"{benchmark}: {arm.label} (set-aside {limit} B) produced a wrong output")
             if k == 0 and r == 0 and timing.median_ms <= 0:
                 raise ValueError("the workload took 0 ms: it queued no GPU work on the stream it was given, so there "

@@ -6,7 +6,10 @@ from __future__ import annotations
 import csv
 import datetime as _dt
 import json
+import os
 import platform
+import subprocess
+import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
@@ -20,8 +23,32 @@ from .timing import Timing
 __all__ = ["Record", "Report", "environment"]
 
 
+def _commit() -> str:
+    """The l2ctl commit measured: $L2CTL_COMMIT (set where the source travels without its git history),
+    else the checkout's HEAD when the package runs from one, else "unknown"."""
+    given = os.environ.get("L2CTL_COMMIT", "").strip()
+    if given:
+        return given
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=os.path.dirname(__file__), capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def _frameworks() -> dict[str, str]:
+    """Versions of the frameworks the process has imported (never imports one)."""
+    found = {}
+    for name in ("torch", "cupy"):
+        module = sys.modules.get(name)
+        if module is not None:
+            found[name] = str(getattr(module, "__version__", "?"))
+    return found
+
+
 def environment(device: object = None) -> dict[str, Any]:
-    """Device, driver, runtime and package versions for a benchmark record."""
+    """Device, driver, runtime, commit and package versions for a benchmark record."""
     from .. import __version__
 
     info = device_info(device)
@@ -44,6 +71,8 @@ def environment(device: object = None) -> dict[str, Any]:
         "driver_version": v["driver"],
         "runtime_version": v["runtime"],
         "l2ctl_version": __version__,
+        "commit": _commit(),
+        "frameworks": _frameworks(),
         "python": platform.python_version(),
         "numpy": np.__version__,
         "host": platform.node(),

@@ -18,7 +18,7 @@ from .._limit import get_set_aside, reset_persisting_lines
 from .._limit import set_aside as set_limit
 from .._memory import DeviceBuffer, Stream, synchronize_stream
 from .._plan import check_set_aside_request
-from .._stream_window import ScopedWindow
+from .._targets import ScopedWindow
 from .._window import AccessPolicyWindow
 
 __all__ = ["flush_l2", "clean_state", "owned_stream"]

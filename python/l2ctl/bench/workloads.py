@@ -103,18 +103,26 @@ def bench_workloads(stream: object = None, names: Optional[Sequence[str]] = None
                 hot = w.hot if w.hot in candidates else next(iter(candidates))
                 hot_buf = candidates[hot]
                 hot_bytes = min(resolve_buffer(hot_buf).nbytes, info.access_policy_max_window_size)
-                tuned = tune(w, s, candidates, rounds=rounds, repeat=repeat, warmup=warmup, progress=False)
+                # what replays: the stream, a graph, or the graphs torch records (workloads.graphed)
+                target = w.target() if hasattr(w, "target") else s
+                tuned = tune(w, target, candidates, stream=None if target is s else s, rounds=rounds, repeat=repeat,
+                             warmup=warmup, progress=False)
                 recipe_ratio = min(1.0, recipe / hot_bytes)
                 arms = [
-                    Arm("recipe", recipe, lambda: _quiet(persist(s, hot_buf, recipe_ratio, set_aside=None,
+                    Arm("recipe", recipe, lambda: _quiet(persist(target, hot_buf, recipe_ratio, set_aside=None,
                                                                    num_bytes=hot_bytes)),
                         {"buffer": hot, "hit_ratio": recipe_ratio}),
-                    Arm("hit_1.0", 0, lambda: _quiet(persist(s, hot_buf, 1.0, num_bytes=hot_bytes)),
+                    Arm("hit_1.0", 0, lambda: _quiet(persist(target, hot_buf, 1.0, num_bytes=hot_bytes)),
                         {"buffer": hot, "hit_ratio": 1.0, "set_aside": "auto"}),
                 ]
-                tuned_arm = Arm("tuned", 0, lambda: tuned.persist(s),
+                tuned_arm = Arm("tuned", 0, lambda: tuned.persist(target),
                                 {"buffer": tuned.buffer_name, "policy_set_aside": tuned.policy.set_aside,
                                  "hit_ratio": tuned.policy.hit_ratio, "num_bytes": tuned.policy.num_bytes})
+                if target is not s and tuned.persists:
+                    # What a user did before l2ctl reached graphs: the tuned scope on the stream the graph replays
+                    # on. Its window never reaches the replays; its set-aside does.
+                    arms.append(Arm("stream_scope", 0, lambda: _quiet(tuned.persist(s)),
+                                    {"buffer": tuned.buffer_name, "policy_set_aside": tuned.policy.set_aside}))
                 tuned_speedups, tuned_cis = [], []
                 for run in range(runs):
                     base, comps = compare(w, s, (arms if run == 0 else []) + [tuned_arm], rounds=rounds, repeat=repeat,
@@ -131,10 +139,12 @@ def bench_workloads(stream: object = None, names: Optional[Sequence[str]] = None
                 recipe_tax = measure_tax(s, recipe)
                 n_candidates = len(candidates)
                 rows.append({
-                    "workload": name, "hot": hot, "hot_bytes": hot_bytes, "baseline_ms": baseline_ms,
+                    "workload": name, "mode": getattr(w, "mode", "") or "eager", "hot": hot, "hot_bytes": hot_bytes,
+                    "baseline_ms": baseline_ms,
                     "recipe_speedup": first["recipe"].speedup, "recipe_ci": list(first["recipe"].ci),
                     "recipe_set_aside": recipe, "recipe_copy_slowdown": recipe_tax.copy_slowdown,
                     "hit1_speedup": first["hit_1.0"].speedup, "hit1_ci": list(first["hit_1.0"].ci),
+                    "stream_scope_speedup": first["stream_scope"].speedup if "stream_scope" in first else None,
                     "tuned_buffer": tuned.buffer_name,
                     "tuned_set_aside": tuned.policy.set_aside if tuned.persists else 0,
                     "tuned_hit_ratio": tuned.policy.hit_ratio if tuned.persists else None,

@@ -349,8 +349,9 @@ class FakeGraph:
 
 
 class FakeGraphExec:
-    """``l2ctl._core.GraphExec``: an instantiated graph, with the node windows of its instantiation or
-    last update; launches replay its nodes (kernels run and advance the clock with those windows)."""
+    """``l2ctl._core.GraphExec``: an instantiated graph, with the node windows of its instantiation (an
+    update changes the nodes, never their windows, as on an H100); launches replay its nodes (kernels run
+    and advance the clock with those windows)."""
 
     def __init__(self, backend: "FakeBackend", graph: int) -> None:
         with backend._locked():
@@ -398,7 +399,9 @@ class FakeGraphExec:
 
             if [name(n) for n, _ in self.snapshot] != [name(n) for n, _ in new]:
                 return False  # cudaErrorGraphExecUpdateFailure: the topology changed
-            self.snapshot = new
+            # The update succeeds but carries no node attributes: the executable keeps the windows it was
+            # instantiated with (measured on an H100, driver 580: benchmarks/results/h100/graph.json).
+            self.snapshot = [(node, window) for (node, _), (_, window) in zip(new, self.snapshot)]
             self.graph = graph
             return True
 

@@ -9,15 +9,19 @@ device's L2 size, like the real gallery's.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from .. import _backend
+from .._device import resolve_device
 from .._interop import resolve_stream
 from .._memory import DeviceBuffer
 from ..workloads._base import fraction_of_l2
+from ..workloads.graphed import Compiled
+from .torch_graphs import FakeGraphTrees, FakeRecording, FakeTorchGraph
 
-__all__ = ["ModeledKernel", "ModeledWorkload"]
+__all__ = ["ModeledKernel", "ModeledWorkload", "ModeledGraphed", "ModeledCompiled"]
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -49,9 +53,11 @@ class ModeledWorkload:
         for k in kernels:
             if k.hot is not None and k.hot not in buffers:
                 raise ValueError(f"kernel {k.name}: no buffer named {k.hot!r}")
-        self.name, self.kernels, self.hot = name, tuple(kernels), hot
+        self.name, self.kernels, self.hot = name, tuple(kernels), hot or next(iter(buffers))
+        self.device = resolve_device(device)
         self.buffers = {n: DeviceBuffer(nbytes, device) for n, nbytes in buffers.items()}
         self._launched = 0
+        self._current = 0  # the stream step() runs on (the simulator has no "current stream" of its own)
 
     # ---- the presets, sized from the device ------------------------------------------------------------
 
@@ -80,7 +86,7 @@ class ModeledWorkload:
                    device=device)
 
     @classmethod
-    def step(cls, device: object = None) -> "ModeledWorkload":
+    def mixed_step(cls, device: object = None) -> "ModeledWorkload":
         """A step mixing the three: a gather, a broadcast and a scatter-add, each on its own buffer."""
         bias, table, acc = (fraction_of_l2(f, device) for f in (0.16, 0.64, 0.64))
         return cls("step", {"x": GiB // 2, "bias": bias, "table": table, "acc": acc},
@@ -103,6 +109,21 @@ class ModeledWorkload:
                                           hot_reads=k.hot_reads, compute_ms=k.compute_ms,
                                           read_fraction=k.read_fraction)
         self._launched += len(self.kernels)
+
+    def prepare(self) -> None:
+        """Nothing runs before a step."""
+
+    def step(self) -> None:
+        """One run on the stream set by ``on_stream`` (what a graph captures or a compiler compiles)."""
+        self.enqueue(self._current)
+
+    @contextlib.contextmanager
+    def on_stream(self, stream: object) -> Iterator[None]:
+        previous, self._current = self._current, resolve_stream(stream).handle
+        try:
+            yield
+        finally:
+            self._current = previous
 
     def poison(self, stream: object) -> None:
         self._launched = 0
@@ -127,3 +148,93 @@ class ModeledWorkload:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+
+
+class ModeledGraphed:
+    """A modeled workload captured in a FakeTorchGraph(keep_graph=True) and replayed through it (its executable
+    made before any scope), as ``l2ctl.workloads.Graphed`` does with torch; ``target()`` is the graph."""
+
+    mode = "graphed"
+
+    def __init__(self, base: ModeledWorkload) -> None:
+        from .._memory import Stream
+
+        self.base, self.name, self.hot, self.device = base, f"{base.name}-graphed", base.hot, base.device
+        self.graph = FakeTorchGraph(keep_graph=True)
+        with Stream(self.device) as side:
+            self.graph.capture_begin(side)
+            base.enqueue(side)
+            self.graph.capture_end()
+            self.graph.replay(side)
+
+    def target(self) -> FakeTorchGraph:
+        return self.graph
+
+    def enqueue(self, stream: object) -> None:
+        self.graph.replay(stream)
+        self.base._launched = len(self.base.kernels)
+
+    def candidates(self) -> dict[str, DeviceBuffer]:
+        return self.base.candidates()
+
+    def poison(self, stream: object) -> None:
+        self.base.poison(stream)
+
+    def verify(self, stream: object) -> bool:
+        return self.base.verify(stream)
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.base.describe(), "workload": self.name, "mode": self.mode}
+
+    def close(self) -> None:
+        self.base.close()
+
+    def __enter__(self) -> "ModeledGraphed":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _FakeCompiledStep:
+    """What torch.compile(mode="reduce-overhead") makes of a step, on the simulator: the first call runs it
+    on the recording stream (the warm-up), the second records it there (graph trees) and replays it on the
+    caller's stream, later calls replay."""
+
+    def __init__(self, trees: FakeGraphTrees, base: ModeledWorkload) -> None:
+        self.trees, self.base = trees, base
+        self.calls = 0
+        self.recording: Optional[FakeRecording] = None
+
+    def __call__(self) -> None:
+        self.calls += 1
+        caller = self.base._current
+        if self.calls == 1:
+            with self.base.on_stream(self.trees.capture_streams(self.base.device)[0]):
+                self.base.step()
+            return
+        if self.recording is None:
+            self.recording = self.trees.record(lambda handle: self.base.enqueue(handle), self.base.device)
+        self.recording.graph.replay(caller)
+        self.base._launched = len(self.base.kernels)
+
+
+class ModeledCompiled(Compiled):
+    """``l2ctl.workloads.Compiled`` over a modeled workload and the simulator's graph trees (FakeGraphTrees,
+    installed with ``l2ctl._torch_graphs.use_trees``): the same one-compiled-function-per-window logic."""
+
+    def __init__(self, base: ModeledWorkload, trees: FakeGraphTrees) -> None:
+        self.trees = trees
+        super().__init__(base)
+
+    def _static_inputs(self) -> None:
+        pass
+
+    def _on_stream(self, stream: object) -> contextlib.AbstractContextManager[Any]:
+        return self.base.on_stream(stream)  # type: ignore[attr-defined, no-any-return]
+
+    def _fresh(self) -> Callable[[], Any]:
+        return _FakeCompiledStep(self.trees, self.base)  # type: ignore[arg-type]
+
+    def _call(self, fn: Callable[[], Any]) -> None:
+        fn()

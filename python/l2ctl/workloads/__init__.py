@@ -14,19 +14,21 @@ worth offering to l2ctl.tune. Importing this package imports no framework.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Optional, Protocol, runtime_checkable
 
 from . import gallery
 from .broadcast import BroadcastAdd
 from .copy import CopyWorkload
 from .gathers import Embedding, EmbeddingBag, IndexSelect
+from .graphed import Compiled, Graphed
 from .reset_data import ResetDataWorkload
 from .scatter_add import ScatterAdd
 from .spmv import SpMV
 from .step import TrainingStep
 
-__all__ = ["Workload", "VerifiedWorkload", "enqueue_of", "describe", "ResetDataWorkload", "CopyWorkload", "gallery",
-           "BroadcastAdd", "ScatterAdd", "IndexSelect", "Embedding", "EmbeddingBag", "SpMV", "TrainingStep"]
+__all__ = ["Workload", "VerifiedWorkload", "enqueue_of", "verifier_of", "describe", "ResetDataWorkload", "CopyWorkload", "gallery",
+           "BroadcastAdd", "ScatterAdd", "IndexSelect", "Embedding", "EmbeddingBag", "SpMV", "TrainingStep", "Graphed",
+           "Compiled"]
 
 
 @runtime_checkable
@@ -47,6 +49,12 @@ def enqueue_of(workload: object) -> Callable[[Any], Any]:
         return workload
     raise TypeError(f"a workload is a callable f(stream) or an object with enqueue(stream), not "
                     f"{type(workload).__name__}")
+
+
+def verifier_of(workload: object) -> Optional[Callable[[Any], bool]]:
+    """The workload's ``verify(stream)``, or None when it cannot check its output (then unverified)."""
+    method = getattr(workload, "verify", None)
+    return method if callable(method) else None
 
 
 def describe(workload: object) -> dict[str, Any]:

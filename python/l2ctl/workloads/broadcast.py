@@ -38,9 +38,16 @@ class BroadcastAdd(GalleryWorkload):
         return {"rows": int(self.x.shape[0]), "cols": int(self.x.shape[1])}
 
     def enqueue(self, stream: object) -> None:
-        torch = require_torch()
         with on_torch_stream(stream):
-            torch.add(self.x, self.bias, out=self.out)
+            self.prepare()
+            self.step()
+
+    def prepare(self) -> None:
+        """Nothing to do eagerly before a step."""
+
+    def step(self) -> None:
+        """One step on the current torch stream (what a graph captures or torch.compile compiles)."""
+        require_torch().add(self.x, self.bias, out=self.out)
 
     def poison(self, stream: object) -> None:
         with on_torch_stream(stream):

@@ -11,13 +11,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from .._device import properties
 from ._base import GiB, GalleryWorkload
 from ._frameworks import cupy_missing, torch_missing
 from .broadcast import BroadcastAdd
 from .gathers import Embedding, EmbeddingBag, IndexSelect
+from .graphed import Compiled, Graphed
 from .scatter_add import ScatterAdd
 from .spmv import SpMV
 from .step import TrainingStep
@@ -33,7 +34,7 @@ class GalleryEntry:
     pattern: str
     framework: str
     memory_bytes: int
-    make: Callable[..., GalleryWorkload]
+    make: Callable[..., Any]
 
     def missing(self, device: object = None) -> Optional[str]:
         """Why this workload cannot run on ``device`` here (None: it can)."""
@@ -58,6 +59,14 @@ GALLERY: tuple[GalleryEntry, ...] = (
     GalleryEntry("spmv", "cuSPARSE SpMV (CuPy): a random sparse matrix times a vector", "cupy", 3 * GiB, SpMV),
     GalleryEntry("step", "a step mixing an embedding gather, a broadcast add and a scatter-add", "torch", 4 * GiB,
                  TrainingStep),
+    GalleryEntry("broadcast-graphed", "the broadcast captured in a torch.cuda.CUDAGraph(keep_graph=True), replayed",
+                 "torch", 3 * GiB, lambda device=None: Graphed(BroadcastAdd(device))),
+    GalleryEntry("broadcast-compiled", "the broadcast compiled with torch.compile(mode='reduce-overhead')", "torch",
+                 3 * GiB, lambda device=None: Compiled(BroadcastAdd(device))),
+    GalleryEntry("scatter-add-graphed", "the scatter-add captured in a torch.cuda.CUDAGraph(keep_graph=True), replayed",
+                 "torch", 4 * GiB, lambda device=None: Graphed(ScatterAdd(device))),
+    GalleryEntry("scatter-add-compiled", "the scatter-add compiled with torch.compile(mode='reduce-overhead')", "torch",
+                 4 * GiB, lambda device=None: Compiled(ScatterAdd(device))),
 )
 
 

@@ -43,8 +43,18 @@ class ScatterAdd(GalleryWorkload):
 
     def enqueue(self, stream: object) -> None:
         with on_torch_stream(stream):
-            self.acc.zero_()
-            self.acc.index_add_(0, self.index, self.values)
+            self.prepare()
+            self.step()
+
+    def prepare(self) -> None:
+        """The eager part of a step, on the current torch stream: the accumulator zeroed."""
+        self.acc.zero_()
+
+    def step(self) -> None:
+        """The part of a step worth graphing or compiling, on the current torch stream. The zeroing stays out:
+        compiled together, Inductor scatters into a temporary and copies it into ``acc`` (its kernels
+        ``fused_zero``, ``fused_index_add_zero``, ``fused_copy_``), so a window on ``acc`` misses the scatter."""
+        self.acc.index_add_(0, self.index, self.values)
 
     def poison(self, stream: object) -> None:
         with on_torch_stream(stream):

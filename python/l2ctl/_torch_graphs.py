@@ -1,0 +1,175 @@
+"""PyTorch's CUDA graphs as l2ctl sees them: which of them a window can reach, and how.
+
+CUDA copies kernel-node attributes (the access-policy window among them) into an executable graph only
+when it instantiates it; cudaGraphExecUpdate reports success but carries no window (measured:
+benchmarks/results/h100/graph.json), and no call sets an attribute on a node of an executable. So:
+
+- ``torch.cuda.CUDAGraph(keep_graph=True)`` (torch >= 2.8) keeps its template (``raw_cuda_graph()``):
+  l2ctl sets the windows on the template's kernel nodes and has torch make a new executable from it
+  (``instantiate()``, torch's own), so ``replay()`` runs with them.
+- ``keep_graph=False`` (the default), ``torch.cuda.make_graphed_callables`` and torch.compile's CUDA graph
+  trees (``mode="reduce-overhead"``) destroy the template once instantiated: after capture nothing can
+  change their nodes. A window reaches them only through the stream they are captured on (CUDA copies a
+  stream's window into every kernel node captured on it): ``capture_streams`` names those streams.
+
+Nothing here imports torch at import time; torch's graph trees are imported only when a
+``graph.torch_captures()`` scope is used. Their names (``get_manager``, ``.stream``, ``get_roots``,
+``.children``, ``.graph``) are the same from torch 2.6 to 2.15.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from typing import Any, Optional, Protocol
+
+WindowTuple = tuple[int, int, float, int, int]
+
+__all__ = ["KEEP_GRAPH_HINT", "CUPY_GRAPH_HINT", "CALLABLE_HINT", "is_torch_graph", "template_of", "has_executable",
+           "GraphTrees", "TorchGraphTrees", "trees", "use_trees", "unknown_recordings", "recordings",
+           "remember_recordings"]
+
+KEEP_GRAPH_HINT = (
+    "this torch.cuda.CUDAGraph keeps only its executable graph (keep_graph=False, the default), and CUDA cannot "
+    "change the kernel nodes of an executable: a window set now would never reach its replays while the set-aside "
+    "grows. Capture it as torch.cuda.CUDAGraph(keep_graph=True) (torch >= 2.8), or enter "
+    "l2ctl.persist(<its capture stream>, buf) around the capture and the replays (CUDA copies the stream's window "
+    "into the captured nodes)"
+)
+CUPY_GRAPH_HINT = (
+    "a CuPy graph is instantiated when its capture ends and cannot be instantiated again, and CUDA cannot change "
+    "the kernel nodes of an executable: a window set now would never reach its launches. Enter "
+    "l2ctl.persist(<the capture stream>, buf) around stream.begin_capture() ... end_capture() and the launches "
+    "(CUDA copies the stream's window into the captured nodes)"
+)
+CALLABLE_HINT = (
+    "a function is not a target. For code compiled with torch.compile(mode='reduce-overhead') or graphed by "
+    "torch.cuda.make_graphed_callables, use l2ctl.persist(l2ctl.graph.torch_captures(), buf) from before its "
+    "first call (its CUDA graphs then carry the window); for eager code, persist the stream it runs on"
+)
+
+
+def is_torch_graph(obj: object) -> bool:
+    """A torch.cuda.CUDAGraph (recognised by its methods, without importing torch)."""
+    return all(callable(getattr(obj, name, None)) for name in ("raw_cuda_graph", "replay", "capture_begin"))
+
+
+def template_of(obj: Any) -> int:
+    """The template (cudaGraph_t) of a torch graph captured with keep_graph=True; ValueError otherwise."""
+    if not callable(getattr(obj, "instantiate", None)) or not callable(getattr(obj, "raw_cuda_graph_exec", None)):
+        raise ValueError("this PyTorch is too old for l2ctl to keep a graph's replays in step with its windows "
+                         "(torch.cuda.CUDAGraph needs instantiate() and raw_cuda_graph_exec(): torch >= 2.9)")
+    try:
+        handle = int(obj.raw_cuda_graph())
+    except RuntimeError as exc:
+        if "keep_graph" in str(exc):
+            raise ValueError(KEEP_GRAPH_HINT) from None
+        raise ValueError(f"the torch graph has no template yet ({exc}); capture it first") from None
+    return handle
+
+
+def has_executable(obj: Any) -> bool:
+    """Whether torch holds an executable graph for ``obj`` (made at its first replay or instantiate())."""
+    try:
+        obj.raw_cuda_graph_exec()
+    except RuntimeError:
+        return False
+    return True
+
+
+# ---- the CUDA graph trees of torch.compile(mode="reduce-overhead") ------------------------------------
+
+
+class GraphTrees(Protocol):
+    """How l2ctl reaches the graphs PyTorch captures on its own streams (tests substitute a stand-in)."""
+
+    def capture_streams(self, device: int) -> list[object]:
+        """The streams PyTorch captures on for ``device``: the graph trees' recording stream and
+        torch.cuda.graph's default capture stream (made now if they do not exist yet)."""
+        ...
+
+    def recorded(self, device: int) -> list[object]:
+        """The graphs the graph trees hold on ``device`` (one object per recording)."""
+        ...
+
+
+class TorchGraphTrees:
+    """torch.compile's CUDA graph trees (one tree manager per device) and torch.cuda.graph's default stream."""
+
+    def capture_streams(self, device: int) -> list[object]:
+        import torch
+        from torch._inductor import cudagraph_trees
+
+        with torch.cuda.device(device):
+            # get_manager makes the manager (and its recording stream) if none exists, as the first compiled call
+            # would; the warm-up and every recording of torch.compile's graphs run on that stream.
+            streams: list[object] = [cudagraph_trees.get_manager(device).stream]
+            default = torch.cuda.graph.default_capture_stream  # make_graphed_callables and torch.cuda.graph(g)
+            if default is None:
+                default = torch.cuda.graph.default_capture_stream = torch.cuda.Stream()
+            if default.device.index == device:
+                streams.append(default)
+        return streams
+
+    def recorded(self, device: int) -> list[object]:
+        module = sys.modules.get("torch._inductor.cudagraph_trees")
+        if module is None:  # never imported: nothing was recorded
+            return []
+        manager = module.get_manager(device, False)
+        if manager is None:
+            return []
+        found, pending = [], list(manager.get_roots())
+        while pending:
+            node = pending.pop()
+            if getattr(node, "graph", None) is not None:
+                found.append(node)
+            for children in node.children.values():
+                pending.extend(children)
+        return found
+
+
+trees: GraphTrees = TorchGraphTrees()
+
+
+def use_trees(source: GraphTrees) -> GraphTrees:
+    """Replace how l2ctl reaches PyTorch's graph trees (tests); returns the previous source."""
+    global trees
+    previous, trees = trees, source
+    return previous
+
+
+# What l2ctl saw recorded inside its torch_captures scopes: recording -> the window its nodes carry (None: none).
+_lock = threading.Lock()
+_recorded: "weakref.WeakKeyDictionary[Any, Optional[WindowTuple]]" = weakref.WeakKeyDictionary()
+
+
+def unknown_recordings(device: int) -> int:
+    """How many of the graphs on ``device`` were recorded outside any l2ctl torch_captures scope: l2ctl cannot
+    tell which window (if any) their nodes carry."""
+    with _lock:
+        return sum(1 for node in trees.recorded(device) if not _known(node))
+
+
+def _known(node: object) -> bool:
+    try:
+        return node in _recorded
+    except TypeError:  # not weakly referable: never remembered
+        return False
+
+
+def recordings(device: int) -> set[int]:
+    """Identities of the graphs on ``device`` now (what a scope's end compares with)."""
+    with _lock:
+        return {id(node) for node in trees.recorded(device)}
+
+
+def remember_recordings(device: int, before: set[int], window: Optional[WindowTuple]) -> None:
+    """The graphs on ``device`` that are not in ``before`` were recorded under ``window``."""
+    with _lock:
+        for node in trees.recorded(device):
+            if id(node) not in before and not _known(node):
+                try:
+                    _recorded[node] = window
+                except TypeError:
+                    pass  # cannot be remembered: it stays unknown, and later scopes are refused

@@ -1,0 +1,129 @@
+"""Stand-ins for PyTorch's CUDA graphs on the simulator, so that what l2ctl does with them runs without
+torch or a GPU: ``FakeTorchGraph`` behaves as ``torch.cuda.CUDAGraph`` (its template kept or destroyed
+as ``keep_graph`` says, an executable made at capture end or at the first replay, ``instantiate()``
+making a new one from the template), and ``FakeGraphTrees`` as torch.compile's CUDA graph trees (one
+recording stream per device, recordings that keep only their executables)::
+
+    with FakeBackend.installed() as fake, l2ctl.Stream() as s:
+        g = FakeTorchGraph(keep_graph=True)
+        g.capture_begin(s); fake.launch_fake_kernel(s.handle); g.capture_end()
+        g.replay(s)                                   # torch's executable, made now
+        with l2ctl.persist(g, buf, 1.0):
+            g.replay(s)                               # carries the window: l2ctl had torch re-instantiate it
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from .. import _backend
+from .._interop import resolve_stream
+
+__all__ = ["FakeTorchGraph", "FakeGraphTrees", "FakeRecording"]
+
+
+class FakeTorchGraph:
+    """``torch.cuda.CUDAGraph`` on the simulator (the methods l2ctl uses, with torch's errors)."""
+
+    def __init__(self, keep_graph: bool = False) -> None:
+        self._backend = _backend.current()
+        self.keep_graph = keep_graph
+        self._stream: Optional[int] = None
+        self._graph = 0  # the template (0: none, or destroyed)
+        self._exec: Any = None
+        self.instantiations = 0
+
+    def capture_begin(self, stream: object) -> None:
+        if self._exec is not None or self._graph:
+            raise RuntimeError("This CUDAGraph instance already owns a captured graph.")
+        self._stream = resolve_stream(stream).handle
+        self._backend.begin_capture(self._stream, 1)
+
+    def capture_end(self) -> None:
+        assert self._stream is not None, "capture_end() called before capture_begin()"
+        self._graph = int(self._backend.end_capture(self._stream))
+        if not self.keep_graph:  # torch instantiates at once and destroys the template
+            self.instantiate()
+            self._backend.Graph(self._graph, True).destroy()
+            self._graph = 0
+
+    def instantiate(self) -> None:
+        if self._exec is not None:
+            if not self.keep_graph:
+                raise RuntimeError("instantiate() is intended to be called by the user only when keep_graph=true")
+            self._exec.destroy()
+        self._exec = self._backend.GraphExec(self._graph)
+        self.instantiations += 1
+
+    def replay(self, stream: object = None) -> None:
+        """torch replays on its current stream; here the stream is an argument (None: the default stream)."""
+        if self._exec is None:
+            if not self._graph:
+                raise RuntimeError("Called CUDAGraph::replay without a preceding successful capture.")
+            self.instantiate()
+        self._exec.launch(resolve_stream(stream).handle)
+
+    def raw_cuda_graph(self) -> int:
+        if not self.keep_graph:
+            raise RuntimeError("You cannot access the raw cudaGraph_t instance unless CUDAGraph was initialized "
+                               "with keep_graph=true")
+        if not self._graph:
+            raise RuntimeError("You cannot access the raw cudaGraph_t instance until capture_end() has been called")
+        return self._graph
+
+    def raw_cuda_graph_exec(self) -> int:
+        if self._exec is None:
+            raise RuntimeError("You cannot access the raw cudaGraphExec_t instance until instantiate() has been called")
+        return int(self._exec.handle)
+
+
+class FakeRecording:
+    """One recording of the graph trees: its graph (an executable only, as torch keeps it)."""
+
+    def __init__(self, graph: FakeTorchGraph) -> None:
+        self.graph = graph
+        self.children: dict[int, list[FakeRecording]] = {}
+
+
+class FakeGraphTrees:
+    """torch.compile's CUDA graph trees for ``l2ctl._torch_graphs.use_trees``: per device a recording stream
+    (an l2ctl Stream) and the recordings made on it with ``record``."""
+
+    def __init__(self) -> None:
+        self.streams: dict[int, Any] = {}
+        self.default_streams: dict[int, Any] = {}
+        self.roots: dict[int, list[FakeRecording]] = {}
+
+    def capture_streams(self, device: int) -> list[object]:
+        from .._memory import Stream
+
+        if device not in self.streams:
+            self.streams[device] = Stream(device)
+            self.default_streams[device] = Stream(device)
+        return [self.streams[device], self.default_streams[device]]
+
+    def recorded(self, device: int) -> list[object]:
+        found: list[object] = []
+        pending = list(self.roots.get(device, []))
+        while pending:
+            node = pending.pop()
+            found.append(node)
+            for children in node.children.values():
+                pending.extend(children)
+        return found
+
+    def record(self, launch: Callable[[int], None], device: int = 0) -> FakeRecording:
+        """Record ``launch(stream handle)`` as torch.compile would: on the recording stream, its template
+        destroyed once instantiated."""
+        stream = self.capture_streams(device)[0]
+        graph = FakeTorchGraph(keep_graph=False)
+        graph.capture_begin(stream)
+        launch(resolve_stream(stream).handle)
+        graph.capture_end()
+        node = FakeRecording(graph)
+        self.roots.setdefault(device, []).append(node)
+        return node
+
+    def close(self) -> None:
+        for stream in [*self.streams.values(), *self.default_streams.values()]:
+            stream.close()

@@ -1,0 +1,184 @@
+"""Gallery workloads run the way modern PyTorch runs them: captured in a CUDA graph and replayed, or
+compiled with ``torch.compile(mode="reduce-overhead")`` (CUDA graph trees). Each says what a persist scope
+or ``l2ctl.tune`` must target so that its window reaches what replays (``target()``):
+
+- ``Graphed``: the step captured once in a ``torch.cuda.CUDAGraph(keep_graph=True)``, replayed with torch's
+  own ``replay()``; the target is that graph (l2ctl sets the windows on its template and has torch
+  re-instantiate it).
+- ``Compiled``: the step compiled with ``mode="reduce-overhead"``. Its graphs keep the window in force on
+  torch's capture stream when they were recorded, so this workload keeps one compiled function per window
+  it runs under: every tune point, and the baseline, replays graphs recorded with its own window. The
+  target is ``graph.torch_captures()``.
+
+Both wrap an object that splits a step into ``prepare()`` (eager work before it) and ``step()`` (what is
+captured or compiled), both on the current torch stream, and says its ``device``; a gallery workload, or
+your own with any of ``candidates()``, ``poison(stream)``, ``verify(stream)``, ``describe()``, ``close()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from typing import Any, Callable, Protocol
+
+from .. import _torch_graphs
+from .._stream_window import get_window
+from .._targets import ScopedWindow
+from .._window import AccessPolicyWindow
+from ..graph import TorchCaptures, torch_captures
+from ._frameworks import on_torch_stream, require_torch
+
+__all__ = ["Stepped", "Graphed", "Compiled"]
+
+
+class Stepped(Protocol):
+    """A step that can be captured or compiled: ``prepare()`` and ``step()`` on the current torch stream."""
+
+    @property
+    def device(self) -> int: ...
+
+    def prepare(self) -> None: ...
+    def step(self) -> None: ...
+
+
+class _Wrapped:
+    """What Graphed and Compiled share: everything but running the step comes from the wrapped workload
+    (what it lacks: no candidates, nothing to poison, unverified)."""
+
+    mode = ""
+    framework = "torch"
+
+    def __init__(self, base: Stepped) -> None:
+        self.base = base
+        self.name = f"{getattr(base, 'name', 'step')}-{self.mode}"
+        self.hot = str(getattr(base, "hot", ""))
+        self.device = int(base.device)
+        if not callable(getattr(base, "verify", None)):
+            self.verify = None  # type: ignore[assignment]  # measured as unverified (bench.compare)
+
+    def candidates(self) -> dict[str, Any]:
+        candidates = getattr(self.base, "candidates", None)
+        return dict(candidates()) if callable(candidates) else {}
+
+    def poison(self, stream: object) -> None:
+        poison = getattr(self.base, "poison", None)
+        if callable(poison):
+            poison(stream)
+
+    def verify(self, stream: object) -> bool:
+        return bool(self.base.verify(stream))  # type: ignore[attr-defined]
+
+    def describe(self) -> dict[str, Any]:
+        describe = getattr(self.base, "describe", None)
+        return {**(describe() if callable(describe) else {}), "workload": self.name, "mode": self.mode}
+
+    def close(self) -> None:
+        close = getattr(self.base, "close", None)
+        if callable(close):
+            close()
+
+    def __enter__(self) -> "_Wrapped":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Graphed(_Wrapped):
+    """``base``'s step captured in a torch.cuda.CUDAGraph(keep_graph=True), replayed once already (its
+    executable exists before any scope, as after a user's warm-up); ``target()`` is the graph."""
+
+    mode = "graphed"
+
+    def __init__(self, base: Stepped) -> None:
+        super().__init__(base)
+        torch = require_torch()
+        self.graph = torch.cuda.CUDAGraph(keep_graph=True)
+        with torch.cuda.device(self.device):
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                base.prepare()
+                base.step()  # warm-up outside the capture (library handles, lazy allocations)
+                with torch.cuda.graph(self.graph, stream=side):
+                    base.step()
+                self.graph.replay()
+            torch.cuda.current_stream().wait_stream(side)
+
+    def target(self) -> Any:
+        return self.graph
+
+    def enqueue(self, stream: object) -> None:
+        with on_torch_stream(stream):
+            self.base.prepare()
+            self.graph.replay()
+
+
+class Compiled(_Wrapped):
+    """``base``'s step compiled with torch.compile(mode="reduce-overhead"), one compiled function per
+    window in force on torch's capture stream (each a fresh compilation of the same step, so that CUDA
+    graph trees record it anew: Inductor's cache makes that quick). ``target()`` is
+    ``graph.torch_captures()``; ``l2ctl.tune`` accepts it for this workload (``records_each_window``)."""
+
+    mode = "compiled"
+    records_each_window = True
+
+    def __init__(self, base: Stepped) -> None:
+        super().__init__(base)
+        self._captures = torch_captures(self.device)
+        self._compiled: dict[tuple[int, int, float, int, int], Callable[[], Any]] = {}
+        self._static_inputs()
+
+    # ---- what PyTorch does (the simulator's stand-in, l2ctl.testing.workloads, replaces these) ----------
+
+    def _static_inputs(self) -> None:
+        """Static addresses for the step's tensors (its attributes and its candidates): graph trees then
+        neither copy them into their pool before every replay (copies that pay the set-aside's tax) nor
+        refuse the step's in-place update of them. Mark any other input yourself
+        (torch._dynamo.mark_static_address)."""
+        torch = require_torch()
+        for value in [*vars(self.base).values(), *self.candidates().values()]:
+            if isinstance(value, torch.Tensor) and value.is_cuda:
+                torch._dynamo.mark_static_address(value)
+
+    def _on_stream(self, stream: object) -> contextlib.AbstractContextManager[Any]:
+        return on_torch_stream(stream)
+
+    def _call(self, fn: Callable[[], Any]) -> None:
+        require_torch().compiler.cudagraph_mark_step_begin()
+        fn()
+
+    def target(self) -> TorchCaptures:
+        return self._captures
+
+    @property
+    def compilations(self) -> int:
+        return len(self._compiled)
+
+    def _fresh(self) -> Callable[[], Any]:
+        step = self.base.step
+
+        def call() -> None:
+            step()
+
+        # Dynamo caches compiled code per code object: a copy of it compiles, and records, anew.
+        fresh = types.FunctionType(call.__code__.replace(), call.__globals__, "step", None, call.__closure__)
+        return require_torch().compile(fresh, mode="reduce-overhead")  # type: ignore[no-any-return]
+
+    def enqueue(self, stream: object) -> None:
+        with self._on_stream(stream):
+            recording_stream = _torch_graphs.trees.capture_streams(self.device)[0]
+            key = get_window(recording_stream).as_tuple()
+            fn = self._compiled.get(key)
+            runs = 1
+            if fn is None:  # warm-up, recording and a first replay, all under the window in force
+                fn = self._compiled[key] = self._fresh()
+                runs = 3
+            # With no scope live, the graphs are recorded under an explicitly empty window, so that l2ctl knows
+            # what they carry (a later scope on torch_captures() is then not refused for them).
+            known = ScopedWindow(self._captures, AccessPolicyWindow()) if runs > 1 and not key[1] else \
+                contextlib.nullcontext()
+            with known:
+                for _ in range(runs):
+                    self.base.prepare()
+                    self._call(fn)

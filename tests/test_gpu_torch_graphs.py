@@ -1,0 +1,151 @@
+"""On the GPU, with PyTorch: every graph style PyTorch has, persisted through l2ctl or refused before any
+change; kernel names of torch's graphs; tune on a torch graph. (How much each gains is the gallery's
+business: python -m l2ctl bench workloads.)"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+import l2ctl
+from l2ctl import graph
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch", reason="these tests need PyTorch")
+MiB = 1 << 20
+
+
+@pytest.fixture
+def step():
+    """A scatter-add into an accumulator of 0.64 x L2 (sized from this GPU), with its expected result."""
+    info = l2ctl.device_info()
+    dev = torch.device("cuda", info.index)
+    g = torch.Generator(device=dev).manual_seed(0)
+    acc = torch.zeros(int(0.64 * info.l2_cache_size) // 4, device=dev)
+    index = torch.randint(0, acc.numel(), (16 << 20,), device=dev, generator=g)
+    values = torch.randint(1, 5, (index.numel(),), device=dev, generator=g).float()
+    expected = torch.zeros_like(acc, dtype=torch.float64).index_add_(0, index, values.double())
+
+    def run() -> None:
+        acc.index_add_(0, index, values)
+
+    def check() -> bool:
+        torch.cuda.synchronize()
+        return bool(torch.equal(acc.double(), expected))
+
+    yield acc, run, check
+    torch.cuda.synchronize()
+
+
+def _captured(run, keep_graph=True):
+    g = torch.cuda.CUDAGraph(keep_graph=keep_graph)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        run()  # warm-up outside the capture
+        with torch.cuda.graph(g, stream=s):
+            run()
+    torch.cuda.current_stream().wait_stream(s)
+    return g
+
+
+def test_a_torch_graph_replayed_before_the_scope(step):
+    acc, run, check = step
+    g = _captured(run)
+    g.replay()  # torch's executable exists before the scope
+    view = graph.as_graph(g)
+    nodes = view.kernel_nodes()
+    assert nodes and all(k.function and k.grid[0] > 0 and k.block[0] > 0 for k in nodes), nodes  # named by the driver
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", l2ctl.SetAsideTaxWarning)
+        with l2ctl.persist(g, acc, 1.0) as p:
+            assert all(k.window == p.window for k in graph.inspect(g))
+            assert view.reinstantiations == 1  # torch's executable was made anew from the template
+            acc.zero_()
+            g.replay()
+            assert check()
+    assert all(k.window.empty for k in graph.inspect(g)) and view.reinstantiations == 2
+    acc.zero_()
+    g.replay()
+    assert check()
+
+
+def test_a_torch_graph_without_its_template_is_refused(step):
+    acc, run, _ = step
+    g = _captured(run, keep_graph=False)
+    before = l2ctl.get_set_aside()
+    with pytest.raises(ValueError, match="keep_graph=True"):
+        l2ctl.persist(g, acc, 1.0, set_aside="max")
+    assert l2ctl.get_set_aside() == before
+
+
+def test_make_graphed_callables_inside_torch_captures(step):
+    acc, _, _ = step
+    lin = torch.nn.Linear(256, 256).cuda()
+    x = torch.randn(64, 256, device="cuda", requires_grad=True)
+    with l2ctl.persist(graph.torch_captures(), lin.weight, 1.0) as p:
+        capture_stream = torch.cuda.graph.default_capture_stream
+        assert l2ctl.get_window(capture_stream) == p.window  # what the captures below copy into their nodes
+        graphed = torch.cuda.make_graphed_callables(lin, (x,))
+        y = graphed(x)
+        y.sum().backward()
+        torch.cuda.synchronize()
+        assert torch.allclose(y, lin(x))
+    assert l2ctl.get_window(capture_stream).empty
+
+
+def test_compiled_graphs_recorded_inside_torch_captures(step):
+    acc, run, check = step
+    import types
+
+    def fresh():
+        code = run.__code__.replace()  # a code object of its own: compiled and recorded anew
+        return torch.compile(types.FunctionType(code, run.__globals__, "run", None, run.__closure__),
+                             mode="reduce-overhead")
+
+    for t in (acc,):
+        torch._dynamo.mark_static_address(t)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", l2ctl.SetAsideTaxWarning)
+        with l2ctl.persist(graph.torch_captures(), acc, 1.0):
+            compiled = fresh()
+            for _ in range(3):  # warm-up, recording, replay
+                acc.zero_()
+                torch.compiler.cudagraph_mark_step_begin()
+                compiled()
+            assert check()
+        unknown = fresh()
+        for _ in range(3):  # recorded outside any scope
+            torch.compiler.cudagraph_mark_step_begin()
+            unknown()
+        before = l2ctl.get_set_aside()
+        with pytest.raises(ValueError, match="outside any l2ctl.graph.torch_captures"):
+            with l2ctl.persist(graph.torch_captures(), acc, 1.0, set_aside="max"):
+                pass
+        assert l2ctl.get_set_aside() == before
+    torch.compiler.reset()
+
+
+def test_tune_on_a_torch_graph(step):
+    acc, run, check = step
+    g = _captured(run)
+    g.replay()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+
+    class Replay:
+        def enqueue(self, stream):
+            with torch.cuda.stream(stream):
+                acc.zero_()
+                g.replay()
+
+        def verify(self, stream):
+            stream.synchronize()
+            return check()
+
+    tuned = l2ctl.tune(Replay(), g, {"acc": acc}, stream=s, rounds=3, repeat=3)
+    assert tuned.seconds < 60 and all(k.window.empty for k in graph.inspect(g))
+    with tuned.persist(g):
+        Replay().enqueue(s)
+    assert Replay().verify(s)
