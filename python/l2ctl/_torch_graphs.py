@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import warnings
 import weakref
 from typing import Any, Optional, Protocol
 
@@ -103,8 +104,12 @@ class TorchGraphTrees:
 
         with torch.cuda.device(device):
             # get_manager makes the manager (and its recording stream) if none exists, as the first compiled call
-            # would; the warm-up and every recording of torch.compile's graphs run on that stream.
-            streams: list[object] = [cudagraph_trees.get_manager(device).stream]
+            # would; the warm-up and every recording of torch.compile's graphs run on that stream. Making it
+            # captures an empty graph on purpose; torch records the warning that raises, which a process that
+            # turns warnings into errors would see raised.
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "The CUDA Graph is empty", UserWarning)
+                streams: list[object] = [cudagraph_trees.get_manager(device).stream]
             default = torch.cuda.graph.default_capture_stream  # make_graphed_callables and torch.cuda.graph(g)
             if default is None:
                 default = torch.cuda.graph.default_capture_stream = torch.cuda.Stream()
