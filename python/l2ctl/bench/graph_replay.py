@@ -72,6 +72,7 @@ def bench_graph(
             request = min(info.persisting_l2_cache_max_size, round_up(lut_bytes, granularity))
             g.instantiate()  # an executable made before the window, as a user would have
             stale = _backend.current().GraphExec(g.handle)  # and one brought up to date by an update
+            stale.launch(resolve_handle(s))  # launched before the window, as after a user's warm-up
             try:
                 for how in ("update", "reinstantiate"):
                     out.fill_bytes(0xFF, s)

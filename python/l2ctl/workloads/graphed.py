@@ -2,9 +2,9 @@
 compiled with ``torch.compile(mode="reduce-overhead")`` (CUDA graph trees). Each says what a persist scope
 or ``l2ctl.tune`` must target so that its window reaches what replays (``target()``):
 
-- ``Graphed``: the step captured once in a ``torch.cuda.CUDAGraph(keep_graph=True)``, replayed with torch's
-  own ``replay()``; the target is that graph (l2ctl sets the windows on its template and has torch
-  re-instantiate it).
+- ``Graphed``: the whole step (``prepare()`` and ``step()``) captured once in a
+  ``torch.cuda.CUDAGraph(keep_graph=True)``, replayed with torch's own ``replay()``; the target is that
+  graph (l2ctl sets the windows on its template and has torch re-instantiate it).
 - ``Compiled``: the step compiled with ``mode="reduce-overhead"``. Its graphs keep the window in force on
   torch's capture stream when they were recorded, so this workload keeps one compiled function per window
   it runs under: every tune point, and the baseline, replays graphs recorded with its own window. The
@@ -85,8 +85,10 @@ class _Wrapped:
 
 
 class Graphed(_Wrapped):
-    """``base``'s step captured in a torch.cuda.CUDAGraph(keep_graph=True), replayed once already (its
-    executable exists before any scope, as after a user's warm-up); ``target()`` is the graph."""
+    """``base``'s whole step captured in a torch.cuda.CUDAGraph(keep_graph=True), replayed once already (its
+    executable exists before any scope, as after a user's warm-up); ``target()`` is the graph. Nothing
+    runs outside the graph: an eager kernel under a stream window would load the buffer's lines as
+    persisting, and the graph's kernels would then hit them without a window of their own."""
 
     mode = "graphed"
 
@@ -101,6 +103,7 @@ class Graphed(_Wrapped):
                 base.prepare()
                 base.step()  # warm-up outside the capture (library handles, lazy allocations)
                 with torch.cuda.graph(self.graph, stream=side):
+                    base.prepare()
                     base.step()
                 self.graph.replay()
             torch.cuda.current_stream().wait_stream(side)
@@ -110,7 +113,6 @@ class Graphed(_Wrapped):
 
     def enqueue(self, stream: object) -> None:
         with on_torch_stream(stream):
-            self.base.prepare()
             self.graph.replay()
 
 
