@@ -84,7 +84,8 @@ def test_make_graphed_callables_inside_torch_captures(step):
     acc, _, _ = step
     lin = torch.nn.Linear(256, 256).cuda()
     x = torch.randn(64, 256, device="cuda", requires_grad=True)
-    with l2ctl.persist(graph.torch_captures(), lin.weight, 1.0) as p:
+    with warnings.catch_warnings(), l2ctl.persist(graph.torch_captures(), lin.weight, 1.0) as p:
+        warnings.filterwarnings("ignore", category=UserWarning, module="torch")  # torch's notes on its own streams
         capture_stream = torch.cuda.graph.default_capture_stream
         assert l2ctl.get_window(capture_stream) == p.window  # what the captures below copy into their nodes
         graphed = torch.cuda.make_graphed_callables(lin, (x,))
