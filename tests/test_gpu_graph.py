@@ -120,3 +120,22 @@ def test_shared_scopes_scale_hit_ratios(gpu_state):
         with pytest.warns(l2ctl.L2BudgetWarning):
             with l2ctl.persist(s1, a, 1.0, set_aside=None), l2ctl.persist(s2, b, 1.0, set_aside=None):
                 assert l2ctl.budget().oversubscribed
+
+
+def test_cupy_graph_captured_inside_a_stream_scope(gpu_state):
+    cupy = pytest.importorskip("cupy", reason="needs CuPy")
+    a = cupy.arange(1 << 20, dtype=cupy.float32)
+    s = cupy.cuda.Stream(non_blocking=True)
+    gpu_state.watch(s)
+    with l2ctl.persist(s, a, 1.0) as p:  # the recipe: the capture copies the stream's window into its nodes
+        with s:
+            s.begin_capture()
+            a += 1
+            g = s.end_capture()
+        nodes = graph.inspect(int(g.graph))  # CuPy >= 14 keeps the template: its nodes show what was copied
+        assert nodes and all(k.window == p.window for k in nodes)
+        with pytest.raises(ValueError, match="begin_capture"):
+            l2ctl.persist(g, a)  # its executable cannot take a window any more: refused
+        g.launch(s)
+        s.synchronize()
+    assert float(a[5]) == 7.0

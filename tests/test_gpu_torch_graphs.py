@@ -105,27 +105,30 @@ def test_compiled_graphs_recorded_inside_torch_captures(step):
         return torch.compile(types.FunctionType(code, run.__globals__, "run", None, run.__closure__),
                              mode="reduce-overhead")
 
-    for t in (acc,):
-        torch._dynamo.mark_static_address(t)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", l2ctl.SetAsideTaxWarning)
-        with l2ctl.persist(graph.torch_captures(), acc, 1.0):
-            compiled = fresh()
-            for _ in range(3):  # warm-up, recording, replay
-                acc.zero_()
+    torch._dynamo.mark_static_address(acc)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", l2ctl.SetAsideTaxWarning)
+            with l2ctl.persist(graph.torch_captures(), acc, 1.0) as p:
+                compiled = fresh()
+                for _ in range(3):  # warm-up, recording, replay
+                    acc.zero_()
+                    torch.compiler.cudagraph_mark_step_begin()
+                    compiled()
+                assert check()
+            recorded = l2ctl._torch_graphs.trees.recorded(acc.device.index)
+            assert recorded and l2ctl._torch_graphs.without(recorded, p.window.as_tuple()) == (0, 0)
+            unknown = fresh()
+            for _ in range(3):  # recorded outside any scope
                 torch.compiler.cudagraph_mark_step_begin()
-                compiled()
-            assert check()
-        unknown = fresh()
-        for _ in range(3):  # recorded outside any scope
-            torch.compiler.cudagraph_mark_step_begin()
-            unknown()
-        before = l2ctl.get_set_aside()
-        with pytest.raises(ValueError, match="outside any l2ctl.graph.torch_captures"):
-            with l2ctl.persist(graph.torch_captures(), acc, 1.0, set_aside="max"):
-                pass
-        assert l2ctl.get_set_aside() == before
-    torch.compiler.reset()
+                unknown()
+            before = l2ctl.get_set_aside()
+            with pytest.raises(ValueError, match="1 graph.s. recorded outside any l2ctl.graph.torch_captures"):
+                with l2ctl.persist(graph.torch_captures(), acc, 1.0, set_aside="max"):
+                    pass
+            assert l2ctl.get_set_aside() == before
+    finally:
+        torch.compiler.reset()
 
 
 def test_tune_on_a_torch_graph(step):

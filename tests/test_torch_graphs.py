@@ -137,16 +137,67 @@ def test_graphs_recorded_outside_any_scope_refuse_a_torch_captures_scope(fake, t
             trees.record(_scatter(fake, acc))
 
 
-def test_a_recording_made_under_an_empty_window_is_known(fake, trees):
-    with l2ctl.Stream() as s, l2ctl.DeviceBuffer(4 * MiB) as acc:
+def test_a_recording_under_another_window_refuses_the_scope_unless_told_what_replays(fake, trees):
+    with l2ctl.Stream() as s, l2ctl.DeviceBuffer(4 * MiB) as acc, l2ctl.DeviceBuffer(4 * MiB) as other:
         with l2ctl.scoped_window(graph.torch_captures(), AccessPolicyWindow()):
             plain = trees.record(_scatter(fake, acc))  # the same code recorded without a window, knowingly
-        with l2ctl.persist(graph.torch_captures(), acc, 1.0) as p:
+        with pytest.raises(ValueError, match="1 recorded under another window"):  # the plain one is there
+            with l2ctl.persist(graph.torch_captures(), other, 1.0):
+                pass
+        with l2ctl.persist(graph.torch_captures(replays=lambda window: []), other, 1.0):  # it replays nothing else
+            trees.record(_scatter(fake, other))
+        limit = fake.device(0).limit
+        for window_of in (acc, other):  # neither no window nor another buffer's window reaches these replays
+            with pytest.raises(ValueError, match="recorded under another window"):
+                with l2ctl.persist(graph.torch_captures(), window_of, 0.5, set_aside="max"):
+                    pass
+        assert fake.device(0).limit == limit
+        own: list[object] = []
+        narrowed = graph.torch_captures(replays=lambda window: own)  # code that knows what its block replays
+        with l2ctl.persist(narrowed, acc, 1.0) as p:
             windowed = trees.record(_scatter(fake, acc))
-        windowed.graph.replay(s)
-        assert _replayed_windows(fake) == (p.window.as_tuple(),)
+            own.append(windowed)
+        with l2ctl.persist(narrowed, acc, 1.0):  # its recording carries the window: admitted
+            windowed.graph.replay(s)
+            assert _replayed_windows(fake) == (p.window.as_tuple(),)
+        with pytest.raises(ValueError, match="0 graph"):
+            with l2ctl.persist(narrowed, other, 1.0):
+                pass
         plain.graph.replay(s)
         assert _replayed_windows(fake) == ((0, 0, 0.0, 0, 0),)
+
+
+def test_a_graph_recorded_before_the_window_is_on_the_streams_is_not_taken_for_windowed(fake, trees, monkeypatch):
+    from l2ctl import _registry
+
+    enter = _registry.enter
+
+    def record_first(scope, maximum):  # a recording that happens after the scope was admitted, before it applies
+        trees.record(_scatter(fake, acc))
+        return enter(scope, maximum)
+
+    with l2ctl.DeviceBuffer(4 * MiB) as acc:
+        monkeypatch.setattr(_registry, "enter", record_first)
+        with l2ctl.persist(graph.torch_captures(), acc, 1.0):
+            pass
+        monkeypatch.setattr(_registry, "enter", enter)
+        with pytest.raises(ValueError, match="1 graph"):
+            with l2ctl.persist(graph.torch_captures(), acc, 1.0):
+                pass
+
+
+def test_a_view_keeps_no_torch_graph_alive(fake):
+    import gc
+    import weakref
+
+    with l2ctl.Stream() as s, l2ctl.DeviceBuffer(MiB) as acc:
+        g = _captured(fake, s, acc)
+        with l2ctl.persist(g, acc, 1.0):
+            pass
+        gone = weakref.ref(g)
+        del g
+        gc.collect()
+        assert gone() is None
 
 
 def _time(s, run, n=5):
@@ -220,6 +271,9 @@ def test_tune_refuses_what_it_cannot_vary(fake, trees):
             l2ctl.tune(lambda st: None, graph.torch_captures(), buf, stream=s)
         with pytest.raises(ValueError, match="no other stream"):
             l2ctl.tune(lambda st: None, s, buf, stream=l2ctl.Stream())
+        g = _captured(fake, s, buf)
+        with pytest.raises(ValueError, match="pass stream="):
+            l2ctl.tune(lambda st: None, g, buf)
 
 
 def test_the_gallery_tunes_graphed_and_compiled_rows_on_the_simulator(fake, trees):
@@ -250,4 +304,4 @@ def test_the_gallery_tunes_graphed_and_compiled_rows_on_the_simulator(fake, tree
     assert all(r.verified for r in report.records) and report.summary["never_slower"]
     # one recording per window the compiled step ran under, every one of them known to l2ctl
     assert compiled[0].compilations == len(trees.recorded(0)) > 3
-    assert _torch_graphs.unknown_recordings(0) == 0
+    assert _torch_graphs.without(trees.recorded(0), (0, 0, 0.0, 0, 0))[0] == 0

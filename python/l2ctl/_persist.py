@@ -14,11 +14,9 @@ from . import _backend, _device, _fastpath, _registry
 from ._device import check_owned_pointer, properties, require_persistence, stream_device
 from ._errors import L2BudgetWarning, SetAsideTaxWarning, WindowClippedWarning
 from ._interop import BufferRef, StreamRef, resolve_buffer
-from ._torch_graphs import is_torch_graph
-from .graph import as_graph
 from ._memory import DeviceBuffer, Stream
 from ._plan import DEFAULT_LIMIT_FRACTION, check_nbytes, clip_window, normalize_hit_ratio
-from ._targets import after_changes, is_graph_target, resolve_target, target_stream
+from ._targets import after_changes, as_target, end_after, resolve_target
 from ._window import AccessPolicyWindow, AccessProperty, check_property
 
 __all__ = ["persist", "Persist", "Policy", "Budget", "budget"]
@@ -192,10 +190,9 @@ class Persist(_fastpath.PersistCore):
             self._ref: Optional[StreamRef] = stream._ref
         elif (own_stream := getattr(type(stream), "_l2ctl_stream_ref", None)) is not None:
             self._ref = own_stream(stream)  # raises for a closed stream
-        else:
-            # graphs are resolved at entry (their nodes, a predicate); a torch graph is checked here
-            self._ref = None if is_graph_target(stream) else target_stream(stream)
-        self._target_object = as_graph(stream) if self._ref is None and is_torch_graph(stream) else stream
+        else:  # a graph is checked now and resolved at entry (its nodes, a predicate)
+            self._ref, stream = as_target(stream)
+        self._target_object = stream
         if type(buf) is DeviceBuffer and buf._ref is not None:
             self._buffer: BufferRef = buf._ref
         else:
@@ -247,6 +244,7 @@ class Persist(_fastpath.PersistCore):
         if not self._enabled:
             return self
         ref = self._ref
+        target: Optional[_registry.Target] = None
         if ref is not None:  # a stream: the common case, without a Target
             device = ref.device
             if device is None:
@@ -259,8 +257,9 @@ class Persist(_fastpath.PersistCore):
         buffer = self._buffer
         if buffer.device is not None and buffer.device != device:
             raise ValueError(
-                f"the buffer is on device {buffer.device} but the stream is on device {device}; "
-                "use a stream of the buffer's device"
+                f"the buffer is on device {buffer.device} but the {'stream' if target is None else 'target'} is on "
+                f"device {device}; " + ("use a stream of the buffer's device" if target is None else
+                                        "for a graph of another device, pass l2ctl.graph.as_graph(g, device=N)")
             )
         props = properties(device)
         if not props.supports_persistence:
@@ -285,7 +284,7 @@ class Persist(_fastpath.PersistCore):
                 raise ValueError(f"set_aside of {request} bytes exceeds persistingL2CacheMaxSize "
                                  f"({props.persisting_l2_cache_max_size} bytes) of device {device}; ask for at most "
                                  "that, or 'max'")
-        if ref is None:  # a graph-like target may refuse a window that would not reach what it launches
+        if target is not None:  # a graph-like target may refuse a window that would not reach what it launches
             changed = after_changes(target, window)
         scope = _registry.Scope(device, slots, window, request, self._share, self._reset_on_exit, requested is None,
                                 False, False, (owner, buffer.owner))
@@ -340,13 +339,7 @@ class Persist(_fastpath.PersistCore):
             raise
 
     def _end_after(self, error: BaseException) -> None:
-        """Entry failed after the scope was registered (a warning filter raised, a graph's update failed):
-        end it, keeping ``error`` the one to see."""
-        try:
-            self.__exit__(None, None, None)
-        except BaseException as cleanup:
-            if hasattr(error, "add_note"):
-                error.add_note(f"l2ctl: ending the scope after this error also failed: {cleanup!r}")
+        end_after(lambda: self.__exit__(None, None, None), error)
 
     def _exit_general(self, scope: _registry.Scope, exc: Optional[BaseException]) -> None:
         """End ``scope`` (taken off this object already) through the registry, then tell a graph its nodes

@@ -13,38 +13,44 @@ from ._stream_window import check_window_fits
 from ._window import AccessPolicyWindow, validate_window
 from .graph import as_graph
 
-__all__ = ["resolve_target", "target_stream", "is_graph_target", "ScopedWindow", "after_changes"]
+__all__ = ["as_target", "resolve_target", "ScopedWindow", "after_changes", "end_after"]
 
 
-def is_graph_target(obj: object) -> bool:
-    """Graphs and the like, resolved when a scope enters: l2ctl graphs and node selections, torch graphs,
-    torch_captures()."""
-    return hasattr(type(obj), "_l2ctl_target") or _torch_graphs.is_torch_graph(obj)
-
-
-def target_stream(obj: object) -> StreamRef:
-    """``obj`` as a stream, or an error that says what to pass instead (a CuPy graph, a compiled function)."""
+def as_target(obj: object) -> tuple[Optional[StreamRef], object]:
+    """What ``obj`` is as a target, checked now: (its stream, obj) for a stream in any accepted form; (None,
+    the target) for an l2ctl graph or node selection, torch_captures(), or a torch.cuda.CUDAGraph (as its
+    view: refused here when it kept no template). Errors say what to pass instead (a CuPy graph, a function)."""
+    if hasattr(type(obj), "_l2ctl_target"):  # l2ctl.graph.Graph, GraphNodes, TorchCaptures
+        return None, obj
+    if _torch_graphs.is_torch_graph(obj):
+        return None, as_graph(obj)
     try:
-        return resolve_stream(obj)
+        return resolve_stream(obj), obj
     except TypeError:
-        if type(obj).__module__.startswith("cupy") and hasattr(obj, "graphExec"):
-            raise ValueError(_torch_graphs.CUPY_GRAPH_HINT) from None
-        if callable(obj):
-            raise TypeError(_torch_graphs.CALLABLE_HINT) from None
+        error = _torch_graphs.foreign_target_error(obj)
+        if error is not None:
+            raise error from None
         raise
 
 
 def resolve_target(obj: object) -> _registry.Target:
     """A stream (any accepted form), an l2ctl graph or a selection of its nodes, a torch.cuda.CUDAGraph
-    (keep_graph=True), or torch_captures(), as registry slots."""
-    hook = getattr(type(obj), "_l2ctl_target", None)  # l2ctl.graph.Graph, GraphNodes, TorchCaptures
-    if hook is not None:
-        target: _registry.Target = hook(obj)
-        return target
-    if _torch_graphs.is_torch_graph(obj):
-        return as_graph(obj)._l2ctl_target()
-    ref = target_stream(obj)
+    (keep_graph=True), or torch_captures(), as registry slots (a graph's predicate runs here)."""
+    ref, target = as_target(obj)
+    if ref is None:
+        resolved: _registry.Target = getattr(type(target), "_l2ctl_target")(target)
+        return resolved
     return _registry.Target(stream_device(ref), (_registry.stream_slot(ref.handle),), ref.owner)
+
+
+def end_after(end: Callable[[], None], error: BaseException) -> None:
+    """An entry failed after its scope was registered (a warning filter raised, a graph's update failed): end
+    the scope, keeping ``error`` the one to see (a failure of the end becomes a note on it)."""
+    try:
+        end()
+    except BaseException as cleanup:
+        if hasattr(error, "add_note"):
+            error.add_note(f"l2ctl: ending the scope after this error also failed: {cleanup!r}")
 
 
 def after_changes(target: _registry.Target, window: AccessPolicyWindow) -> Optional[Callable[[], None]]:
@@ -87,8 +93,8 @@ class ScopedWindow:
         if changed is not None:
             try:
                 changed()
-            except BaseException:
-                self.__exit__()
+            except BaseException as error:
+                end_after(self.__exit__, error)
                 raise
         return self
 

@@ -4,7 +4,7 @@ CUDA copies kernel-node attributes (the access-policy window among them) into an
 when it instantiates it; cudaGraphExecUpdate reports success but carries no window (measured:
 benchmarks/results/h100/graph.json), and no call sets an attribute on a node of an executable. So:
 
-- ``torch.cuda.CUDAGraph(keep_graph=True)`` (torch >= 2.8) keeps its template (``raw_cuda_graph()``):
+- ``torch.cuda.CUDAGraph(keep_graph=True)`` (torch >= 2.9) keeps its template (``raw_cuda_graph()``):
   l2ctl sets the windows on the template's kernel nodes and has torch make a new executable from it
   (``instantiate()``, torch's own), so ``replay()`` runs with them.
 - ``keep_graph=False`` (the default), ``torch.cuda.make_graphed_callables`` and torch.compile's CUDA graph
@@ -27,14 +27,14 @@ from typing import Any, Optional, Protocol
 
 WindowTuple = tuple[int, int, float, int, int]
 
-__all__ = ["KEEP_GRAPH_HINT", "CUPY_GRAPH_HINT", "CALLABLE_HINT", "is_torch_graph", "template_of", "has_executable",
-           "GraphTrees", "TorchGraphTrees", "trees", "use_trees", "unknown_recordings", "recordings",
-           "remember_recordings"]
+__all__ = ["KEEP_GRAPH_HINT", "CUPY_GRAPH_HINT", "CALLABLE_HINT", "foreign_target_error", "is_torch_graph",
+           "template_of", "has_executable",
+           "GraphTrees", "TorchGraphTrees", "trees", "use_trees", "without", "recordings", "remember_recordings"]
 
 KEEP_GRAPH_HINT = (
     "this torch.cuda.CUDAGraph keeps only its executable graph (keep_graph=False, the default), and CUDA cannot "
     "change the kernel nodes of an executable: a window set now would never reach its replays while the set-aside "
-    "grows. Capture it as torch.cuda.CUDAGraph(keep_graph=True) (torch >= 2.8), or enter "
+    "grows. Capture it as torch.cuda.CUDAGraph(keep_graph=True) (torch >= 2.9), or enter "
     "l2ctl.persist(<its capture stream>, buf) around the capture and the replays (CUDA copies the stream's window "
     "into the captured nodes)"
 )
@@ -49,6 +49,16 @@ CALLABLE_HINT = (
     "torch.cuda.make_graphed_callables, use l2ctl.persist(l2ctl.graph.torch_captures(), buf) from before its "
     "first call (its CUDA graphs then carry the window); for eager code, persist the stream it runs on"
 )
+
+
+def foreign_target_error(obj: object) -> Optional[Exception]:
+    """The error that says what to pass instead of ``obj`` when it is a graph no window can reach (a CuPy
+    graph) or a function (compiled or graphed code); None for anything else."""
+    if type(obj).__module__.startswith("cupy") and hasattr(obj, "graphExec"):
+        return ValueError(CUPY_GRAPH_HINT)
+    if callable(obj) and not is_torch_graph(obj):
+        return TypeError(CALLABLE_HINT)
+    return None
 
 
 def is_torch_graph(obj: object) -> bool:
@@ -102,19 +112,22 @@ class TorchGraphTrees:
         import torch
         from torch._inductor import cudagraph_trees
 
-        with torch.cuda.device(device):
-            # get_manager makes the manager (and its recording stream) if none exists, as the first compiled call
-            # would; the warm-up and every recording of torch.compile's graphs run on that stream. Making it
-            # captures an empty graph on purpose; torch records the warning that raises, which a process that
-            # turns warnings into errors would see raised.
-            with warnings.catch_warnings():
+        manager = cudagraph_trees.get_manager(device, False)
+        if manager is None:
+            # Made now, as the first compiled call would make it: the warm-up and every recording of
+            # torch.compile's graphs run on its stream. Making it captures an empty graph on purpose; torch
+            # records the warning that raises, which a process that turns warnings into errors would see raised.
+            with torch.cuda.device(device), warnings.catch_warnings():
                 warnings.filterwarnings("ignore", "The CUDA Graph is empty", UserWarning)
-                streams: list[object] = [cudagraph_trees.get_manager(device).stream]
-            default = torch.cuda.graph.default_capture_stream  # make_graphed_callables and torch.cuda.graph(g)
-            if default is None:
-                default = torch.cuda.graph.default_capture_stream = torch.cuda.Stream()
-            if default.device.index == device:
-                streams.append(default)
+                manager = cudagraph_trees.get_manager(device)
+        streams: list[object] = [manager.stream]
+        # make_graphed_callables and torch.cuda.graph(g) capture on this one; torch makes it on the current
+        # device at its first capture, and so does l2ctl when that device is this one.
+        default = torch.cuda.graph.default_capture_stream
+        if default is None and torch.cuda.current_device() == device:
+            default = torch.cuda.graph.default_capture_stream = torch.cuda.Stream()
+        if default is not None and default.device.index == device:
+            streams.append(default)
         return streams
 
     def recorded(self, device: int) -> list[object]:
@@ -144,36 +157,44 @@ def use_trees(source: GraphTrees) -> GraphTrees:
     return previous
 
 
-# What l2ctl saw recorded inside its torch_captures scopes: recording -> the window its nodes carry (None: none).
+# What l2ctl saw recorded inside its torch_captures scopes: recording -> the window its nodes carry
+# (None: none). Weak keys: a recording torch drops is forgotten.
 _lock = threading.Lock()
 _recorded: "weakref.WeakKeyDictionary[Any, Optional[WindowTuple]]" = weakref.WeakKeyDictionary()
+_UNKNOWN = object()
 
 
-def unknown_recordings(device: int) -> int:
-    """How many of the graphs on ``device`` were recorded outside any l2ctl torch_captures scope: l2ctl cannot
-    tell which window (if any) their nodes carry."""
-    with _lock:
-        return sum(1 for node in trees.recorded(device) if not _known(node))
-
-
-def _known(node: object) -> bool:
+def _window_of(node: object) -> object:
     try:
-        return node in _recorded
+        return _recorded.get(node, _UNKNOWN)
     except TypeError:  # not weakly referable: never remembered
-        return False
+        return _UNKNOWN
+
+
+def without(recordings: list[object], window: WindowTuple) -> tuple[int, int]:
+    """Of ``recordings``, how many l2ctl did not see recorded (their window is unknown) and how many carry
+    another window than ``window``."""
+    unknown = other = 0
+    with _lock:
+        for node in recordings:
+            seen = _window_of(node)
+            if seen is _UNKNOWN:
+                unknown += 1
+            elif seen != window:
+                other += 1
+    return unknown, other
 
 
 def recordings(device: int) -> set[int]:
-    """Identities of the graphs on ``device`` now (what a scope's end compares with)."""
-    with _lock:
-        return {id(node) for node in trees.recorded(device)}
+    """Identities of the graphs recorded on ``device`` now (what a scope's end compares with)."""
+    return {id(node) for node in trees.recorded(device)}
 
 
 def remember_recordings(device: int, before: set[int], window: Optional[WindowTuple]) -> None:
     """The graphs on ``device`` that are not in ``before`` were recorded under ``window``."""
     with _lock:
         for node in trees.recorded(device):
-            if id(node) not in before and not _known(node):
+            if id(node) not in before and _window_of(node) is _UNKNOWN:
                 try:
                     _recorded[node] = window
                 except TypeError:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import weakref
 
@@ -73,7 +73,7 @@ class Graph:
     _exec: Optional[GraphExecImpl]
     _dirty: bool
     _nodes: Optional[list[_NodeTuple]]  # the kernel nodes; a captured graph's never change
-    _torch: Any  # the torch.cuda.CUDAGraph whose executable follows the template, or None
+    _torch: Optional[Callable[[], Any]]  # (a weak reference to) the torch.cuda.CUDAGraph whose executable follows
 
     def __init__(self, handle: int, *, owned: bool = False, device: object = None, owner: Any = None) -> None:
         graph = check_count(handle, "a graph handle (cudaGraph_t)", minimum=1, maximum=(1 << 64) - 1)
@@ -182,10 +182,12 @@ class Graph:
 
     def _node_windows_changed(self) -> None:
         """Node windows changed: l2ctl's executable is made anew before its next launch; torch's now, since
-        torch replays it without asking (one that does not exist yet is made from the template anyway)."""
+        torch replays it without asking (one that does not exist yet is made from the template anyway).
+        Torch destroys its old executable then: no other thread may replay it meanwhile."""
         self._dirty = True
-        if self._torch is not None and _torch_graphs.has_executable(self._torch):
-            self._torch.instantiate()
+        torch_graph = self._torch() if self._torch is not None else None
+        if torch_graph is not None and _torch_graphs.has_executable(torch_graph):
+            torch_graph.instantiate()
             self.reinstantiations += 1
 
     def destroy(self) -> None:
@@ -209,7 +211,8 @@ class Graph:
         nodes = self._selected(predicate)
         if not nodes:
             raise ValueError("the graph has no kernel node to put the window on")
-        return _registry.Target(self.device, _registry.node_slots(nodes), self, self._node_windows_changed)
+        owner = (self, self._torch() if self._torch is not None else None)  # a scope keeps both alive
+        return _registry.Target(self.device, _registry.node_slots(nodes), owner, self._node_windows_changed)
 
     def __repr__(self) -> str:
         if self._impl is None:
@@ -256,7 +259,8 @@ def capture(stream: object, mode: CaptureMode = CaptureMode.THREAD_LOCAL) -> Ite
     graph._attach(int(backend.end_capture(ref.handle)))
 
 
-# One view per torch graph, so that its kernel nodes are listed once however often it is persisted.
+# One view per torch graph, so that its kernel nodes are listed once however often it is persisted. The
+# view refers to its torch graph weakly (a scope on it keeps it alive): the cache keeps no graph alive.
 _torch_views: "weakref.WeakKeyDictionary[Any, Graph]" = weakref.WeakKeyDictionary()
 
 
@@ -264,21 +268,21 @@ def as_graph(obj: object, device: object = None) -> Graph:
     """A Graph view of: an l2ctl Graph, an int cudaGraph_t, a torch.cuda.CUDAGraph captured with
     ``keep_graph=True`` (its windows reach torch's own ``replay()``: l2ctl has torch re-instantiate it
     after every change), or a cuda-python ``cudaGraph_t``/``CUgraph``. Foreign graphs are borrowed, never
-    destroyed by l2ctl. Refused (ValueError, saying what to do instead): graphs whose executable no
-    window can reach any more: a torch graph with ``keep_graph=False``, a CuPy graph."""
+    destroyed by l2ctl. ``device``: the graph's device (None: the current one). Refused (saying what to
+    do instead): graphs whose executable no window can reach any more (a torch graph with
+    ``keep_graph=False``, a CuPy graph) and functions."""
     if isinstance(obj, Graph):
         return obj
     if isinstance(obj, int) and not isinstance(obj, bool):
         return Graph(obj, owned=False, device=device)
     if _torch_graphs.is_torch_graph(obj):
         return _torch_view(obj, device)
-    if type(obj).__module__.startswith("cupy") and hasattr(obj, "graphExec"):
-        raise ValueError(_torch_graphs.CUPY_GRAPH_HINT)
     get_ptr = getattr(obj, "getPtr", None)
     if callable(get_ptr):  # cuda.bindings handles: getPtr() is the address of the handle, int() the handle
         return Graph(int(obj), owned=False, device=device, owner=obj)  # type: ignore[call-overload]
-    if callable(obj):
-        raise TypeError(_torch_graphs.CALLABLE_HINT)
+    error = _torch_graphs.foreign_target_error(obj)
+    if error is not None:
+        raise error
     raise TypeError(
         f"cannot use a {type(obj).__name__} as a CUDA graph; pass an l2ctl Graph, an int cudaGraph_t, a "
         "torch.cuda.CUDAGraph (keep_graph=True) or a cuda-python graph handle"
@@ -289,16 +293,17 @@ def _torch_view(obj: Any, device: object) -> Graph:
     handle = _torch_graphs.template_of(obj)  # ValueError for keep_graph=False, saying what to do
     try:
         view = _torch_views.get(obj)
-    except TypeError:  # not weakly referable: a view per call
+    except TypeError:  # not weakly referable: a view per call, holding it
         view = None
-    if view is not None and view._impl is not None and view._impl.owned is False and _same(view, handle, device):
+    if view is not None and _same(view, handle, device):
         return view
-    view = Graph(handle, owned=False, device=device, owner=obj)
-    view._torch = obj
+    view = Graph(handle, owned=False, device=device)
     try:
+        view._torch = weakref.ref(obj)
         _torch_views[obj] = view
     except TypeError:
-        pass
+        view._owner = obj
+        view._torch = lambda: obj
     return view
 
 
@@ -307,6 +312,10 @@ def _same(view: Graph, handle: int, device: object) -> bool:
         return view.handle == handle and (device is None or view.device == resolve_device(device))
     except (ValueError, RuntimeError):  # the view was destroyed
         return False
+
+
+#: ``replays(window)``: the recordings a scope's block will replay (see TorchCaptures).
+Replays = Callable[[tuple[int, int, float, int, int]], Iterable[object]]
 
 
 class TorchCaptures:
@@ -321,50 +330,63 @@ class TorchCaptures:
             for _ in range(100):
                 step()                      # warm-up, recording and replays, all with the window
 
-    A scope is refused before it changes anything when the graph trees on its device already hold a
-    graph recorded outside any such scope: l2ctl cannot tell whether its replays would carry the window,
-    and without it a larger set-aside only slows them (2x measured on an H100). Graphs recorded inside a
-    scope are remembered with the window they carry."""
+    A scope with a window is refused before it changes anything when the graph trees on its device hold a
+    recording that does not carry that same window: one recorded outside any such scope (l2ctl cannot
+    tell what it carries) or under another window. Without its window, a larger set-aside only slows a
+    replay (2x measured on an H100). l2ctl sees the graph trees only: graphs that make_graphed_callables
+    or torch.cuda.graph captured before the scope cannot be checked, so capture them inside it.
 
-    def __init__(self, device: object = None) -> None:
+    ``replays(window)``, for code that knows which recordings its block replays (l2ctl.workloads.Compiled
+    keeps one compiled function per window), narrows the check to those."""
+
+    def __init__(self, device: object = None, *, replays: Optional[Replays] = None) -> None:
         self._device = device
+        self._replays = replays
 
     def _l2ctl_target(self) -> _registry.Target:
         device = resolve_device(self._device)
         streams = _torch_graphs.trees.capture_streams(device)
         slots = tuple(_registry.stream_slot(resolve_stream(s).handle) for s in streams)
-        return _registry.Target(device, slots, tuple(streams), None, _admit_recordings(device))
+        return _registry.Target(device, slots, tuple(streams), None, lambda window: self._admit(device, window))
+
+    def _admit(self, device: int, window: AccessPolicyWindow) -> Callable[[], None]:
+        value = window.as_tuple()
+        if not window.empty:
+            found = list(_torch_graphs.trees.recorded(device) if self._replays is None else self._replays(value))
+            unknown, other = _torch_graphs.without(found, value)
+            if unknown or other:
+                raise ValueError(
+                    f"device {device}: PyTorch's CUDA graph trees hold {unknown} graph(s) recorded outside any "
+                    f"l2ctl.graph.torch_captures() scope and {other} recorded under another window. CUDA copies a "
+                    "window into a graph only while it is captured, so their replays would not carry this one, "
+                    "and without it a larger set-aside only slows them. Enter the scope before the compiled "
+                    "function's first call (its warm-up and recording then happen inside it), or call "
+                    "torch.compiler.reset() and start again")
+        return _Recordings(device, None if window.empty else value)
 
     def __repr__(self) -> str:
         return f"<l2ctl.graph.torch_captures device={self._device}>"
 
 
-def _admit_recordings(device: int) -> Callable[[AccessPolicyWindow], Callable[[], None]]:
-    def admit(window: AccessPolicyWindow) -> Callable[[], None]:
-        if not window.empty:
-            unknown = _torch_graphs.unknown_recordings(device)
-            if unknown:
-                raise ValueError(
-                    f"device {device}: PyTorch's CUDA graph trees already hold {unknown} graph(s) recorded outside any "
-                    "l2ctl.graph.torch_captures() scope. CUDA copies a window into a graph only while it is captured, "
-                    "so l2ctl cannot tell whether their replays would carry this one, and without it a larger "
-                    "set-aside only slows them. Enter the scope before the compiled function's first call (its "
-                    "warm-up and recording then happen inside it), or call torch.compiler.reset() and start again")
-        before = _torch_graphs.recordings(device)
-        value = None if window.empty else window.as_tuple()
+class _Recordings:
+    """Called after a torch_captures scope's entry (its window now on the capture streams: what is there
+    now was recorded before) and after its end (what is new was recorded under the window)."""
 
-        def remember() -> None:  # after the entry (nothing new yet) and after the end: what was recorded inside
-            _torch_graphs.remember_recordings(device, before, value)
+    def __init__(self, device: int, window: Optional[tuple[int, int, float, int, int]]) -> None:
+        self.device, self.window = device, window
+        self.before: Optional[set[int]] = None
 
-        return remember
-
-    return admit
+    def __call__(self) -> None:
+        if self.before is None:
+            self.before = _torch_graphs.recordings(self.device)
+        else:
+            _torch_graphs.remember_recordings(self.device, self.before, self.window)
 
 
-def torch_captures(device: object = None) -> TorchCaptures:
+def torch_captures(device: object = None, *, replays: Optional[Replays] = None) -> TorchCaptures:
     """The graphs PyTorch captures inside the scope (torch.compile's CUDA graph trees, make_graphed_callables,
     torch.cuda.graph on its default stream) as a target for ``l2ctl.persist``; see TorchCaptures."""
-    return TorchCaptures(device)
+    return TorchCaptures(device, replays=replays)
 
 
 def inspect(graph: object) -> list[KernelNode]:

@@ -37,7 +37,7 @@ import numpy as np
 
 from ._device import require_persistence, stream_device
 from ._interop import BufferRef, resolve_buffer, resolve_stream
-from ._targets import is_graph_target, resolve_target
+from ._targets import as_target, resolve_target
 from ._limit import auto_set_aside_cap
 from ._persist import Policy, persist
 from .graph import TorchCaptures
@@ -229,7 +229,7 @@ def tune(workload: Any, target: object, candidates: object, *, stream: object = 
     ``target`` is what each point's window goes on: the stream the workload runs on, or a graph it replays
     (an l2ctl Graph or a selection of its nodes, a torch.cuda.CUDAGraph captured with keep_graph=True),
     whose kernel nodes then carry each point's window and whose executables are made anew for it. With a
-    graph, ``stream`` is the stream the workload is timed on (None: the default stream); replay there.
+    graph, ``stream`` is required: the stream the workload replays on, where it is timed.
     The graphs torch.compile records (``graph.torch_captures()``) keep the window they were captured with,
     so tuning them needs a workload that records its step anew under each window
     (``l2ctl.workloads.Compiled``); for any other, tune the same step captured with keep_graph=True.
@@ -258,13 +258,17 @@ def tune(workload: Any, target: object, candidates: object, *, stream: object = 
                          "(l2ctl.workloads.Compiled), or tune the same step captured with "
                          "torch.cuda.CUDAGraph(keep_graph=True), then persist its policy on graph.torch_captures() "
                          "from the compiled function's first call")
-    if is_graph_target(target):
+    target_ref, target = as_target(target)
+    if target_ref is None:
+        if stream is None:
+            raise ValueError("with a graph as target, pass stream=: the stream the workload replays it on, where it "
+                             "is timed")
         device = resolve_target(target).device  # the graph's kernel nodes, listed once here
     else:
-        if stream is not None and resolve_stream(stream).handle != resolve_stream(target).handle:
+        if stream is not None and resolve_stream(stream).handle != target_ref.handle:
             raise ValueError("the target is a stream: the workload runs on it, so pass no other stream=")
         stream = target
-        device = stream_device(resolve_stream(stream))
+        device = stream_device(target_ref)
     if stream_device(resolve_stream(stream)) != device:
         raise ValueError(f"the stream is on device {stream_device(resolve_stream(stream))}, the graph on device {device}")
     info = require_persistence(device)

@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include "l2ctl/device.hpp"
+#include "l2ctl/driver.hpp"
 #include "l2ctl/error.hpp"
 
 namespace l2ctl {
@@ -171,12 +172,10 @@ RangeProfiler::RangeProfiler(int device, std::vector<std::string> metrics, std::
   {
     DeviceGuard guard(device);
     L2CTL_CHECK(cudaFree(nullptr), "device " + std::to_string(device));  // makes the primary context current
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult status{};
-    L2CTL_CHECK(cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &status),
-                "cuCtxGetCurrent");
-    if (fn == nullptr) throw CuptiError("cudaGetDriverEntryPointByVersion(cuCtxGetCurrent)", -1, "symbol not found");
-    if (reinterpret_cast<CUresult (*)(CUcontext*)>(fn)(&s.context) != CUDA_SUCCESS || s.context == nullptr)
+    const auto ctx_get_current = driver_entry<PFN_cuCtxGetCurrent_v4000>("cuCtxGetCurrent", 12000);
+    if (ctx_get_current == nullptr)
+      throw CuptiError("cudaGetDriverEntryPointByVersion(cuCtxGetCurrent)", -1, "symbol not found");
+    if (ctx_get_current(&s.context) != CUDA_SUCCESS || s.context == nullptr)
       throw CuptiError("cuCtxGetCurrent", -1, "no current context");
   }
   try {

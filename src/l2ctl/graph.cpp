@@ -1,10 +1,10 @@
 #include "l2ctl/graph.hpp"
 
 #include <cuda_runtime_api.h>
-#include <cudaTypedefs.h>  // the driver API's function types only: l2ctl never links libcuda
 
 #include <stdexcept>
 
+#include "l2ctl/driver.hpp"
 #include "l2ctl/error.hpp"
 #include "l2ctl/stream.hpp"
 
@@ -24,18 +24,6 @@ struct NodeDescriber {
   PFN_cuFuncGetName_v12030 function_name = nullptr;
   PFN_cuKernelGetName_v12030 kernel_name = nullptr;
 };
-
-template <typename F>
-F driver_entry(const char* symbol, unsigned version) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableDefault, &found) != cudaSuccess ||
-      found != cudaDriverEntryPointSuccess) {
-    clear_last_error();
-    return nullptr;
-  }
-  return reinterpret_cast<F>(fn);
-}
 
 const NodeDescriber& node_describer() {
   static const NodeDescriber describer = [] {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "l2ctl/device.hpp"
+#include "l2ctl/driver.hpp"
 #include "l2ctl/error.hpp"
 #include "l2ctl/stream.hpp"
 
@@ -33,22 +34,8 @@ void DeviceMemory::free() {
 }
 
 namespace {
-// cuMemGetAddressRange from the driver through the runtime's entry-point query, so the extension still
-// links no libcuda (it loads on machines without a driver).
-using AddressRangeFn = int (*)(unsigned long long* base, std::size_t* size, unsigned long long ptr);
-
-AddressRangeFn address_range_fn() {
-  static AddressRangeFn fn = [] {
-    void* found = nullptr;
-    cudaDriverEntryPointQueryResult status{};
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &found, 12000, cudaEnableDefault, &status) !=
-            cudaSuccess ||
-        status != cudaDriverEntryPointSuccess) {
-      clear_last_error();
-      found = nullptr;
-    }
-    return reinterpret_cast<AddressRangeFn>(found);
-  }();
+PFN_cuMemGetAddressRange_v3020 address_range_fn() {
+  static const auto fn = driver_entry<PFN_cuMemGetAddressRange_v3020>("cuMemGetAddressRange", 12000);
   return fn;
 }
 }  // namespace
@@ -61,11 +48,11 @@ PointerInfo pointer_info(std::uintptr_t ptr) {
   info.device = attributes.device;
   const bool on_device = attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
   if (on_device && attributes.device >= 0) {
-    if (AddressRangeFn fn = address_range_fn()) {
+    if (const auto fn = address_range_fn()) {
       DeviceGuard guard(attributes.device);
-      unsigned long long base = 0;
+      CUdeviceptr base = 0;
       std::size_t size = 0;
-      if (fn(&base, &size, ptr) == 0) {
+      if (fn(&base, &size, static_cast<CUdeviceptr>(ptr)) == CUDA_SUCCESS) {
         info.range_base = static_cast<std::uintptr_t>(base);
         info.range_size = size;
       }

@@ -25,13 +25,15 @@ __all__ = ["Record", "Report", "environment"]
 
 def _commit() -> str:
     """The l2ctl commit measured: $L2CTL_COMMIT (set where the source travels without its git history),
-    else the checkout's HEAD when the package runs from one, else "unknown"."""
+    else HEAD of l2ctl's own checkout when the package runs from one, else "unknown"."""
     given = os.environ.get("L2CTL_COMMIT", "").strip()
     if given:
         return given
+    checkout = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+    if not os.path.isfile(os.path.join(checkout, "src", "l2ctl", "kernels.cu")):  # installed: not our checkout
+        return "unknown"
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=os.path.dirname(__file__), capture_output=True,
-                             text=True, timeout=10)
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"

@@ -18,7 +18,7 @@ from .._device import resolve_device
 from .._interop import resolve_stream
 from .._memory import DeviceBuffer
 from ..workloads._base import fraction_of_l2
-from ..workloads.graphed import Compiled
+from ..workloads.graphed import Compiled, Graphed
 from .torch_graphs import FakeGraphTrees, FakeRecording, FakeTorchGraph
 
 __all__ = ["ModeledKernel", "ModeledWorkload", "ModeledGraphed", "ModeledCompiled"]
@@ -150,50 +150,31 @@ class ModeledWorkload:
 
 
 
-class ModeledGraphed:
-    """A modeled workload captured in a FakeTorchGraph(keep_graph=True) and replayed through it (its executable
-    made before any scope), as ``l2ctl.workloads.Graphed`` does with torch; ``target()`` is the graph."""
-
-    mode = "graphed"
+class ModeledGraphed(Graphed):
+    """``l2ctl.workloads.Graphed`` over a modeled workload: captured in a FakeTorchGraph(keep_graph=True) and
+    replayed through it (its executable made before any scope); ``target()`` is the graph."""
 
     def __init__(self, base: ModeledWorkload) -> None:
+        super().__init__(base)
+
+    def _on_stream(self, stream: object) -> contextlib.AbstractContextManager[Any]:
+        return self.base.on_stream(stream)  # type: ignore[attr-defined, no-any-return]
+
+    def _capture(self) -> FakeTorchGraph:
         from .._memory import Stream
 
-        self.base, self.name, self.hot, self.device = base, f"{base.name}-graphed", base.hot, base.device
-        self.graph = FakeTorchGraph(keep_graph=True)
-        with Stream(self.device) as side:
-            self.graph.capture_begin(side)
-            base.enqueue(side)
-            self.graph.capture_end()
-            self.graph.replay(side)
-
-    def target(self) -> FakeTorchGraph:
-        return self.graph
+        graph = FakeTorchGraph(keep_graph=True)
+        with Stream(self.device) as side, self._on_stream(side):
+            graph.capture_begin(side)
+            self.base.prepare()
+            self.base.step()
+            graph.capture_end()
+            graph.replay(side)
+        return graph
 
     def enqueue(self, stream: object) -> None:
         self.graph.replay(stream)
-        self.base._launched = len(self.base.kernels)
-
-    def candidates(self) -> dict[str, DeviceBuffer]:
-        return self.base.candidates()
-
-    def poison(self, stream: object) -> None:
-        self.base.poison(stream)
-
-    def verify(self, stream: object) -> bool:
-        return self.base.verify(stream)
-
-    def describe(self) -> dict[str, Any]:
-        return {**self.base.describe(), "workload": self.name, "mode": self.mode}
-
-    def close(self) -> None:
-        self.base.close()
-
-    def __enter__(self) -> "ModeledGraphed":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.base._launched = len(self.base.kernels)  # type: ignore[attr-defined]  # the graph ran its kernels
 
 
 class _FakeCompiledStep:

@@ -30,6 +30,8 @@ from ._frameworks import on_torch_stream, require_torch
 
 __all__ = ["Stepped", "Graphed", "Compiled"]
 
+WindowTuple = tuple[int, int, float, int, int]
+
 
 class Stepped(Protocol):
     """A step that can be captured or compiled: ``prepare()`` and ``step()`` on the current torch stream."""
@@ -55,6 +57,10 @@ class _Wrapped:
         self.device = int(base.device)
         if not callable(getattr(base, "verify", None)):
             self.verify = None  # type: ignore[assignment]  # measured as unverified (bench.compare)
+
+    def _on_stream(self, stream: object) -> contextlib.AbstractContextManager[Any]:
+        """The step's code on ``stream``: torch's current stream inside the block."""
+        return on_torch_stream(stream)
 
     def candidates(self) -> dict[str, Any]:
         candidates = getattr(self.base, "candidates", None)
@@ -94,25 +100,29 @@ class Graphed(_Wrapped):
 
     def __init__(self, base: Stepped) -> None:
         super().__init__(base)
+        self.graph = self._capture()
+
+    def _capture(self) -> Any:
         torch = require_torch()
-        self.graph = torch.cuda.CUDAGraph(keep_graph=True)
+        graph = torch.cuda.CUDAGraph(keep_graph=True)
         with torch.cuda.device(self.device):
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                base.prepare()
-                base.step()  # warm-up outside the capture (library handles, lazy allocations)
-                with torch.cuda.graph(self.graph, stream=side):
-                    base.prepare()
-                    base.step()
-                self.graph.replay()
+                self.base.prepare()
+                self.base.step()  # warm-up outside the capture (library handles, lazy allocations)
+                with torch.cuda.graph(graph, stream=side):
+                    self.base.prepare()
+                    self.base.step()
+                graph.replay()
             torch.cuda.current_stream().wait_stream(side)
+        return graph
 
     def target(self) -> Any:
         return self.graph
 
     def enqueue(self, stream: object) -> None:
-        with on_torch_stream(stream):
+        with self._on_stream(stream):
             self.graph.replay()
 
 
@@ -120,15 +130,19 @@ class Compiled(_Wrapped):
     """``base``'s step compiled with torch.compile(mode="reduce-overhead"), one compiled function per
     window in force on torch's capture stream (each a fresh compilation of the same step, so that CUDA
     graph trees record it anew: Inductor's cache makes that quick). ``target()`` is
-    ``graph.torch_captures()``; ``l2ctl.tune`` accepts it for this workload (``records_each_window``)."""
+    ``graph.torch_captures()``, told which recordings each window's scope replays (that window's own);
+    ``l2ctl.tune`` accepts it for this workload (``records_each_window``). Every compiled function and its
+    recording stay until ``close()``: a tune of a few candidates makes a few dozen."""
 
     mode = "compiled"
     records_each_window = True
 
     def __init__(self, base: Stepped) -> None:
         super().__init__(base)
-        self._captures = torch_captures(self.device)
-        self._compiled: dict[tuple[int, int, float, int, int], Callable[[], Any]] = {}
+        self._captures = torch_captures(self.device, replays=self._replayed)
+        self._compiled: dict[WindowTuple, Callable[[], Any]] = {}
+        self._recorded: dict[WindowTuple, set[int]] = {}  # the recordings each compiled function made
+        self.compilations = 0
         self._static_inputs()
 
     # ---- what PyTorch does (the simulator's stand-in, l2ctl.testing.workloads, replaces these) ----------
@@ -143,19 +157,9 @@ class Compiled(_Wrapped):
             if isinstance(value, torch.Tensor) and value.is_cuda:
                 torch._dynamo.mark_static_address(value)
 
-    def _on_stream(self, stream: object) -> contextlib.AbstractContextManager[Any]:
-        return on_torch_stream(stream)
-
     def _call(self, fn: Callable[[], Any]) -> None:
         require_torch().compiler.cudagraph_mark_step_begin()
         fn()
-
-    def target(self) -> TorchCaptures:
-        return self._captures
-
-    @property
-    def compilations(self) -> int:
-        return len(self._compiled)
 
     def _fresh(self) -> Callable[[], Any]:
         step = self.base.step
@@ -167,20 +171,35 @@ class Compiled(_Wrapped):
         fresh = types.FunctionType(call.__code__.replace(), call.__globals__, "step", None, call.__closure__)
         return require_torch().compile(fresh, mode="reduce-overhead")  # type: ignore[no-any-return]
 
+    # ---- the workload ------------------------------------------------------------------------------------
+
+    def target(self) -> TorchCaptures:
+        return self._captures
+
+    def _replayed(self, window: WindowTuple) -> list[object]:
+        ids = self._recorded.get(window, set())
+        return [node for node in _torch_graphs.trees.recorded(self.device) if id(node) in ids]
+
     def enqueue(self, stream: object) -> None:
         with self._on_stream(stream):
             recording_stream = _torch_graphs.trees.capture_streams(self.device)[0]
             key = get_window(recording_stream).as_tuple()
             fn = self._compiled.get(key)
-            runs = 1
-            if fn is None:  # warm-up, recording and a first replay, all under the window in force
-                fn = self._compiled[key] = self._fresh()
-                runs = 3
-            # With no scope live, the graphs are recorded under an explicitly empty window, so that l2ctl knows
-            # what they carry (a later scope on torch_captures() is then not refused for them).
-            known = ScopedWindow(self._captures, AccessPolicyWindow()) if runs > 1 and not key[1] else \
-                contextlib.nullcontext()
-            with known:
-                for _ in range(runs):
+            if fn is not None:
+                self.base.prepare()
+                self._call(fn)
+                return
+            # Warm-up, recording and a first replay, all under the window in force; with no scope live, under an
+            # explicitly empty one, so that l2ctl knows what these graphs carry.
+            fn = self._compiled[key] = self._fresh()
+            self.compilations += 1
+            before = _torch_graphs.recordings(self.device)
+            with ScopedWindow(self._captures, AccessPolicyWindow()) if not key[1] else contextlib.nullcontext():
+                for _ in range(3):
                     self.base.prepare()
                     self._call(fn)
+            self._recorded[key] = _torch_graphs.recordings(self.device) - before
+
+    def close(self) -> None:
+        self._compiled.clear()
+        super().close()
