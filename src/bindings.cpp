@@ -7,6 +7,7 @@
 #include <tuple>
 #include <vector>
 
+#include "l2ctl/context.hpp"
 #include "l2ctl/counters.hpp"
 #include "l2ctl/device.hpp"
 #include "l2ctl/error.hpp"
@@ -194,6 +195,28 @@ PYBIND11_MODULE(_core, m) {
       .def("query", &l2ctl::Stream::query, release())
       .def("close", &l2ctl::Stream::close, release());
   m.def("stream_device", &l2ctl::stream_device, "stream"_a, release());
+  m.def(
+      "stream_context",
+      [](std::uintptr_t stream) {
+        l2ctl::Contexts c;
+        {
+          py::gil_scoped_release unlocked;
+          c = l2ctl::stream_context(stream);
+        }
+        return py::make_tuple(c.context, c.primary);
+      },
+      "stream"_a);
+  m.def(
+      "pointer_context",
+      [](std::uintptr_t ptr) {
+        l2ctl::Contexts c;
+        {
+          py::gil_scoped_release unlocked;
+          c = l2ctl::pointer_context(ptr);
+        }
+        return py::make_tuple(c.context, c.primary);
+      },
+      "ptr"_a);
   m.def("stream_synchronize", &l2ctl::stream_synchronize, "stream"_a, release());
   bind_window_accessors(m, "stream", l2ctl::WindowHolder::stream);
 

@@ -28,6 +28,7 @@ __all__ = [
     "versions",
     "forget_cached_properties",
     "check_owned_pointer",
+    "check_stream_context",
 ]
 
 # CUDA errors that mean "there is no usable driver or GPU" rather than a failed call.
@@ -63,6 +64,7 @@ def forget_cached_properties() -> None:
         _cache.clear()
         _last[0], _last[1] = None, {}
         _checked.clear()
+        _stream_contexts.clear()
 
 
 if hasattr(os, "register_at_fork"):
@@ -190,9 +192,37 @@ def stream_device(ref: StreamRef) -> int:
 _HOST_UNREGISTERED, _HOST, _DEVICE, _MANAGED = 0, 1, 2, 3
 
 
+def _context_error(what: str, context: int, primary: int, device: int) -> ValueError:
+    return ValueError(
+        f"{what} belongs to CUDA context 0x{context:x}, not to the primary context of device {device} "
+        f"(0x{primary:x}), where l2ctl works (as the CUDA runtime, PyTorch and CuPy do): a window or a limit set "
+        "from there would not reach it. Make it in the primary context (cuda.core: use the Device without "
+        "creating a context of your own; the driver API: cuDevicePrimaryCtxRetain)")
+
+
+# Streams of a foreign kind already checked, per backend and handle (an l2ctl Stream is never checked: it is
+# made in the primary context). Bounded; cleared after fork.
+_stream_contexts: dict[tuple[int, int], bool] = {}
+
+
+def check_stream_context(ref: StreamRef, device: int) -> None:
+    """Refuse a stream of another CUDA context than its device's primary one, once per handle."""
+    backend = _backend._active
+    key = (id(backend), ref.handle)
+    if ref.owner is not None and type(ref.owner).__module__.startswith("l2ctl") or key in _stream_contexts:
+        return
+    context, primary = backend.stream_context(ref.handle)
+    if context and primary and context != primary:
+        raise _context_error(f"the stream 0x{ref.handle:x}", int(context), int(primary), device)
+    if len(_stream_contexts) > 1024:
+        _stream_contexts.clear()
+    _stream_contexts[key] = True
+
+
 def check_pointer(ptr: int, nbytes: int, device: int, what: str = "the buffer", *, align: int = 1) -> None:
-    """Refuse host memory, memory of another device, a range that runs past the allocation holding
-    ``ptr`` (as the driver reports it), and a pointer not aligned to ``align`` bytes."""
+    """Refuse host memory, memory of another device or of another CUDA context than the device's primary
+    one, a range that runs past the allocation holding ``ptr`` (as the driver reports it), and a pointer not
+    aligned to ``align`` bytes."""
     if align > 1 and ptr % align:
         raise ValueError(f"{what} at 0x{ptr:x} is not aligned to {align} bytes (its element size)")
     memory_type, owner, base, size = _backend.current().pointer_info(ptr)
@@ -211,6 +241,9 @@ def check_pointer(ptr: int, nbytes: int, device: int, what: str = "the buffer", 
             f"{what} [0x{ptr:x}, 0x{ptr + nbytes:x}) runs past its allocation [0x{base:x}, 0x{base + size:x}) "
             f"({size} bytes); a window or kernel there would touch memory that is not yours"
         )
+    context, primary = _backend.current().pointer_context(ptr)
+    if context and primary and context != primary:
+        raise _context_error(f"{what} at 0x{ptr:x}", int(context), int(primary), device)
 
 
 # Ranges already checked, per (backend, device, pointer, bytes), each with a weak reference to the object

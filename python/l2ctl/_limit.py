@@ -149,9 +149,13 @@ def set_aside(nbytes: Union[int, float, str], device: object = None) -> SetAside
     requested = parse_set_aside_request(nbytes, props.persisting_l2_cache_max_size)
     previous = _read_limit(props.index)
     scope = _registry.Scope(props.index, limit=requested, standing=True)
-    _registry.enter(scope, props.persisting_l2_cache_max_size)
-    granted = _read_limit(props.index)
-    return SetAside(granted, props.index, requested, previous, scope)
+    try:
+        _registry.enter(scope, props.persisting_l2_cache_max_size)
+        return SetAside(_read_limit(props.index), props.index, requested, previous, scope)
+    except BaseException:
+        scope.ending = True  # nothing can restore it without its SetAside: end it (the next call, if cut short)
+        _registry.exit(scope)
+        raise
 
 
 def reset_persisting_lines(device: object = None) -> None:
@@ -183,4 +187,4 @@ def auto_set_aside_cap(device: object = None) -> int:
 def set_aside_rounding(device: object = None) -> str:
     """How the driver rounds set-aside requests: "up", "down", "nearest" or "exact" (probes once)."""
     props = require_persistence(device)
-    return _registry.rounding(props.index, props.persisting_l2_cache_max_size)
+    return _registry.granularity(props.index, props.persisting_l2_cache_max_size)[1]

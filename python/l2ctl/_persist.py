@@ -10,8 +10,8 @@ from typing import Any, Callable, Optional, Union
 
 import numpy as np
 
-from . import _backend, _device, _fastpath, _registry
-from ._device import check_owned_pointer, properties, require_persistence, stream_device
+from . import _registry
+from ._device import check_owned_pointer, check_stream_context, properties, require_persistence, stream_device
 from ._errors import L2BudgetWarning, SetAsideTaxWarning, WindowClippedWarning
 from ._interop import BufferRef, StreamRef, resolve_buffer
 from ._memory import DeviceBuffer, Stream
@@ -26,6 +26,7 @@ _PERSISTING, _STREAMING = AccessProperty.PERSISTING, AccessProperty.STREAMING
 #: Hit ratios up to here are below 1.0 in float32 too, so they need no further normalisation.
 _SURELY_FLOAT32 = 0.9999999
 _new_tuple = tuple.__new__
+_NO_WINDOW = AccessPolicyWindow()
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def _policy_fields(policy: object) -> tuple[Optional[float], LimitRequest, bool,
                                 getattr(inner, "num_bytes", None))
 
 
-class Persist(_fastpath.PersistCore):
+class Persist:
     """Keep ``buf`` (or ``num_bytes`` of it from ``offset``) in L2 for kernels launched on ``stream``
     inside the ``with`` block.
 
@@ -142,15 +143,14 @@ class Persist(_fastpath.PersistCore):
     shared by every library that uses it). Graphs: an l2ctl graph or ``graph.select(predicate)``.
 
     Inside the block the object describes what was applied: ``window`` (as requested, hit ratio
-    resolved), ``set_aside`` (the limit in force, bytes), ``device``,
-    ``stream`` (the handle), ``clipped``.
+    resolved; empty before entry and for a "no persistence" policy), ``set_aside`` (the limit in force,
+    bytes), ``device``, ``stream`` (the handle), ``clipped``. One object is one scope: entering it again
+    while it is live (from another thread too) is refused.
     """
 
-    # The fields live in l2ctl._fastpath.PersistCore (set here, read there), whose __enter__/__exit__ take the
-    # commonest case, a stream scope alone on its device, without the interpreter; every other case comes back
-    # to _enter_general/_exit_general below, the general path (docs/DESIGN.md, "A persist scope on a stream
-    # enters and ends in C too").
-    __slots__ = ("__weakref__",)
+    __slots__ = ("_ref", "_target_object", "_buffer", "_offset", "_num_bytes", "_hit_prop", "_miss_prop",
+                 "_requested_hit_ratio", "_limit_request", "_reset_on_exit", "_share", "_enabled", "_scope", "_slots",
+                 "_changed", "_device", "window", "clipped", "__weakref__")
 
     def __init__(
         self,
@@ -167,6 +167,8 @@ class Persist(_fastpath.PersistCore):
         share: bool = False,
         policy: Optional[Any] = None,
     ) -> None:
+        if getattr(self, "_scope", None) is not None:
+            raise RuntimeError("this persist scope is live: end it before initialising it again")
         # Every argument is checked here, before any device query or CUDA call; the common forms of each
         # take a short path first (a persist scope wraps every step of a user's loop).
         if type(hit_ratio) is float and 0.0 <= hit_ratio <= _SURELY_FLOAT32:
@@ -174,11 +176,11 @@ class Persist(_fastpath.PersistCore):
         else:
             requested = None if hit_ratio is None else normalize_hit_ratio(hit_ratio)
         limit = set_aside if set_aside is None or set_aside == "auto" else _check_limit_request(set_aside)
-        self._enabled = True
+        enabled = True
         if policy is not None:
             if hit_ratio is not None or set_aside != "auto":
                 raise ValueError("pass either policy= or hit_ratio/set_aside, not both")
-            requested, limit, self._enabled, policy_offset, policy_bytes = _policy_fields(policy)
+            requested, limit, enabled, policy_offset, policy_bytes = _policy_fields(policy)
             if policy_offset or policy_bytes is not None:
                 if offset != 0 or num_bytes is not None:
                     raise ValueError("the policy sets the window's byte range; pass offset/num_bytes or a policy "
@@ -187,36 +189,34 @@ class Persist(_fastpath.PersistCore):
         # A stream is resolved now (its errors now, not at entry); a graph's nodes at entry. l2ctl's own
         # streams and buffers hand over their references directly.
         if type(stream) is Stream and stream._ref is not None:  # the commonest object, first
-            self._ref: Optional[StreamRef] = stream._ref
+            ref: Optional[StreamRef] = stream._ref
         elif (own_stream := getattr(type(stream), "_l2ctl_stream_ref", None)) is not None:
-            self._ref = own_stream(stream)  # raises for a closed stream
+            ref = own_stream(stream)  # raises for a closed stream
         else:  # a graph is checked now and resolved at entry (its nodes, a predicate)
-            self._ref, stream = as_target(stream)
-        self._target_object = stream
+            ref, stream = as_target(stream)
         if type(buf) is DeviceBuffer and buf._ref is not None:
-            self._buffer: BufferRef = buf._ref
+            buffer: BufferRef = buf._ref
         else:
             own_buffer = getattr(type(buf), "_l2ctl_buffer_ref", None)
-            self._buffer = own_buffer(buf) if own_buffer is not None else resolve_buffer(buf)
+            buffer = own_buffer(buf) if own_buffer is not None else resolve_buffer(buf)
         if type(offset) is int and offset == 0 and num_bytes is None:
             self._offset, self._num_bytes = 0, None
         else:
             self._offset = check_nbytes(offset, "offset", allow_zero=True)
             self._num_bytes = None if num_bytes is None else check_nbytes(num_bytes, "num_bytes")
-            clip_window(self._offset, self._num_bytes, self._buffer.nbytes, 0)  # the byte range; no device yet
+            clip_window(self._offset, self._num_bytes, buffer.nbytes, 0)  # the byte range; no device yet
         self._hit_prop = hit_prop if hit_prop is _PERSISTING else check_property(hit_prop, "hit_prop")
         self._miss_prop = miss_prop if miss_prop is _STREAMING else check_property(miss_prop, "miss_prop", miss=True)
-        self._requested_hit_ratio = requested
-        self._limit_request: LimitRequest = limit
         if reset_on_exit is not True and reset_on_exit is not False or share is not True and share is not False:
             raise TypeError("reset_on_exit and share must be bools")
-        self._reset_on_exit = reset_on_exit
-        self._share = share
+        self._ref, self._target_object, self._buffer, self._enabled = ref, stream, buffer, enabled
+        self._requested_hit_ratio, self._limit_request = requested, limit
+        self._reset_on_exit, self._share = reset_on_exit, share
         self._scope: Optional[_registry.Scope] = None
         self._slots: tuple[_registry.Slot, ...] = ()
         self._changed: Optional[Callable[[], None]] = None
-        self.window: Optional[AccessPolicyWindow] = None
-        self.device: Optional[int] = None
+        self._device = -1
+        self.window = _NO_WINDOW
         self.clipped = False
 
     @property
@@ -224,21 +224,26 @@ class Persist(_fastpath.PersistCore):
         return self._scope is not None
 
     @property
+    def device(self) -> int:
+        """The device of the stream (or graph) the window is on, once entered."""
+        if self._device < 0:
+            raise RuntimeError("the scope has not been entered")
+        return self._device
+
+    @property
     def stream(self) -> int:
-        """The handle of the stream (or graph) the window is on, once entered."""
+        """The handle of the stream (or graph node) the window is on, once entered."""
         if not self._slots:
             raise RuntimeError("the scope has not been entered")
         return self._slots[0][1]
 
     @property
-    def set_aside(self) -> Optional[int]:
-        """The limit in force on the device while the scope is live (None before entry)."""
-        if self.device is None:
-            return None
-        props = require_persistence(self.device)
-        return _registry.observed_limit(self.device, props.persisting_l2_cache_max_size)
+    def set_aside(self) -> int:
+        """The limit in force on the device (bytes), once entered."""
+        device = self.device
+        return _registry.observed_limit(device, properties(device).persisting_l2_cache_max_size)
 
-    def _enter_general(self) -> "Persist":
+    def __enter__(self) -> "Persist":
         if self._scope is not None:
             raise RuntimeError("this persist scope is already active; create a new one with l2ctl.persist(...)")
         if not self._enabled:
@@ -249,6 +254,8 @@ class Persist(_fastpath.PersistCore):
             device = ref.device
             if device is None:
                 device = stream_device(ref)
+            if ref.source != "l2ctl.Stream":
+                check_stream_context(ref, device)
             slots: tuple[_registry.Slot, ...] = (_registry.stream_slot(ref.handle),)
             owner, changed = ref.owner, None
         else:
@@ -288,82 +295,74 @@ class Persist(_fastpath.PersistCore):
             changed = after_changes(target, window)
         scope = _registry.Scope(device, slots, window, request, self._share, self._reset_on_exit, requested is None,
                                 False, False, (owner, buffer.owner))
-        limit, demand, capped = _registry.enter(scope, props.persisting_l2_cache_max_size)
-        self._scope, self._slots, self._changed, self.device, self.clipped = scope, slots, changed, device, clipped
-        self.window = scope.window
-        if changed is not None:
-            try:
+        try:
+            limit, demand, capped = _registry.enter(scope, props.persisting_l2_cache_max_size, self)
+            self._slots, self._changed, self._device, self.clipped = slots, changed, device, clipped
+            self.window = scope.window  # type: ignore[assignment]  # the hit ratio resolved
+            if changed is not None:
                 changed()
-            except BaseException as error:
-                self._end_after(error)
-                raise
-        clip = None
-        if clipped:
-            full = buffer.nbytes - self._offset if self._num_bytes is None else self._num_bytes
-            clip = (full, nbytes, props.access_policy_max_window_size)
-        if clipped or capped or window.hit_prop is _PERSISTING and demand > limit:
-            self._announce(clip, limit, demand, capped, 3)
+            if clipped or capped or window.hit_prop is _PERSISTING and demand > limit:
+                full = buffer.nbytes - offset if self._num_bytes is None else self._num_bytes
+                self._announce((full, nbytes, props.access_policy_max_window_size) if clipped else None, limit,
+                               demand, capped)
+        except BaseException as error:
+            scope.ending = True  # first: if what follows is cut short too, the next l2ctl call ends the scope
+            if scope.backend is not None:
+                end_after(lambda: self._end(scope), error)
+            raise
         return self
 
-    def _announce(self, clip: Optional[tuple[int, int, int]], limit: int, demand: float, capped: bool,
-                  stacklevel: int = 2) -> None:
+    def _announce(self, clip: Optional[tuple[int, int, int]], limit: int, demand: float, capped: bool) -> None:
         """The entered scope's warnings: a clipped window (``clip``: bytes asked, bytes kept, the device's
         largest window), an "auto" limit kept at the tax-free one, windows asking more than the set-aside.
-        They go out after the registry's lock is released: a filter may raise (then the scope ends here) or
-        run user code. ``stacklevel``: the user's frame counted from here (2 when PersistCore's C __enter__,
-        which is no frame, calls this; 3 from _enter_general)."""
-        device = self.device
-        try:
-            if clip is not None:
-                full, nbytes, max_window = clip
-                warnings.warn(
-                    f"window of {full} bytes clipped to accessPolicyMaxWindowSize ({max_window}"
-                    f" bytes) of device {device}; only the first {nbytes} bytes persist",
-                    WindowClippedWarning, stacklevel=stacklevel)
-            if capped:
-                warnings.warn(
-                    f"device {device}: set_aside='auto' kept the persisting limit at {limit} bytes, the driver's default "
-                    f"({DEFAULT_LIMIT_FRACTION:.0%} of the max): the windows in force ask for {demand:.0f} bytes, but a "
-                    "larger set-aside slows every other kernel on the GPU (up to 2.5x at the max on an H100). "
-                    f"{'The hit ratio was fitted to it. ' if self._requested_hit_ratio is None else ''}"
-                    "Pass set_aside=<bytes> or 'max' to pay that knowingly; l2ctl.tune measures both sides",
-                    SetAsideTaxWarning, stacklevel=stacklevel)
-            elif self.window is not None and self.window.hit_prop == AccessProperty.PERSISTING and demand > limit * (1 + 1e-9):
-                warnings.warn(
-                    f"device {device}: live persisting windows ask for {demand:.0f} bytes (hit_ratio x num_bytes) "
-                    f"but the set-aside is {limit} bytes; lines will evict each other (thrash). Use "
-                    "share=True, a smaller hit_ratio, or a larger set_aside",
-                    L2BudgetWarning, stacklevel=stacklevel)
-        except BaseException as error:
-            self._end_after(error)
-            raise
+        They go out after the registry's lock is released: a filter may raise (then the scope ends) or run
+        user code. They name the user's line (three frames up: this, __enter__, the user's)."""
+        device = self._device
+        if clip is not None:
+            full, nbytes, max_window = clip
+            warnings.warn(
+                f"window of {full} bytes clipped to accessPolicyMaxWindowSize ({max_window}"
+                f" bytes) of device {device}; only the first {nbytes} bytes persist",
+                WindowClippedWarning, stacklevel=3)
+        if capped:
+            warnings.warn(
+                f"device {device}: set_aside='auto' kept the persisting limit at {limit} bytes, the driver's default "
+                f"({DEFAULT_LIMIT_FRACTION:.0%} of the max): the windows in force ask for {demand:.0f} bytes, but a "
+                "larger set-aside slows every other kernel on the GPU (up to 2.5x at the max on an H100). "
+                f"{'The hit ratio was fitted to it. ' if self._requested_hit_ratio is None else ''}"
+                "Pass set_aside=<bytes> or 'max' to pay that knowingly; l2ctl.tune measures both sides",
+                SetAsideTaxWarning, stacklevel=3)
+        elif self.window.hit_prop == AccessProperty.PERSISTING and demand > limit * (1 + 1e-9):
+            warnings.warn(
+                f"device {device}: live persisting windows ask for {demand:.0f} bytes (hit_ratio x num_bytes) "
+                f"but the set-aside is {limit} bytes; lines will evict each other (thrash). Use "
+                "share=True, a smaller hit_ratio, or a larger set_aside",
+                L2BudgetWarning, stacklevel=3)
 
-    def _end_after(self, error: BaseException) -> None:
-        end_after(lambda: self.__exit__(None, None, None), error)
+    def _end(self, scope: _registry.Scope) -> None:
+        """End ``scope`` (marked ``ending`` already) and tell a graph its nodes changed."""
+        _registry.exit(scope)
+        if self._changed is not None:
+            self._changed()
 
-    def _exit_general(self, scope: _registry.Scope, exc: Optional[BaseException]) -> None:
-        """End ``scope`` (taken off this object already) through the registry, then tell a graph its nodes
-        changed. An error while the block's own exception propagates becomes a note on that exception."""
+    def __exit__(self, exc_type: object, exc: Optional[BaseException], tb: object) -> None:
+        scope = self._scope
+        if scope is None:
+            return
+        scope.ending = True  # first: if this call is cut short, the next l2ctl call ends the scope
         try:
-            _registry.exit(scope)
-            if self._changed is not None:
-                self._changed()
+            self._end(scope)
         except BaseException as error:
             if exc is None:
                 raise
-            if hasattr(exc, "add_note"):
+            if hasattr(exc, "add_note"):  # the block's own exception stays the one to see
                 exc.add_note(f"l2ctl: restoring device state after the error also failed: {error!r}")
 
     def __repr__(self) -> str:
         if self._scope is None:
             return "<l2ctl.persist inactive>"
-        return f"<l2ctl.persist device={self.device} window={self.window}>"
+        return f"<l2ctl.persist device={self._device} window={self.window}>"
 
 
 #: ``persist(stream, buf, hit_ratio=None, ...)``: the scope itself (see Persist).
 persist = Persist
-
-# What PersistCore's stream path reads (the active backend, the registry's record, the properties cache) and
-# makes or calls (a Scope, a window, the check of a foreign buffer's range).
-_fastpath.configure_persist(_backend, _registry, _device._last, _registry.Scope, AccessPolicyWindow,
-                            check_owned_pointer)

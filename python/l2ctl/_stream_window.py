@@ -4,7 +4,7 @@ the registry), and the checks a window must pass on a device."""
 from __future__ import annotations
 
 from . import _backend, _registry
-from ._device import check_pointer, properties, require_persistence, stream_device
+from ._device import check_pointer, check_stream_context, properties, require_persistence, stream_device
 from ._interop import resolve_stream
 from ._window import AccessPolicyWindow, validate_window
 
@@ -41,6 +41,7 @@ def set_window(stream: object, window: AccessPolicyWindow) -> None:
     window = validate_window(window)
     ref = resolve_stream(stream)
     device = stream_device(ref)
+    check_stream_context(ref, device)
     check_window_fits(window, device)
     _registry.set_base_window([_registry.stream_slot(ref.handle)], device,
                               properties(device).persisting_l2_cache_max_size, window)

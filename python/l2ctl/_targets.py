@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional
 
 from . import _registry, _torch_graphs
-from ._device import properties, stream_device
+from ._device import check_stream_context, properties, stream_device
 from ._interop import StreamRef, resolve_stream
 from ._stream_window import check_window_fits
 from ._window import AccessPolicyWindow, validate_window
@@ -40,7 +40,9 @@ def resolve_target(obj: object) -> _registry.Target:
     if ref is None:
         resolved: _registry.Target = getattr(type(target), "_l2ctl_target")(target)
         return resolved
-    return _registry.Target(stream_device(ref), (_registry.stream_slot(ref.handle),), ref.owner)
+    device = stream_device(ref)
+    check_stream_context(ref, device)
+    return _registry.Target(device, (_registry.stream_slot(ref.handle),), ref.owner)
 
 
 def end_after(end: Callable[[], None], error: BaseException) -> None:

@@ -78,6 +78,7 @@ class _Stream:
     device: int
     clock: float = 0.0
     last: Optional[LaunchRecord] = None  # its last kernel, while it may still be stretched
+    context: int = 0  # its CUDA context (0: the device's primary one)
 
 
 @dataclass
@@ -454,6 +455,10 @@ class FakeBackend:
         self._captures: dict[int, _Capture] = {}
         self._cupti_loaded = False
         self._profilers: dict[int, "weakref.ReferenceType[FakeRangeProfiler]"] = {}
+        # CUDA contexts: each device's primary one (where l2ctl works), and any made with create_context
+        self.primary_contexts = [_handle() for _ in devices]
+        self._contexts: dict[int, int] = {}  # context -> device, for contexts other than the primary ones
+        self._pointer_contexts: dict[int, int] = {}  # allocation base -> context, for foreign allocations
 
     @classmethod
     def without_devices(cls, *, seed: int = 0) -> "FakeBackend":
@@ -495,6 +500,29 @@ class FakeBackend:
         """The simulated time (ms) at which the work queued on ``stream`` completes."""
         with self._locked():
             return self._stream(stream, "clock").clock
+
+    def create_context(self, device: int) -> int:
+        """A CUDA context of ``device`` other than its primary one (as cuCtxCreate or cuda.core make)."""
+        with self._locked():
+            self._device(device)
+            context = _handle()
+            self._contexts[context] = device
+            return context
+
+    def foreign_stream(self, context: int) -> int:
+        """A stream made in ``context`` (create_context): its handle."""
+        with self._locked():
+            device = self._contexts[context]
+            handle = _handle()
+            self._streams[handle] = _Stream(handle, device, self._host_now[device], context=context)
+            return handle
+
+    def foreign_memory(self, context: int, nbytes: int) -> int:
+        """``nbytes`` allocated in ``context`` (create_context): its device pointer."""
+        with self._locked():
+            alloc = self.memory.allocate(self._contexts[context], int(nbytes))
+            self._pointer_contexts[alloc.base] = context
+            return alloc.base
 
     def launch_fake_kernel(self, stream: int) -> None:
         """A stand-in kernel that does nothing (3 us); inside a capture it becomes a kernel node."""
@@ -794,6 +822,20 @@ class FakeBackend:
     def Stream(self, device: int, non_blocking: bool = True, priority: int = 0) -> FakeStream:
         return FakeStream(self, device, non_blocking, priority)
 
+    def stream_context(self, stream: int) -> tuple[int, int]:
+        with self._locked():
+            st = self._stream(stream, "cuStreamGetCtx(stream, &context)")
+            primary = self.primary_contexts[st.device]
+            return (st.context or primary, primary)
+
+    def pointer_context(self, ptr: int) -> tuple[int, int]:
+        with self._locked():
+            alloc = self.memory.find(int(ptr))
+            if alloc is None:
+                return (0, 0)
+            primary = self.primary_contexts[alloc.device]
+            return (self._pointer_contexts.get(alloc.base, primary), primary)
+
     def stream_device(self, stream: int) -> int:
         with self._locked():
             self._record("cudaStreamGetDevice")
@@ -830,6 +872,9 @@ class FakeBackend:
     def _set_stream_window(self, stream: int, w: WindowTuple) -> None:
         st = self._streams.get(stream) or self._stream(stream, _SET_STREAM_WINDOW)
         self.calls.append("cudaStreamSetAttribute")
+        if st.context:  # the runtime works in the primary context: a stream of another one is not its handle
+            raise cuda_error(_SET_STREAM_WINDOW, "cudaErrorInvalidResourceHandle",
+                             f"stream 0x{stream:x} belongs to context 0x{st.context:x}")
         base, num_bytes, hit_ratio, hit_prop, miss_prop = w
         ratio = _float32(hit_ratio)  # what CUDA holds
         if (not 0.0 <= ratio <= 1.0 or not 0 <= num_bytes <= self.devices[st.device].access_policy_max_window_size

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import l2ctl
-from l2ctl import AccessPolicyWindow, _backend, graph, kernels
+from l2ctl import _backend, graph, kernels
 
 pytestmark = pytest.mark.gpu
 MiB = 1 << 20
@@ -106,15 +106,13 @@ def test_torch_tensors_inside_an_allocation_pass_and_ranges_past_it_do_not(strea
     assert l2ctl.get_window(stream).empty
 
 
-def test_hostile_table_on_the_real_backend(gpu_state):
+def test_hostile_table_on_the_real_backend(gpu_state, hostile):
     """The simulator's hostile-input table, against CUDA: each case refused, nothing changed."""
-    from test_hostile import Objects, cases  # the same directory: pytest puts it on sys.path
-
     assert _backend.current() is l2ctl._core
-    objects = Objects()
+    objects = hostile.Objects()
     gpu_state.watch(objects.s)
     try:
-        table = cases(objects)
+        table = hostile.cases(objects)
         for name, call, error in table:
             before = _state(objects.s, objects.g)
             with warnings.catch_warnings():

@@ -11,7 +11,7 @@ import pytest
 
 nbformat = pytest.importorskip("nbformat")
 
-NOTEBOOKS = sorted((pathlib.Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted((pathlib.Path(__file__).parents[2] / "notebooks").glob("*.ipynb"))
 
 
 def _code(cell) -> str:

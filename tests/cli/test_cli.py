@@ -611,3 +611,20 @@ def test_help_in_a_subprocess():
     assert r.returncode == 0 and "(default: 4,8,16,32,64,128)" in text and "(default: 15)" in text
     text = " ".join(run("tune", "--help").stdout.split())
     assert "(default: 5)" in text and "(default: 4M)" in text
+
+
+@pytest.fixture
+def sim(fake):
+    return fake
+
+
+def test_cli_on_the_simulator(sim, capsys):
+    from l2ctl import cli
+
+    assert cli.main(["info", "--probe"]) == 0
+    assert cli.main(["bench", "--lut-sizes", "1M,4M", "--out-bytes", "32M", "--repeat", "2", "--warmup", "1",
+                     "--quiet", "--counters"]) == 0
+    assert cli.main(["sweep", "tax", "--repeat", "2", "--warmup", "1", "--quiet"]) == 0
+    assert cli.main(["tune", "--lut-sizes", "4M", "--out-bytes", "64M", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "Fake H100" in out and "right_sized" in out and "set-aside" in out

@@ -14,7 +14,7 @@ import pytest
 
 from l2ctl.testing import FakeBackend, FakeDevice
 
-ROOT = pathlib.Path(__file__).parent.parent
+ROOT = pathlib.Path(__file__).parents[2]
 README = ROOT / "README.md"
 EXAMPLES = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
 NEEDS_FRAMEWORK = re.compile(r"^\s*import (torch|cupy)", re.M)

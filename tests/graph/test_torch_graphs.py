@@ -5,7 +5,6 @@ what to do), and the timing the harm came from: a larger set-aside without the w
 
 from __future__ import annotations
 
-import warnings
 
 import pytest
 
@@ -172,9 +171,9 @@ def test_a_graph_recorded_before_the_window_is_on_the_streams_is_not_taken_for_w
 
     enter = _registry.enter
 
-    def record_first(scope, maximum):  # a recording that happens after the scope was admitted, before it applies
+    def record_first(*args):  # a recording that happens after the scope was admitted, before it applies
         trees.record(_scatter(fake, acc))
-        return enter(scope, maximum)
+        return enter(*args)
 
     with l2ctl.DeviceBuffer(4 * MiB) as acc:
         monkeypatch.setattr(_registry, "enter", record_first)

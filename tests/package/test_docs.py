@@ -7,7 +7,7 @@ import pathlib
 import re
 import sys
 
-ROOT = pathlib.Path(__file__).parent.parent
+ROOT = pathlib.Path(__file__).parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import make_results  # noqa: E402

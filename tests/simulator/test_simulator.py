@@ -1,5 +1,5 @@
 """The simulator (l2ctl.testing): kernels against NumPy, lazy memory, errors, state, graphs, events, the
-profiler, the timing model's shape on the H100 and H200 presets, and l2ctl's harness end to end."""
+profiler, the timing model's shape on the H100 and H200 presets, its documented example and presets."""
 
 from __future__ import annotations
 
@@ -823,36 +823,7 @@ def test_stride_and_cache_streaming_shape(sim):
     assert 1 / 4.5 < cs.summary["stream_analysis_speedup_cs"] < 1 / 2.8
 
 
-# ---- l2ctl's harness end to end ------------------------------------------------------------------
-
-
-def test_bench_reset_data_end_to_end(sim):
-    from l2ctl import bench
-
-    before = sim.state()
-    report = bench.bench_reset_data([1 << 20, 4 << 20], out_bytes=64 << 20, repeat=3, warmup=1, progress=False)
-    assert len(report.records) == 2 * len(bench.RESET_COLUMNS)
-    assert all(r.metrics["mismatches"] == 0 for r in report.records)
-    assert "verdict" in report.summary and sim.state() == before
-
-
-def test_sweep_and_tune_end_to_end(sim):
-    from l2ctl import sweep
-    from l2ctl.workloads import ResetDataWorkload
-
-    before = sim.state()
-    with l2ctl.Stream() as s, ResetDataWorkload(4 << 20, 256 << 20) as w:
-        result = sweep.sweep_hit_ratio(w, s, w.buf, repeat=3, warmup=1, progress=False)
-        assert len(result.records) == 11 and all(r.verified for r in result.records)
-        speedups = result.speedups()
-        assert speedups[-1] > 1.1 and speedups[-1] == max(speedups)  # hit ratio 1.0 is best
-        tuned = l2ctl.tune(w, s, w.buf)
-        assert tuned.persists and 1.1 < tuned.speedup < 1.4 and tuned.seconds < 5
-        assert all(r.verified for r in tuned.table)
-        with l2ctl.persist(s, w.buf, policy=tuned.policy):
-            w.enqueue(s)
-        assert w.verify(s)
-    assert sim.state() == before and sim.device(0).limit == sim.device(0).initial_limit
+# ---- its example and presets -----------------------------------------------------------------------
 
 
 def test_the_package_docstring_example_runs(capsys):
@@ -877,15 +848,3 @@ def test_other_presets_and_cached_buffers():
         # the harness keeps its scratch buffers per machine: the next one gets its own
         assert fake in bench.state._scratch
     assert FakeDevice.h200().granularity == 3_932_160 and FakeDevice.a100().supports_persistence
-
-
-def test_cli_on_the_simulator(sim, capsys):
-    from l2ctl import cli
-
-    assert cli.main(["info", "--probe"]) == 0
-    assert cli.main(["bench", "--lut-sizes", "1M,4M", "--out-bytes", "32M", "--repeat", "2", "--warmup", "1",
-                     "--quiet", "--counters"]) == 0
-    assert cli.main(["sweep", "tax", "--repeat", "2", "--warmup", "1", "--quiet"]) == 0
-    assert cli.main(["tune", "--lut-sizes", "4M", "--out-bytes", "64M", "--quiet"]) == 0
-    out = capsys.readouterr().out
-    assert "Fake H100" in out and "right_sized" in out and "set-aside" in out

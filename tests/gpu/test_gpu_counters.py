@@ -128,7 +128,7 @@ def test_agrees_with_nsight_compute(tmp_path):
     _counters_or_skip()
     if not (shutil.which("ncu") or os.path.exists("/usr/local/cuda/bin/ncu")):
         pytest.skip("Nsight Compute (ncu) is not installed")
-    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "compare_ncu.py")
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "compare_ncu.py")
     out_json = os.environ.get("L2CTL_NCU_JSON", str(tmp_path / "ncu.json"))
     r = subprocess.run([sys.executable, script, "--json", out_json], capture_output=True, text=True, timeout=900)
     print(r.stdout[-3000:])
