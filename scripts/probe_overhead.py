@@ -55,8 +55,15 @@ def main() -> None:
     rows.append(("Persist() construction", best(lambda: Persist(s, buf, 0.75, set_aside=None, reset_on_exit=False))))
     p = Persist(s, buf, 0.75, set_aside=None, reset_on_exit=False)
     rows.append(("Persist enter+exit (object reused)", best(lambda: (p.__enter__(), p.__exit__(None, None, None)))))
-    scope = _registry.Scope(0, (_registry.stream_slot(h),), l2ctl.AccessPolicyWindow(*w))
-    rows.append(("registry enter+exit", best(lambda: (_registry.enter(scope, 32768000), _registry.exit(scope)))))
+    window = l2ctl.AccessPolicyWindow(*w)
+
+    def registry_scope() -> None:
+        scope = _registry.Scope(0, (_registry.stream_slot(h),), window)  # a scope is entered once
+        _registry.enter(scope, 32768000)
+        _registry.exit(scope)
+
+    form = "compiled" if _registry.COMPILED else "interpreted"
+    rows.append((f"registry enter+exit ({form})", best(registry_scope)))
     rows.append(("properties(0)", best(lambda: _device.properties(0))))
     rows.append(("resolve_stream(l2ctl.Stream)", best(lambda: _interop.resolve_stream(s))))
     try:

@@ -66,20 +66,37 @@ void set_cuda_error(const l2ctl::CudaError& e) {
 }
 
 // apply_window(device, kind, handles, base, num_bytes, hit_ratio, hit_prop, miss_prop, read_previous, limit,
-// at_least, reset_lines): one window on every handle (kind 0: streams, 1: graph kernel nodes), with the limit
-// and the reset of apply_state; returns (limit before, limit after, [previous windows]). A scope's commonest
+// at_least, reset_lines, journal): one window on every handle (kind 0: streams, 1: graph kernel nodes), with the
+// limit and the reset of apply_state; returns (limit before, limit after, [previous windows]), and appends that
+// same tuple to `journal` (a list, or None) before returning: no Python code runs between the device's change
+// and that append, so a caller interrupted as the call returns still finds what it read. A scope's commonest
 // change, so it is a METH_FASTCALL function that reads its positional arguments itself: pybind11's dispatcher
 // (argument loaders, overload resolution, keyword matching) costs more than the CUDA calls of a scope's side
 // (about 0.25 us on an H100 host). The GIL is released only around the slow calls (a limit change, a reset,
 // many holders): a stream attribute alone returns in well under a microsecond.
 constexpr const char* apply_window_doc =
     "apply_window(device: int, kind: int, handles: Sequence[int], base: int, num_bytes: int, hit_ratio: float, "
-    "hit_prop: int, miss_prop: int, read_previous: bool, limit: int, at_least: bool, reset_lines: bool) -> tuple\n\n"
+    "hit_prop: int, miss_prop: int, read_previous: bool, limit: int, at_least: bool, reset_lines: bool, "
+    "journal: list | None = None) -> tuple\n\n"
     "One window on every handle, with apply_state's limit and reset (positional arguments only).";
 
+// The result of a batch: returned, and appended to the journal first when there is one.
+PyObject* journaled(PyObject* result, PyObject* journal) {
+  if (result != nullptr && journal != nullptr && journal != Py_None && PyList_Append(journal, result) != 0) {
+    Py_DECREF(result);
+    return nullptr;
+  }
+  return result;
+}
+
 PyObject* apply_window(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 12) {
-    PyErr_Format(PyExc_TypeError, "apply_window() takes 12 positional arguments (%zd given)", nargs);
+  if (nargs != 12 && nargs != 13) {
+    PyErr_Format(PyExc_TypeError, "apply_window() takes 12 or 13 positional arguments (%zd given)", nargs);
+    return nullptr;
+  }
+  PyObject* journal = nargs == 13 ? args[12] : nullptr;
+  if (journal != nullptr && journal != Py_None && !PyList_Check(journal)) {
+    PyErr_SetString(PyExc_TypeError, "apply_window(): journal must be a list or None");
     return nullptr;
   }
   const long device = PyLong_AsLong(args[0]);
@@ -135,7 +152,7 @@ PyObject* apply_window(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     }
     PyList_SET_ITEM(previous, static_cast<Py_ssize_t>(i), item);
   }
-  return Py_BuildValue("(LLN)", r.previous_limit, r.granted_limit, previous);
+  return journaled(Py_BuildValue("(LLN)", r.previous_limit, r.granted_limit, previous), journal);
 }
 
 PyMethodDef apply_window_def = {"apply_window", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(apply_window)),
@@ -310,7 +327,7 @@ PYBIND11_MODULE(_core, m) {
       [](int device, long long limit, bool at_least,
          const std::vector<std::tuple<std::uintptr_t, WindowTuple>>& stream_windows,
          const std::vector<std::tuple<std::uintptr_t, WindowTuple>>& node_windows, bool reset_lines,
-         bool read_previous) {
+         bool read_previous, py::object journal) {
         std::vector<l2ctl::WindowChange> changes = window_changes(stream_windows, l2ctl::WindowHolder::stream);
         std::vector<l2ctl::WindowChange> nodes = window_changes(node_windows, l2ctl::WindowHolder::kernel_node);
         changes.insert(changes.end(), nodes.begin(), nodes.end());
@@ -322,10 +339,12 @@ PYBIND11_MODULE(_core, m) {
         py::list previous;
         for (const l2ctl::Window& w : r.previous)
           previous.append(py::make_tuple(w.base, w.num_bytes, w.hit_ratio, w.hit_prop, w.miss_prop));
-        return py::make_tuple(r.previous_limit, r.granted_limit, previous);
+        py::tuple result = py::make_tuple(r.previous_limit, r.granted_limit, previous);
+        if (!journal.is_none()) journal.cast<py::list>().append(result);  // before returning: see apply_window
+        return result;
       },
       "device"_a, "limit"_a, "at_least"_a, "stream_windows"_a, "node_windows"_a, "reset_lines"_a,
-      "read_previous"_a);
+      "read_previous"_a, "journal"_a = py::none());
 
   // Hardware counters (CUPTI, loaded on first use).
   m.def("cupti_load", &l2ctl::cupti_load, "path"_a, release());

@@ -56,18 +56,21 @@ class Event:
 # reset of apply_state: a scope's commonest change in the cheapest call. Returns as apply_state does.
 def apply_window(device: int, kind: int, handles: Sequence[int], base: int, num_bytes: int, hit_ratio: float,
                  hit_prop: int, miss_prop: int, read_previous: bool, limit: int, at_least: bool,
-                 reset_lines: bool) -> tuple[int, int, list[tuple[int, int, float, int, int]]]: ...
+                 reset_lines: bool, journal: list[Any] | None = None
+                 ) -> tuple[int, int, list[tuple[int, int, float, int, int]]]: ...
 
 # In one call: the limit when limit >= 0 (at_least: raised to it if below, never lowered); the windows
 # (stream_windows on streams, then node_windows on graph kernel nodes, each a list of (handle, (base,
 # num_bytes, hit_ratio, hit_prop, miss_prop))), reading each holder's window first when read_previous; a
 # reset of persisting lines. Returns (limit before, limit after, previous windows in the order given); the
 # limits are -1 when limit < 0, the list empty unless read_previous. A failing call puts back the limit
-# and the windows whose previous value was read, then raises.
+# and the windows whose previous value was read, then raises. ``journal`` (a list): the result is appended to
+# it before the call returns, so a caller interrupted as it returns still finds it (no Python runs in between).
 def apply_state(device: int, limit: int, at_least: bool,
                 stream_windows: Sequence[tuple[int, tuple[int, int, float, int, int]]],
                 node_windows: Sequence[tuple[int, tuple[int, int, float, int, int]]], reset_lines: bool,
-                read_previous: bool) -> tuple[int, int, list[tuple[int, int, float, int, int]]]: ...
+                read_previous: bool, journal: list[Any] | None = None
+                ) -> tuple[int, int, list[tuple[int, int, float, int, int]]]: ...
 
 # memory
 class DeviceMemory:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 from . import _backend, _registry
-from ._device import properties, require_persistence, resolve_device
+from ._device import DeviceProperties, properties, require_persistence, resolve_device
 from ._plan import check_set_aside_request, parse_set_aside_request, tax_free_limit
 
 __all__ = [
@@ -25,25 +25,14 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class DeviceInfo:
-    """What a device offers for L2 persistence. All sizes are in bytes."""
+class DeviceInfo(DeviceProperties):
+    """What a device offers for L2 persistence (its properties, see DeviceProperties) and its set-aside
+    now. All sizes are in bytes."""
 
-    index: int
-    name: str
-    compute_capability: tuple[int, int]
-    multiprocessor_count: int
-    l2_cache_size: int
-    persisting_l2_cache_max_size: int
-    access_policy_max_window_size: int
-    persisting_l2_cache_size: int
+    persisting_l2_cache_size: int = 0
     """The current set-aside limit (cudaLimitPersistingL2CacheSize)."""
-    set_aside_granularity: Optional[int]
+    set_aside_granularity: Optional[int] = None
     """The step the driver rounds the limit to, once probed (see set_aside_granularity())."""
-    supports_persistence: bool
-    unsupported_reason: Optional[str]
-    total_memory: int
-    pci_bus_id: str
-    uuid: str
 
 
 def _read_limit(index: int) -> int:
@@ -56,22 +45,8 @@ def device_info(device: object = None) -> DeviceInfo:
     current limit. The properties are cached; the limit is read unless l2ctl owns it at the moment."""
     props = properties(device)
     limit = _read_limit(props.index) if props.compute_capability[0] >= 8 else 0
-    return DeviceInfo(
-        index=props.index,
-        name=props.name,
-        compute_capability=props.compute_capability,
-        multiprocessor_count=props.multiprocessor_count,
-        l2_cache_size=props.l2_cache_size,
-        persisting_l2_cache_max_size=props.persisting_l2_cache_max_size,
-        access_policy_max_window_size=props.access_policy_max_window_size,
-        persisting_l2_cache_size=limit,
-        set_aside_granularity=_registry.known_granularity(props.index),
-        supports_persistence=props.supports_persistence,
-        unsupported_reason=props.unsupported_reason,
-        total_memory=props.total_memory,
-        pci_bus_id=props.pci_bus_id,
-        uuid=props.uuid,
-    )
+    return DeviceInfo(**vars(props), persisting_l2_cache_size=limit,
+                      set_aside_granularity=_registry.known_granularity(props.index))
 
 
 def get_set_aside(device: object = None) -> int:
@@ -121,7 +96,10 @@ class SetAside(int):
     def __del__(self) -> None:
         scope = getattr(self, "_scope", None)
         if scope is not None:
-            scope.orphaned = True  # nobody can restore it any more; a later plain call may drop it
+            if scope.standing:
+                scope.orphaned = True  # nobody can restore it any more; a later plain call may drop it
+            else:
+                scope.ending = True  # a block's, its __exit__ interrupted before it began: the next call ends it
 
     def __repr__(self) -> str:
         return (

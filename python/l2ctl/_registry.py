@@ -35,7 +35,7 @@ from ._errors import CudaError, NotSupportedError
 from ._plan import auto_set_aside, default_hit_ratio, round_up, shared_hit_ratios, tax_free_limit
 from ._window import AccessPolicyWindow, AccessProperty
 
-__all__ = ["lock", "STREAM", "NODE", "Slot", "Target", "Scope", "DeviceState", "Snapshot", "stream_slot", "node_slots",
+__all__ = ["COMPILED", "lock", "STREAM", "NODE", "Slot", "Target", "Scope", "DeviceState", "Snapshot", "stream_slot", "node_slots",
            "enter", "exit", "set_base_window", "forget_slots", "known_limit", "observed_limit", "snapshot",
            "reset_lines", "granularity", "known_granularity", "probe_rounding", "live_scopes", "device_state",
            "restore_all", "MPS_HINT", "REENTRY_HINT"]
@@ -59,6 +59,9 @@ STREAM, NODE = 0, 1
 Slot = tuple[int, int, int]
 LimitRequest = Union[int, str, None]  # bytes, "auto", or None (leave the limit alone)
 
+#: Whether this module runs compiled by Cython (CMakeLists.txt, _registry.pxd) or interpreted: the same source.
+COMPILED = not __file__.endswith((".py", ".pyc"))
+
 lock = threading.RLock()
 _EMPTY: WindowTuple = (0, 0, 0.0, 0, 0)
 _new_tuple = tuple.__new__
@@ -79,7 +82,6 @@ class Target(NamedTuple):
     admit: Optional[Callable[[AccessPolicyWindow], Callable[[], None]]] = None
 
 
-@dataclass(eq=False, slots=True)
 class Scope:
     """What one live scope asks of its device. ``window`` goes on every slot in ``slots`` (None: a
     limit-only scope); ``limit`` is an exact request in bytes, "auto" (enough for the windows in force)
@@ -87,23 +89,35 @@ class Scope:
     ``standing``: a plain ``set_aside(n)`` call (not used as a context manager): it lives until restored;
     ``orphaned``: its SetAside object is gone, so nothing can restore it any more. ``backend``: the one it
     was entered with, where it ends. ``ending``: its end began (set first, so that an end cut short is
-    completed by the next call); ``holder``: the object whose ``_scope`` names it while it is live."""
+    completed by the next call); ``holder``: (a weak reference to) the object whose ``_scope`` names it
+    while it is live; a scope whose holder is freed ends at the next call, so a scope whose ``__exit__`` was
+    interrupted before its first line (where no code of l2ctl's runs yet) ends once its object is gone."""
 
-    device: int
-    slots: tuple[Slot, ...] = ()
-    window: Optional[AccessPolicyWindow] = None
-    limit: LimitRequest = None
-    share: bool = False
-    reset_on_exit: bool = False
-    fit_hit_ratio: bool = False
-    standing: bool = False
-    orphaned: bool = False
-    owner: Any = None  # keeps a foreign stream or graph alive while the scope lives
-    id: int = 0
-    effective: Optional[AccessPolicyWindow] = None  # the window in force (hit ratio after sharing)
-    backend: Any = None
-    ending: bool = False
-    holder: Any = None
+    __slots__ = ("device", "slots", "window", "limit", "share", "reset_on_exit", "fit_hit_ratio", "standing",
+                 "orphaned", "owner", "id", "effective", "backend", "ending", "holder")
+
+    def __init__(self, device: int, slots: tuple[Slot, ...] = (), window: Optional[AccessPolicyWindow] = None,
+                 limit: LimitRequest = None, share: bool = False, reset_on_exit: bool = False,
+                 fit_hit_ratio: bool = False, standing: bool = False, orphaned: bool = False, owner: Any = None) -> None:
+        self.device = device
+        self.slots = slots
+        self.window = window
+        self.limit = limit
+        self.share = share
+        self.reset_on_exit = reset_on_exit
+        self.fit_hit_ratio = fit_hit_ratio
+        self.standing = standing
+        self.orphaned = orphaned
+        self.owner = owner  # keeps a foreign stream or graph alive while the scope lives
+        self.id = 0
+        self.effective: Optional[AccessPolicyWindow] = None  # the window in force (hit ratio after sharing)
+        self.backend: Any = None
+        self.ending = False
+        self.holder: Optional["weakref.ref[Any]"] = None
+
+    def __repr__(self) -> str:
+        return (f"Scope(id={self.id}, device={self.device}, slots={len(self.slots)}, window={self.window}, "
+                f"limit={self.limit!r}, share={self.share}, standing={self.standing}, ending={self.ending})")
 
 
 class DeviceState:
@@ -120,10 +134,13 @@ class DeviceState:
     - ``auto_bounds``: (granularity, tax-free cap), known once probed;
     - ``dirty``: a change is under way or was cut short: what the device holds may be off the plan, so the
       next call reads it and writes the plan;
-    - ``shared``: how many live scopes share (the plan scales their windows only when some do)."""
+    - ``shared``: how many live scopes share (the plan scales their windows only when some do);
+    - ``batch``: the batch under way (its slots, windows, limit request and journal) until what it did is
+      recorded: a call cut short leaves it for the next one."""
 
     __slots__ = ("device", "maximum", "scopes", "base_limit", "applied_request", "applied_limit", "base_windows",
-                 "applied_windows", "observed_limit", "in_force_demand", "auto_capped", "auto_bounds", "dirty", "shared")
+                 "applied_windows", "observed_limit", "in_force_demand", "auto_capped", "auto_bounds", "dirty", "shared",
+                 "batch")
 
     def __init__(self, device: int, maximum: int) -> None:
         self.device, self.maximum = device, maximum
@@ -139,6 +156,7 @@ class DeviceState:
         self.auto_bounds: Optional[tuple[int, int]] = None
         self.dirty = False
         self.shared = 0  # live scopes with share=True
+        self.batch: Optional[tuple[list[Slot], dict[Slot, WindowTuple], int, bool, list[Any]]] = None
 
     def __repr__(self) -> str:
         return (f"DeviceState(device={self.device}, scopes={list(self.scopes)}, base_limit={self.base_limit}, "
@@ -350,6 +368,8 @@ def _sync(backend: Backend, state: DeviceState, *, reset: bool = False, removed:
     stays set until the device matches, so a change cut short is finished by the next call. ``removed``:
     scopes or slots went, so slots nothing covers any more are forgotten."""
     state.dirty = True
+    if state.batch is not None:  # a batch whose recording was cut short: what it read is needed now
+        _record_batch(state)
     last = _registry.last
     generations = last[2] if backend is last[0] else _generations(backend)
     plan = _plan_with(generations, state)
@@ -385,8 +405,9 @@ def _apply(backend: Backend, state: DeviceState, changes: dict[Slot, WindowTuple
            at_least: bool, reset: bool) -> None:
     """One crossing (``apply_window`` when every change is one window on one kind of holder, the cheapest
     arguments; else ``apply_state``), which also reads what newly covered slots held (their base) and, with
-    a limit, what the limit was (the base limit, when unknown). On failure the registry learns what the
-    device holds."""
+    a limit, what the limit was (the base limit, when unknown). The batch's result lands in a journal
+    inside the call: an interrupt as it returns cannot lose what it read (``_settle`` records it). On a
+    failure the registry learns what the device holds."""
     bases = state.base_windows
     request = -1 if limit is None else limit
     slots = list(changes)
@@ -400,33 +421,47 @@ def _apply(backend: Backend, state: DeviceState, changes: dict[Slot, WindowTuple
         if slot[0] != kind or window is not first and window != first:
             mixed = True
         handles.append(slot[1])
+    order = slots if not mixed else [s for s in slots if s[0] == STREAM] + [s for s in slots if s[0] != STREAM]
+    journal: list[Any] = []
+    state.batch = (order, changes, request, at_least, journal)
     try:
         if not mixed:  # one window on one kind of holder
-            order = slots
-            before, after, previous = backend.apply_window(
-                state.device, kind, handles, first[0], first[1], first[2], first[3], first[4], fresh, request,
-                at_least, reset)
+            backend.apply_window(state.device, kind, handles, first[0], first[1], first[2], first[3], first[4], fresh,
+                                 request, at_least, reset, journal)
         else:
-            order = [s for s in slots if s[0] == STREAM] + [s for s in slots if s[0] != STREAM]
-            before, after, previous = backend.apply_state(
-                state.device, request, at_least, [(s[1], changes[s]) for s in order if s[0] == STREAM],
-                [(s[1], changes[s]) for s in order if s[0] != STREAM], reset, fresh)
+            backend.apply_state(state.device, request, at_least, [(s[1], changes[s]) for s in order if s[0] == STREAM],
+                                [(s[1], changes[s]) for s in order if s[0] != STREAM], reset, fresh, journal)
     except CudaError as exc:
+        state.batch = None  # a failed batch puts back what it changed: nothing to record
         _resync(backend, state, slots)
         raise _translate(exc, state.device) from exc
     except BaseException:
+        _record_batch(state)  # cut short: the batch may have run (then its journal says what it read)
         _resync(backend, state, slots)
         raise
-    if fresh:
+    _record_batch(state)
+
+
+def _record_batch(state: DeviceState) -> None:
+    """What the batch in the journal did: the base of every slot it covered for the first time, the windows
+    it applied, and the limit (the base limit, when it read it first)."""
+    batch = state.batch
+    if batch is None:
+        return
+    order, changes, request, at_least, journal = batch
+    if journal:  # idempotent, and the batch is dropped last: recording cut short is done again whole
+        before, after, previous = journal[0]
+        bases = state.base_windows
         for slot, old in zip(order, previous):
             if slot not in bases:
-                bases[slot] = tuple(old)  # type: ignore[assignment]
-    state.applied_windows.update(changes)
-    if request >= 0:
-        if state.base_limit is None:
-            state.base_limit = int(before)  # nothing of l2ctl's had changed it: what was there is the base
-        state.applied_request = int(after) if at_least else request
-        state.applied_limit = state.observed_limit = int(after)
+                bases[slot] = tuple(old)
+        state.applied_windows.update(changes)
+        if request >= 0:
+            if state.base_limit is None:
+                state.base_limit = int(before)  # nothing of l2ctl's had changed it: what was there is the base
+            state.applied_request = int(after) if at_least else request
+            state.applied_limit = state.observed_limit = int(after)
+    state.batch = None
 
 
 def _resync(backend: Backend, state: DeviceState, slots: list[Slot]) -> None:
@@ -486,37 +521,52 @@ def _settle(backend: Backend, state: DeviceState, *, quiet: bool = False) -> Non
     end began are ended (the lines reset if one asked and no window is left); a device left dirty is read
     back and given the plan. Both are no-ops in the common case. ``quiet``: a query's; a CUDA error here
     leaves the device dirty for the next change, which raises it, instead of failing the query."""
-    ending = [s for s in state.scopes.values() if s.ending]
+    # A scope whose holder was freed while live had its __exit__ cut short before its first line: it ends too.
+    ending = [s for s in state.scopes.values() if s.ending or s.holder is not None and s.holder() is None]
     if not ending and not state.dirty:
         return
+    if state.batch is not None:  # a batch cut short as it returned: what it read is in its journal
+        _record_batch(state)
     if quiet:
         try:
             _settle(backend, state)
         except Exception:
             pass
         return
+    was_dirty, state.dirty = state.dirty, True  # first: this settling, if cut short, is done again
     for scope in ending:
         _unregister(state, scope)
-    if state.dirty:
+    if was_dirty:
+        state.shared = sum(s.share for s in state.scopes.values())  # a count an interrupt may have left off
         _resync(backend, state, list(state.applied_windows))
-    reset = any(s.reset_on_exit for s in ending) and not any(s.window is not None for s in state.scopes.values())
+    reset = False  # loops, not any(): this runs at every end
+    for scope in ending:
+        if scope.reset_on_exit:
+            reset = True
+            for other in state.scopes.values():
+                if other.window is not None:
+                    reset = False
+                    break
+            break
     _sync(backend, state, reset=reset, removed=True)
 
 
 def _register(state: DeviceState, scope: Scope, holder: Any) -> None:
     scope.id = next(_registry.ids)
     state.scopes[scope.id] = scope
-    state.shared += scope.share
+    state.shared += scope.share  # no call between these two lines: nothing can interrupt them
     if holder is not None:
         holder._scope = scope
 
 
 def _unregister(state: DeviceState, scope: Scope) -> None:
-    if state.scopes.pop(scope.id, None) is scope:
-        state.shared -= scope.share
-        holder = scope.holder
-        if holder is not None and getattr(holder, "_scope", None) is scope:
-            holder._scope = None
+    scopes = state.scopes
+    if scopes.get(scope.id) is scope:
+        del scopes[scope.id]
+        state.shared -= scope.share  # no call between these two lines: nothing can interrupt them
+    holder = scope.holder() if scope.holder is not None else None
+    if holder is not None and getattr(holder, "_scope", None) is scope:
+        holder._scope = None
 
 
 def _lookup(backend: Backend, device: int) -> Optional[DeviceState]:
@@ -537,6 +587,15 @@ def enter(scope: Scope, maximum: int, holder: Any = None) -> tuple[int, float, b
     the tax-free limit: what the caller's warnings need."""
     backend = _backend._active
     scope.backend = backend
+    try:
+        return _enter(backend, scope, maximum, holder)
+    except BaseException:
+        # Also an interrupt as the lock is released, after the scope was registered: the next call ends it.
+        scope.ending = True
+        raise
+
+
+def _enter(backend: Backend, scope: Scope, maximum: int, holder: Any) -> tuple[int, float, bool]:
     with _locked():
         last = _registry.last
         state = (last[1] if backend is last[0] else _registry.tables(backend)[0]).get(scope.device)
@@ -547,7 +606,7 @@ def enter(scope: Scope, maximum: int, holder: Any = None) -> tuple[int, float, b
         if holder is not None:
             if holder._scope is not None:
                 raise RuntimeError("this scope is already active (entered in another thread?); create a new one")
-            scope.holder = holder
+            scope.holder = weakref.ref(holder)  # a holder freed while live ends its scope (its __del__)
         try:
             _register(state, scope, holder)
             fit_capped = False
@@ -564,10 +623,10 @@ def enter(scope: Scope, maximum: int, holder: Any = None) -> tuple[int, float, b
             _sync(backend, state)
             state.auto_capped = state.auto_capped or fit_capped
         except BaseException:
-            scope.ending = True
+            scope.ending = state.dirty = True  # first: if what follows is cut short, the next call finishes it
             _unregister(state, scope)
             try:
-                _sync(backend, state, removed=True)
+                _sync(backend, state, reset=False, removed=True)
             except BaseException:
                 pass  # the first error is the one to see; the device stays dirty for the next call
             raise
@@ -641,7 +700,7 @@ def forget_slots(kind: int, handles: Iterable[int]) -> None:
                 state.applied_windows.pop(slot, None)
             if dead and state.scopes:
                 # Windows that were in force there are no longer: the limit and shared ratios follow.
-                _sync(backend, state, removed=True)
+                _sync(backend, state, reset=False, removed=True)
 
 
 def known_limit(device: int) -> Optional[int]:

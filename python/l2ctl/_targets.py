@@ -77,6 +77,8 @@ class ScopedWindow:
     the registry: ``with l2ctl.scoped_window(s, l2ctl.AccessPolicyWindow()):`` runs the block with no window
     on ``s``, whatever scopes are live around it. The limit is left alone."""
 
+    __slots__ = ("_window", "_object", "_scope", "_changed", "__weakref__")
+
     def __init__(self, target: object, window: AccessPolicyWindow) -> None:
         self._window = validate_window(window)
         self._object = target
@@ -90,20 +92,26 @@ class ScopedWindow:
         check_window_fits(self._window, target.device)
         changed = after_changes(target, self._window)
         scope = _registry.Scope(target.device, target.slots, self._window, owner=target.owner)
-        _registry.enter(scope, properties(target.device).persisting_l2_cache_max_size)
-        self._scope, self._changed = scope, changed
-        if changed is not None:
-            try:
+        _registry.enter(scope, properties(target.device).persisting_l2_cache_max_size, self)
+        try:
+            self._changed = changed
+            if changed is not None:
                 changed()
-            except BaseException as error:
-                end_after(self.__exit__, error)
-                raise
+        except BaseException as error:
+            scope.ending = True  # first: if the end is cut short too, the next call ends the scope
+            end_after(lambda: self._end(scope), error)
+            raise
         return self
 
+    def _end(self, scope: _registry.Scope) -> None:
+        _registry.exit(scope)
+        if self._changed is not None:
+            self._changed()
+
     def __exit__(self, *exc: Any) -> None:
-        scope, changed, self._scope = self._scope, self._changed, None
+        scope = self._scope
         if scope is None:
             return
-        _registry.exit(scope)
-        if changed is not None:
-            changed()
+        scope.ending = True
+        self._end(scope)
+

@@ -6,7 +6,7 @@ units, names the GPU in the title, and returns the Axes.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 MiB = 1 << 20
 

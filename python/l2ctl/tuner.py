@@ -43,7 +43,7 @@ from ._persist import Policy, persist
 from .graph import TorchCaptures
 from ._plan import check_count, normalize_hit_ratio
 from .bench import Progress, Record, Report, environment
-from .bench.paired import Arm, Comparison, check_confidence, compare
+from .bench.paired import Arm, check_confidence, compare
 from .bench.tax import Tax, measure_tax
 from .bench.timing import check_repeats
 from .sweep import set_aside_grid

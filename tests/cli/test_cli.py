@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import l2ctl
-from l2ctl import _core, bench, cli, plot, sweep, tuner
+from l2ctl import _core, bench, benchmark_gallery, cli, plot, sweep, tuner
 from l2ctl._errors import CudaError, NotSupportedError
 from l2ctl.bench import Ceilings, Record, Report, VerificationError
 from l2ctl.cli import options, parsing
@@ -247,9 +247,10 @@ def calls(monkeypatch) -> Calls:
     c = Calls()
     for name, fake in (("bench_reset_data", fake_reset_data), ("bench_stride", fake_stride),
                        ("bench_cache_streaming", fake_cache_streaming), ("bench_graph", fake_graph),
-                       ("bench_concurrent", fake_concurrent), ("bench_overhead", fake_overhead),
-                       ("bench_workloads", fake_workloads)):
+                       ("bench_concurrent", fake_concurrent), ("bench_overhead", fake_overhead)):
         monkeypatch.setattr(bench, name, c.recorder(name, getattr(bench, name), fake))
+    monkeypatch.setattr(benchmark_gallery, "bench_workloads",
+                        c.recorder("bench_workloads", benchmark_gallery.bench_workloads, fake_workloads))
     for name in ("sweep_hit_ratio", "sweep_set_aside", "sweep_surface"):
         monkeypatch.setattr(sweep, name, c.recorder(name, getattr(sweep, name), fake_sweep))
     monkeypatch.setattr(sweep, "sweep_tax", c.recorder("sweep_tax", sweep.sweep_tax, fake_tax))

@@ -8,7 +8,7 @@ import warnings
 import pytest
 
 import l2ctl
-from l2ctl import bench
+from l2ctl import benchmark_gallery
 from l2ctl.workloads import BroadcastAdd, Embedding, EmbeddingBag, IndexSelect, ScatterAdd, SpMV, TrainingStep
 from l2ctl.workloads._frameworks import cupy_missing, torch_missing
 
@@ -89,7 +89,7 @@ def test_tuning_torch_tensors_gives_a_policy_that_applies_cleanly(gpu_state):
 def test_gallery_benchmark_one_small_row(gpu_state, tmp_path):
     if torch_missing():
         pytest.skip(torch_missing())
-    report = bench.bench_workloads(names=["broadcast"], runs=1, rounds=3, repeat=2, progress=False,
+    report = benchmark_gallery.bench_workloads(names=["broadcast"], runs=1, rounds=3, repeat=2, progress=False,
                                    factories={"broadcast": lambda d: BroadcastAdd(d, operand_bytes=2 * MiB,
                                                                                   stream_bytes=64 * MiB)})
     (row,) = report.summary["rows"]
@@ -109,7 +109,7 @@ def test_gallery_rows_that_replay_graphs(mode, gpu_state):
     wrap = Graphed if mode == "graphed" else Compiled
     small = {f"scatter-add-{mode}": lambda d: wrap(ScatterAdd(d, acc_bytes=2 * MiB, update_bytes=48 * MiB))}
     try:
-        report = bench.bench_workloads(runs=1, rounds=3, repeat=2, progress=False, factories=small)
+        report = benchmark_gallery.bench_workloads(runs=1, rounds=3, repeat=2, progress=False, factories=small)
     finally:
         torch.compiler.reset()
     (row,) = report.summary["rows"]

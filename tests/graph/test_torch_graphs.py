@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import l2ctl
-from l2ctl import AccessPolicyWindow, _torch_graphs, graph
+from l2ctl import AccessPolicyWindow, _torch_graphs, benchmark_gallery, graph
 from l2ctl.testing.torch_graphs import FakeGraphTrees, FakeTorchGraph
 
 MiB = 1 << 20
@@ -276,7 +276,6 @@ def test_tune_refuses_what_it_cannot_vary(fake, trees):
 
 
 def test_the_gallery_tunes_graphed_and_compiled_rows_on_the_simulator(fake, trees):
-    from l2ctl import bench
     from l2ctl.testing.workloads import ModeledCompiled, ModeledGraphed, ModeledWorkload
 
     compiled = []
@@ -291,7 +290,7 @@ def test_the_gallery_tunes_graphed_and_compiled_rows_on_the_simulator(fake, tree
                  "scatter-add-compiled": make_compiled}
     limit = fake.device(0).limit
     with l2ctl.Stream() as s:
-        report = bench.bench_workloads(s, factories=factories, runs=2, progress=False)
+        report = benchmark_gallery.bench_workloads(s, factories=factories, runs=2, progress=False)
     assert fake.device(0).limit == limit and not any(w[1] for w in fake.windows.values())
     assert not any(w[1] for w in fake.node_windows.values())  # the graphed row's nodes: back to no window
     rows = {r["workload"]: r for r in report.summary["rows"]}

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import l2ctl
-from l2ctl import bench, tuner
+from l2ctl import bench, benchmark_gallery, tuner
 from l2ctl.bench.paired import Arm, bootstrap_speedup, compare
 from l2ctl.testing import FakeBackend, FakeDevice
 from l2ctl.testing.workloads import ModeledKernel, ModeledWorkload
@@ -265,7 +265,7 @@ def test_gallery_imports_no_framework_and_says_why_it_cannot_run(monkeypatch):
     with FakeBackend.installed(FakeDevice.h100()):
         reasons = {e.name: e.missing() for e in gallery.GALLERY}
         assert reasons["spmv"] == "needs CuPy" and reasons["broadcast"].startswith("needs PyTorch")
-        report = bench.bench_workloads(names=["broadcast", "spmv"], progress=False)
+        report = benchmark_gallery.bench_workloads(names=["broadcast", "spmv"], progress=False)
         assert report.summary["rows"] == [] and set(report.summary["skipped"]) == {"broadcast", "spmv"}
     with pytest.raises(ValueError, match="no gallery workload"):
         gallery.entry("nope")
@@ -284,7 +284,7 @@ def test_gallery_benchmark_on_modeled_workloads(sim):
     fake, s = sim
     factories = {"broadcast": ModeledWorkload.broadcast, "gather": ModeledWorkload.gather,
                  "step": ModeledWorkload.mixed_step}
-    report = bench.bench_workloads(s, factories=factories, runs=2, progress=False)
+    report = benchmark_gallery.bench_workloads(s, factories=factories, runs=2, progress=False)
     rows = {r["workload"]: r for r in report.summary["rows"]}
     assert set(rows) == set(factories) and report.summary["never_slower"]
     assert rows["broadcast"]["tuned_buffer"] == "bias" and rows["broadcast"]["tuned_min_speedup"] > 1.05
@@ -295,7 +295,7 @@ def test_gallery_benchmark_on_modeled_workloads(sim):
     assert all(r.verified for r in report.records)
     json.dumps(report.to_dict(), default=str)
     with pytest.raises(ValueError, match="no workload"):
-        bench.bench_workloads(s, ["nope"], factories=factories, progress=False)
+        benchmark_gallery.bench_workloads(s, ["nope"], factories=factories, progress=False)
 
 
 def test_modeled_workloads_need_the_simulator_and_known_buffers():

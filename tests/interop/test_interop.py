@@ -248,6 +248,10 @@ class OldProducer:
         return self.buf.__dlpack__()
 
 
+# The names consumed capsules get: a capsule keeps only a pointer to its name, so the bytes must outlive it.
+_USED_NAMES = {b"dltensor": b"used_dltensor", b"dltensor_versioned": b"used_dltensor_versioned"}
+
+
 def _consume(capsule, name: bytes):
     """What a consumer does: take the tensor (rename the capsule), later call its deleter."""
     get = ctypes.pythonapi.PyCapsule_GetPointer
@@ -255,7 +259,7 @@ def _consume(capsule, name: bytes):
     set_name = ctypes.pythonapi.PyCapsule_SetName
     set_name.restype, set_name.argtypes = ctypes.c_int, [ctypes.py_object, ctypes.c_char_p]
     address = get(capsule, name)
-    assert set_name(capsule, b"used_" + name) == 0
+    assert set_name(capsule, _USED_NAMES[name]) == 0
     from l2ctl import _dlpack
 
     struct = _dlpack._DLManagedTensorVersioned if name == b"dltensor_versioned" else _dlpack._DLManagedTensor

@@ -1,5 +1,6 @@
-"""The package's layers, read from its source: the core never imports the measurement harness, there
-are no import cycles, and ``import l2ctl`` loads the core only."""
+"""The package's layers, read from its source: the core never imports the measurement harness, no module
+imports from a layer above its own, there are no import cycles (through a package's own submodules too),
+and ``import l2ctl`` loads the core only."""
 
 from __future__ import annotations
 
@@ -8,10 +9,16 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 import l2ctl
 
 PACKAGE = pathlib.Path(l2ctl.__file__).parent
-HARNESS = ("l2ctl.bench", "l2ctl.sweep", "l2ctl.tuner", "l2ctl.workloads", "l2ctl.plot", "l2ctl.cli", "l2ctl.__main__")
+#: The layers above the core, lowest first (docs/DESIGN.md): a module imports from its own layer and those
+#: below it only. The simulator sits above the workloads (it models them) and below the CLI (its try-out).
+LAYERS = (("l2ctl.workloads",), ("l2ctl.bench",), ("l2ctl.sweep",), ("l2ctl.tuner",), ("l2ctl.benchmark_gallery",),
+          ("l2ctl.plot",), ("l2ctl.testing",), ("l2ctl.cli", "l2ctl.__main__"))
+HARNESS = tuple(m for layer in LAYERS for m in layer if m != "l2ctl.testing")
 OUTSIDE_THE_CORE = HARNESS + ("l2ctl.testing",)
 
 
@@ -44,18 +51,23 @@ def _imports(path: pathlib.Path) -> set[str]:
             else:
                 module = node.module or ""
             if module.startswith("l2ctl"):
-                found.add(module)
-                for alias in node.names:  # "from . import bench" imports the module l2ctl.bench
-                    candidate = f"{module}.{alias.name}"
-                    if (PACKAGE.parent / (candidate.replace(".", "/") + ".py")).exists() or \
-                            (PACKAGE.parent / candidate.replace(".", "/")).is_dir():
-                        found.add(candidate)
+                # "from . import bench" imports the module l2ctl.bench, not what l2ctl/__init__ defines (the
+                # package itself is loaded by any import of its submodules: no edge of the layering).
+                submodules = {f"{module}.{a.name}" for a in node.names if _is_module(f"{module}.{a.name}")}
+                found.update(submodules)
+                if len(submodules) < len(node.names):
+                    found.add(module)
         for child in ast.iter_child_nodes(node):
             visit(child)
 
     visit(tree)
     found.discard(name)
     return found
+
+
+def _is_module(name: str) -> bool:
+    path = PACKAGE.parent / name.replace(".", "/")
+    return path.is_dir() or any(path.parent.glob(path.name + ".*"))  # a .py, or the extension (_core)
 
 
 def _graph() -> dict[str, set[str]]:
@@ -77,10 +89,9 @@ def test_the_core_never_imports_the_harness():
 def test_there_are_no_import_cycles():
     graph = _graph()
     known = set(graph)
+    # Every edge counts, a package's __init__ importing its own submodules too: bench/__init__ -> a bench
+    # module -> the tuner -> bench/__init__ is a cycle however late one of the imports runs.
     edges = {m: {i for i in deps if i in known} for m, deps in graph.items()}
-    # A package's __init__ importing its own submodules is not a cycle of the layering.
-    for m in edges:
-        edges[m] = {i for i in edges[m] if not i.startswith(m + ".")}
     state: dict[str, int] = {}
     cycle: list[str] = []
 
@@ -99,6 +110,32 @@ def test_there_are_no_import_cycles():
         if m not in state and visit(m, []):
             break
     assert not cycle, " -> ".join(cycle)
+
+
+def _layer(module: str) -> int:
+    for level, layer in enumerate(LAYERS, start=1):
+        if _in(module, layer):
+            return level
+    return 0  # the core
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    graph = _graph()
+    upward = {m: sorted(i for i in deps if i in graph and _layer(i) > _layer(m)) for m, deps in graph.items()}
+    assert not {m: i for m, i in upward.items() if i}, upward
+
+
+def test_the_layer_checks_catch_what_they_are_for(monkeypatch):
+    """Fed a package whose __init__ imports a submodule that imports a module above, which imports the
+    package back (the shape the gallery runner once had), both checks fail."""
+    real = _graph()
+    planted = {**real, "l2ctl.bench": real["l2ctl.bench"] | {"l2ctl.bench.runner"},
+               "l2ctl.bench.runner": {"l2ctl.tuner"}, "l2ctl.tuner": real["l2ctl.tuner"] | {"l2ctl.bench"}}
+    monkeypatch.setattr(__import__(__name__), "_graph", lambda: planted)
+    with pytest.raises(AssertionError, match="l2ctl.bench"):
+        test_there_are_no_import_cycles()
+    with pytest.raises(AssertionError, match="l2ctl.tuner"):
+        test_no_module_imports_from_a_layer_above_its_own()
 
 
 def test_import_loads_the_core_only():

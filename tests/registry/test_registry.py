@@ -85,9 +85,10 @@ def test_registry_is_kept_per_backend():
             with l2ctl.persist(l2ctl.Stream(), l2ctl.DeviceBuffer(MiB), 1.0, set_aside=7 * G):
                 assert second.device(0).limit == 7 * G
             assert second.device(0).limit == second.device(0).initial_limit  # restored: its registry is empty
-        assert first.device(0).limit == 5 * G
-        left_open.__exit__(None, None, None)
-        assert first.device(0).limit == first.device(0).initial_limit
+            assert first.device(0).limit == 5 * G
+            left_open.__exit__(None, None, None)  # ended while the other is installed: on its own backend
+            assert second.state() == (tuple(d.initial_limit for d in second.devices), (), ())
+        assert not left_open.active and first.device(0).limit == first.device(0).initial_limit and not first.windows
 
 
 # 2. ``with set_aside(...)`` bypassed the registry and its lock.

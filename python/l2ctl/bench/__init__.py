@@ -22,7 +22,6 @@ from .stride import bench_stride
 from .tax import Tax, forget_taxes, measure_tax
 from .timing import MAX_REPEAT, Timer, Timing, check_repeats, time_gpu
 from .verify import VerificationError, check
-from .workloads import WORKLOAD_POLICIES, bench_workloads, recipe_set_aside
 
 __all__ = [
     "VerificationError",
@@ -57,7 +56,4 @@ __all__ = [
     "Tax",
     "measure_tax",
     "forget_taxes",
-    "bench_workloads",
-    "recipe_set_aside",
-    "WORKLOAD_POLICIES",
 ]

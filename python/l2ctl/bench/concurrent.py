@@ -15,7 +15,7 @@ from .._limit import set_aside_granularity
 from .._errors import L2BudgetWarning
 from .._memory import DeviceBuffer, Stream
 from .._persist import persist
-from .._plan import check_count, check_nbytes, round_up
+from .._plan import check_nbytes, round_up
 from .._stream_window import get_window
 from .progress import Progress
 from .records import Record, Report, environment

@@ -152,10 +152,10 @@ def cmd_bench_overhead(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_workloads(args: argparse.Namespace) -> int:
-    from .. import bench
+    from .. import benchmark_gallery
 
-    report = bench.bench_workloads(names=args.names, runs=args.runs, rounds=args.rounds, repeat=args.repeat,
-                                   warmup=args.warmup, device=args.device, progress=not args.quiet)
+    report = benchmark_gallery.bench_workloads(names=args.names, runs=args.runs, rounds=args.rounds, repeat=args.repeat,
+                                     warmup=args.warmup, device=args.device, progress=not args.quiet)
     print(header(report))
     s = report.summary
     print(f"framework workloads, paired rounds against the baseline ({s['rounds']} rounds x {s['repeat']} runs per "

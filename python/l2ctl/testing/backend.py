@@ -22,7 +22,9 @@ event or the host has already seen it end.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import signal
 import threading
 import weakref
 from collections import deque
@@ -425,6 +427,9 @@ class FakeBackend:
     """
 
     __version__: str = _core.__version__
+    #: Whether a batch (apply_window, apply_state) holds signals back while it changes the device, as a call
+    #: into C does (a signal's handler runs only when it returns): what tests of interrupts need.
+    atomic_calls = False
 
     def __init__(self, *devices: FakeDevice, seed: int = 0, cupti: bool = True) -> None:
         self._init(list(devices) if devices else [FakeDevice.h100()], seed, cupti)
@@ -891,8 +896,27 @@ class FakeBackend:
 
     def apply_window(self, device: int, kind: int, handles: Sequence[int], base: int, num_bytes: int,
                      hit_ratio: float, hit_prop: int, miss_prop: int, read_previous: bool, limit: int,
-                     at_least: bool, reset_lines: bool) -> tuple[int, int, list[WindowTuple]]:
-        """One window on every handle (kind 0: streams, 1: kernel nodes), with apply_state's limit and reset."""
+                     at_least: bool, reset_lines: bool,
+                     journal: Optional[list[Any]] = None) -> tuple[int, int, list[WindowTuple]]:
+        """One window on every handle (kind 0: streams, 1: kernel nodes), with apply_state's limit and reset;
+        the result is appended to ``journal`` before the call returns (atomically, as the C++ call does:
+        see ``atomic_calls``)."""
+        if self.atomic_calls:
+            with self._signals_held():
+                result = self._apply_window(device, kind, handles, base, num_bytes, hit_ratio, hit_prop, miss_prop,
+                                            read_previous, limit, at_least, reset_lines)
+                if journal is not None:
+                    journal.append(result)
+                return result
+        result = self._apply_window(device, kind, handles, base, num_bytes, hit_ratio, hit_prop, miss_prop,
+                                    read_previous, limit, at_least, reset_lines)
+        if journal is not None:
+            journal.append(result)
+        return result
+
+    def _apply_window(self, device: int, kind: int, handles: Sequence[int], base: int, num_bytes: int,
+                      hit_ratio: float, hit_prop: int, miss_prop: int, read_previous: bool, limit: int,
+                      at_least: bool, reset_lines: bool) -> tuple[int, int, list[WindowTuple]]:
         w: WindowTuple = (base, num_bytes, hit_ratio, hit_prop, miss_prop)
         if kind == 0 and limit < 0 and not reset_lines and len(handles) == 1:
             # The commonest call (a lean scope's entry or exit). A failure leaves the window as it was, as in C++.
@@ -907,16 +931,43 @@ class FakeBackend:
                 self._set_stream_window(handle, w)
                 return -1, -1, previous
         changes = [(h, w) for h in handles]
-        return self.apply_state(device, limit, at_least, changes if kind == 0 else [], changes if kind != 0 else [],
-                                reset_lines, read_previous)
+        return self._apply_state(device, limit, at_least, changes if kind == 0 else [], changes if kind != 0 else [],
+                                 reset_lines, read_previous)
 
     def apply_state(self, device: int, limit: int, at_least: bool, stream_windows: Sequence[tuple[int, WindowTuple]],
-                    node_windows: Sequence[tuple[int, WindowTuple]], reset_lines: bool,
-                    read_previous: bool) -> tuple[int, int, list[WindowTuple]]:
+                    node_windows: Sequence[tuple[int, WindowTuple]], reset_lines: bool, read_previous: bool,
+                    journal: Optional[list[Any]] = None) -> tuple[int, int, list[WindowTuple]]:
         """The limit when ``limit`` >= 0 (``at_least``: only raised), the windows (streams, then kernel
         nodes), each read first when ``read_previous``, then a reset of persisting lines. Returns (limit
-        before, limit after, previous windows). A failing call puts back the limit and the windows whose
-        previous value was read, then raises (src/l2ctl/state.hpp)."""
+        before, limit after, previous windows), appended to ``journal`` first. A failing call puts back the
+        limit and the windows whose previous value was read, then raises (src/l2ctl/state.hpp)."""
+        with self._signals_held() if self.atomic_calls else contextlib.nullcontext():
+            result = self._apply_state(device, limit, at_least, stream_windows, node_windows, reset_lines,
+                                       read_previous)
+            if journal is not None:
+                journal.append(result)
+            return result
+
+    @contextmanager
+    def _signals_held(self) -> Iterator[None]:
+        """Signals held back for the call, as for a call into C: its change and its journal entry happen
+        whole, and a signal's handler runs when the call returns. Only the main thread receives signals."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        # Reading the mask runs the handlers of signals already caught, before anything changes; blocking
+        # them may run one more (CPython checks after each mask change), so the mask is put back whatever
+        # happens from there.
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+        try:
+            signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+    def _apply_state(self, device: int, limit: int, at_least: bool, stream_windows: Sequence[tuple[int, WindowTuple]],
+                     node_windows: Sequence[tuple[int, WindowTuple]], reset_lines: bool,
+                     read_previous: bool) -> tuple[int, int, list[WindowTuple]]:
         with self._locker:
             if type(device) is not int or not 0 <= device < len(self.devices):
                 self._device(device)  # raises, with CUDA's error
@@ -925,7 +976,7 @@ class FakeBackend:
             changed: list[tuple[bool, int]] = []  # (is a stream, handle) in the order applied
             if limit < 0 and not node_windows and not reset_lines and len(stream_windows) == 1:
                 handle, w = stream_windows[0]
-                return self.apply_window(device, 0, [handle], *w, read_previous, -1, False, False)
+                return self._apply_window(device, 0, [handle], *w, read_previous, -1, False, False)
             try:
                 if limit >= 0:
                     before = after = self.get_persisting_limit(device)

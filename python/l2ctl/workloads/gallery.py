@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from .._device import properties
-from ._base import GiB, GalleryWorkload
+from ._base import GiB
 from ._frameworks import cupy_missing, torch_missing
 from .broadcast import BroadcastAdd
 from .gathers import Embedding, EmbeddingBag, IndexSelect

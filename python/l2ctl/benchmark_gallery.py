@@ -1,4 +1,4 @@
-"""The gallery benchmark: for each framework workload, what persistence buys under four policies, measured
+"""The gallery benchmark (``python -m l2ctl bench workloads``): for each framework workload, what persistence buys under four policies, measured
 side by side with the baseline in paired rounds, every output verified.
 
 - baseline: no set-aside, no window;
@@ -20,19 +20,21 @@ import time
 import warnings
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from .._device import require_persistence, stream_device
-from .._errors import L2BudgetWarning, SetAsideTaxWarning, WindowClippedWarning
-from .._interop import resolve_buffer, resolve_stream
-from .._limit import set_aside_granularity
-from .._memory import synchronize_stream
-from .._persist import persist
-from .._plan import check_count, round_up
-from .paired import Arm, compare
-from .progress import Progress
-from .records import Report, environment
-from .state import owned_stream
-from .tax import measure_tax
-from .timing import check_repeats
+from ._device import require_persistence, stream_device
+from ._errors import L2BudgetWarning, SetAsideTaxWarning, WindowClippedWarning
+from ._interop import resolve_buffer, resolve_stream
+from ._limit import set_aside_granularity
+from ._memory import synchronize_stream
+from ._persist import persist
+from ._plan import check_count, round_up
+from .bench.paired import Arm, compare
+from .bench.progress import Progress
+from .bench.records import Report, environment
+from .bench.state import owned_stream
+from .bench.tax import measure_tax
+from .bench.timing import check_repeats
+from .tuner import tune
+from .workloads import gallery
 
 __all__ = ["bench_workloads", "recipe_set_aside", "WORKLOAD_POLICIES"]
 
@@ -67,9 +69,6 @@ def bench_workloads(stream: object = None, names: Optional[Sequence[str]] = None
     """Run the gallery (``names``: a subset, in order; default all) on the GPU at hand. ``factories``
     replaces the gallery with name -> callable(device) returning a workload (the simulator's tests use
     modeled workloads). Workloads that cannot run here are listed in ``summary["skipped"]`` with the reason."""
-    from ..tuner import tune
-    from ..workloads import gallery
-
     runs = check_count(runs, "runs", minimum=1, maximum=100)
     rounds = check_count(rounds, "rounds", minimum=3, maximum=1000)
     warmup, repeat = check_repeats(warmup, repeat)
