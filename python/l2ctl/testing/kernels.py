@@ -1,18 +1,16 @@
 """Functional versions of l2ctl's CUDA kernels (src/l2ctl/kernels.cu), on lazy device memory.
 
-Each function checks its arguments like the C++ launcher (``ValueError`` where the launcher throws
-``std::invalid_argument``), and returns a ``KernelLaunch``: the kernel's real name, its launch shape,
-the value the launcher returns, the ``Traffic`` the timing model needs, and ``run``, which performs
-the kernel's effect on memory (and, for the kernels that read a count back, returns it). The backend
-runs ``run`` at launch time, or keeps the launch as a graph kernel node and runs it at every replay.
+Each function checks its arguments like the C++ launcher (``ValueError`` where it throws
+``std::invalid_argument``) and returns a ``KernelLaunch`` whose ``run`` performs the kernel's effect on
+memory (returning the count, for the kernels that read one back): at launch, or at every replay of the
+graph kernel node the launch became. Its ``Traffic`` is what the timing model needs.
 
 Results equal the CUDA versions: reset_data writes the LUT repeated, read_sum and stride_read write the
 same per-block uint64 partials (sums mod 2^64), the float kernels compute in float32 in the kernel's
 order (``a * b + c`` contracted to a fused multiply-add, emulated in float64, where the product is
 exact, so only rare ties round differently; ``sinf``/``cosf`` are NumPy's float32 functions, within an
-ulp or two of CUDA's). Reductions use closed forms per run of
-memory (memory.py) and materialize chunks only where none applies; the float kernels remember their
-last result, so that re-running them on unchanged inputs costs nothing.
+ulp or two of CUDA's). Reductions use closed forms per run of memory (memory.py) and materialize chunks
+only where none applies; the float kernels remember their last result for unchanged inputs.
 """
 
 from __future__ import annotations
@@ -59,10 +57,6 @@ class KernelLaunch:
     synchronous: bool = False  # reads a result back and waits (cannot be captured)
 
 
-def _aligned16(ptr: int) -> bool:
-    return ptr % 16 == 0
-
-
 def _require_aligned(alignment: int, *ptrs: int) -> None:
     """The kernel dereferences these as ``alignment``-byte elements: misaligned ones fault on the GPU."""
     for ptr in ptrs:
@@ -94,10 +88,7 @@ def _add_groups(partials: Array, values: Array, first_word: int, group: int, gro
     n = len(values)
     if n == 0:
         return
-    starts = [0]
-    edge = (-first_word) % group
-    starts += list(range(edge if edge else group, n, group))
-    starts = sorted(set(s for s in starts if s < n))
+    starts = [0, *range((-first_word) % group or group, n, group)]  # where each group's words begin
     sums = np.add.reduceat(values.astype(U64), np.asarray(starts, dtype=np.int64))
     ids = ((first_word + np.asarray(starts, dtype=np.int64)) // group) % groups_per_period
     np.add.at(partials, ids, sums)
@@ -118,15 +109,12 @@ def read_sum_partials(runs: list[Run], n: int, blocks: int) -> Array:
         m0, m1 = a, min(b, main)
         if m0 < m1:
             sub = run if (m0 == a and m1 == b) else run.sub(m0 - a, m1 - a)
-            if isinstance(sub, FillRun):
-                c1, _ = _residue_stats(m1, period, lo, group)
-                c0, _ = _residue_stats(m0, period, lo, group)
-                partials += (c1 - c0).astype(U64) * U64(sub.value)
-            elif isinstance(sub, IndexRun):  # value at word w is (first - m0) + w
-                c1, s1 = _residue_stats(m1, period, lo, group)
-                c0, s0 = _residue_stats(m0, period, lo, group)
-                offset = U64((sub.first - m0) % (1 << 64))
-                partials += (c1 - c0).astype(U64) * offset + (s1 - s0).astype(U64)
+            if isinstance(sub, (FillRun, IndexRun)):
+                (c1, s1), (c0, s0) = _residue_stats(m1, period, lo, group), _residue_stats(m0, period, lo, group)
+                if isinstance(sub, FillRun):
+                    partials += (c1 - c0).astype(U64) * U64(sub.value)
+                else:  # value at word w is (first - m0) + w
+                    partials += (c1 - c0).astype(U64) * U64((sub.first - m0) % (1 << 64)) + (s1 - s0).astype(U64)
             else:
                 for k in range(0, sub.count, CHUNK_WORDS):
                     k1 = min(sub.count, k + CHUNK_WORDS)
@@ -195,34 +183,35 @@ class Kernels:
         return max(1, self.device.max_threads_per_multiprocessor // THREADS)
 
     def grid_for(self, work_items: int, blocks_per_sm: int = 0, threads: int = THREADS) -> int:
-        per_sm = blocks_per_sm or self.blocks_per_sm
-        full = self.device.multiprocessor_count * per_sm
-        needed = -(-work_items // threads)
-        return max(1, min(full, needed))
+        """Blocks for ``work_items``: one per ``threads`` of them, at most a full wave of the device."""
+        full = self.device.multiprocessor_count * (blocks_per_sm or self.blocks_per_sm)
+        return max(1, min(full, -(-work_items // threads)))
 
     def max_read_partials(self) -> int:
         return self.grid_for((1 << 63) // 2)
 
-    def _occupancy(self, blocks: int, threads: int) -> float:
-        """Fraction of the threads needed to reach full streaming rate (4 blocks of 256 per SM)."""
-        return min(1.0, blocks * threads / (self.device.multiprocessor_count * 1024))
+    def _float_kernel(self, name: str, traffic: Traffic, inputs: tuple[tuple[int, int], ...], out: int, n: int,
+                      compute: Callable[[], Array]) -> KernelLaunch:
+        """A kernel writing ``compute()``, n float32 words, to ``out``; the result is remembered with the
+        segments (immutable contents) its input ranges (ptr, nbytes) consist of, and reused while they last."""
+        mem = self.memory
 
-    # memoized inputs: the segments (immutable contents) an input range consists of
-    def _key(self, *ranges: tuple[int, int]) -> tuple[Any, ...]:
-        key: list[Any] = []
-        for ptr, nbytes in ranges:
-            alloc, off = self.memory.resolve(ptr, nbytes)
-            key.append((ptr, nbytes, tuple((s, e, c) for s, e, c in alloc.pieces(off, off + nbytes))))
-        return tuple(key)
+        def run() -> None:
+            _require_aligned(4, *(ptr for ptr, _ in inputs), out)
+            mem.resolve(out, 4 * n)
+            if n == 0:
+                return
+            key = []
+            for ptr, nbytes in inputs:
+                alloc, off = mem.resolve(ptr, nbytes)
+                key.append((ptr, nbytes, tuple(alloc.pieces(off, off + nbytes))))
+            hit = self._memo.get(name)
+            if hit is None or hit[0] != key:
+                hit = self._memo[name] = (key, compute())
+                hit[1].flags.writeable = False
+            mem.write_array(out, hit[1], copy=False)
 
-    def _memoized(self, name: str, key: tuple[Any, ...], compute: Callable[[], Array]) -> Array:
-        hit = self._memo.get(name)
-        if hit is not None and hit[0] == key:
-            return hit[1]
-        value = compute()
-        value.flags.writeable = False
-        self._memo[name] = (key, value)
-        return value
+        return KernelLaunch(name, (max(1, -(-n // THREADS)), 1, 1), (THREADS, 1, 1), traffic, run)
 
     # reset data -------------------------------------------------------------------------------------
     def reset_data(self, out: int, out_len: int, lut: int, lut_len: int, variant: int,
@@ -232,34 +221,29 @@ class Kernels:
         if variant not in RESET_KERNELS:
             raise ValueError(f"unknown reset-data variant {variant}")
         name, lut_hint, store_hint = RESET_KERNELS[variant]
-        mem = self.memory
         if variant == 5:
             blocks, threads, vector_out, vector_lut = 32, 1024, False, False
             profile = "seed"
         else:
-            vector_out = variant != 6 and _aligned16(out)
-            vector_lut = vector_out and _aligned16(lut) and lut_len % 4 == 0
+            vector_out = variant != 6 and out % 16 == 0
+            vector_lut = vector_out and lut % 16 == 0 and lut_len % 4 == 0
             work = out_len // 4 + 1 if vector_out else out_len
             blocks, threads = self.grid_for(work, blocks_per_sm), THREADS
             profile = "vector" if vector_lut else "vector_out" if vector_out else "scalar"
         nbytes = 4 * out_len
         if vector_lut:
             requests, sectors = nbytes / 512, nbytes / 32
-        elif vector_out:
-            requests, sectors = nbytes / 128, nbytes / 128 * 16
         else:
-            requests, sectors = nbytes / 128, nbytes / 128 * 4
-        occupancy = 1.0 if profile == "seed" else self._occupancy(blocks, threads)
+            requests, sectors = nbytes / 128, nbytes / 128 * (16 if vector_out else 4)
+        # the fraction of the threads needed to reach full streaming rate (4 blocks of 256 per SM)
+        occupancy = 1.0 if profile == "seed" else min(1.0, blocks * threads / (self.device.multiprocessor_count * 1024))
         traffic = Traffic(name, profile=profile, stream_write=nbytes, hot=(lut, 4 * lut_len), hot_reads=nbytes,
                           hot_hint=lut_hint, store_hint=store_hint, work_bytes=nbytes / occupancy,
                           load_sectors=sectors, load_requests=requests)
 
         def run() -> None:
             _require_aligned(4, out, lut)
-            table = mem.read(lut, 4 * lut_len)
-            mem.resolve(out, nbytes)
-            if out_len:
-                mem.write(out, nbytes, Pattern(table, 0))
+            self.memory.write(out, nbytes, Pattern(self.memory.read(lut, 4 * lut_len), 0))  # the LUT repeated
 
         return KernelLaunch(name, (blocks, 1, 1), (threads, 1, 1), traffic, run,
                             (blocks, threads, vector_out, vector_lut))
@@ -276,68 +260,51 @@ class Kernels:
         def run() -> int:
             _require_aligned(4, out, lut)
             words = mem.read_words(lut, lut_len)
-            runs = mem.word_runs(out, out_len)
-            return count_differences(runs, [PatternRun(out_len, words, 0)] if out_len else [])
+            return count_differences(mem.word_runs(out, out_len), [PatternRun(out_len, words, 0)] if out_len else [])
 
         return KernelLaunch("reset_data_verify_kernel", (blocks, 1, 1), (THREADS, 1, 1), traffic, run,
                             synchronous=True)
 
     # ceilings ---------------------------------------------------------------------------------------
     def write_index(self, buf: int, n: int) -> KernelLaunch:
-        if not _aligned16(buf):
+        if buf % 16:
             raise ValueError("write_index needs a 16-byte aligned buffer")
-        mem = self.memory
-        blocks = self.grid_for(n // 4 + 1)
         traffic = Traffic("write_index_kernel", stream_write=4 * n, work_bytes=4 * n)
-
-        def run() -> None:
-            mem.resolve(buf, 4 * n)
-            if n:
-                mem.write(buf, 4 * n, Index(0))
-
-        return KernelLaunch("write_index_kernel", (blocks, 1, 1), (THREADS, 1, 1), traffic, run)
+        return KernelLaunch("write_index_kernel", (self.grid_for(n // 4 + 1), 1, 1), (THREADS, 1, 1), traffic,
+                            lambda: self.memory.write(buf, 4 * n, Index(0)))
 
     def count_index_mismatches(self, buf: int, n: int) -> KernelLaunch:
-        mem = self.memory
         traffic = Traffic("count_index_mismatch_kernel", profile="reduce", stream_read=4 * n, work_bytes=4 * n,
                           load_sectors=n / 8, load_requests=n / 32)
 
         def run() -> int:
             _require_aligned(4, buf)
-            return count_differences(mem.word_runs(buf, n), list(index_runs(0, n)))
+            return count_differences(self.memory.word_runs(buf, n), list(index_runs(0, n)))
 
         return KernelLaunch("count_index_mismatch_kernel", (self.grid_for(n), 1, 1), (THREADS, 1, 1), traffic,
                             run, synchronous=True)
 
     def copy_words(self, dst: int, src: int, n: int) -> KernelLaunch:
-        if not _aligned16(dst) or not _aligned16(src):
+        if dst % 16 or src % 16:
             raise ValueError("copy_words needs 16-byte aligned buffers")
-        mem = self.memory
         traffic = Traffic("copy_kernel", stream_read=4 * n, stream_write=4 * n, work_bytes=4 * n,
                           load_sectors=n / 8, load_requests=n / 128)
-
-        def run() -> None:
-            mem.resolve(src, 4 * n)
-            mem.resolve(dst, 4 * n)
-            if n:
-                mem.copy(dst, src, 4 * n)
-
-        return KernelLaunch("copy_kernel", (self.grid_for(n // 4 + 1), 1, 1), (THREADS, 1, 1), traffic, run)
+        return KernelLaunch("copy_kernel", (self.grid_for(n // 4 + 1), 1, 1), (THREADS, 1, 1), traffic,
+                            lambda: self.memory.copy(dst, src, 4 * n))
 
     def count_mismatches(self, a: int, b: int, n: int) -> KernelLaunch:
-        mem = self.memory
         traffic = Traffic("count_mismatch_kernel", profile="reduce", stream_read=8 * n, work_bytes=8 * n,
                           load_sectors=n / 4, load_requests=n / 16)
 
         def run() -> int:
             _require_aligned(4, a, b)
-            return count_differences(mem.word_runs(a, n), mem.word_runs(b, n))
+            return count_differences(self.memory.word_runs(a, n), self.memory.word_runs(b, n))
 
         return KernelLaunch("count_mismatch_kernel", (self.grid_for(n), 1, 1), (THREADS, 1, 1), traffic, run,
                             synchronous=True)
 
     def read_sum(self, buf: int, n: int, partials: int) -> KernelLaunch:
-        if not _aligned16(buf):
+        if buf % 16:
             raise ValueError("read_sum needs a 16-byte aligned buffer")
         mem = self.memory
         blocks = self.grid_for(n // 4 + 1)
@@ -347,8 +314,7 @@ class Kernels:
         def run() -> None:
             _require_aligned(8, partials)
             mem.resolve(partials, 8 * blocks)
-            sums = read_sum_partials(mem.word_runs(buf, n), n, blocks)
-            mem.write_array(partials, sums, copy=False)
+            mem.write_array(partials, read_sum_partials(mem.word_runs(buf, n), n, blocks), copy=False)
 
         return KernelLaunch("read_sum_kernel", (blocks, 1, 1), (THREADS, 1, 1), traffic, run, blocks)
 
@@ -365,10 +331,9 @@ class Kernels:
         # l2ctl's sector model: sectors a warp's request touches, and DRAM at 64-byte granularity
         spr = sectors_per_request(stride_bytes) if stride_words else 1
         dram = dram_bytes_per_request(stride_bytes) if stride_words else 64
-        traffic = Traffic("stride_read_kernel", profile="stride", l2_bytes=requests * spr * 32.0,
+        traffic = Traffic("stride_read_kernel", profile="stride", l2_bytes=requests * spr * 32.0, threads=threads,
                           dram_read_bytes=float(requests * dram), stream_read=requests * spr * 32.0,
-                          stream_write=8 * blocks, threads=threads,
-                          dram_efficiency=0.915 if stride_bytes >= 128 else 1.0,
+                          stream_write=8 * blocks, dram_efficiency=0.915 if stride_bytes >= 128 else 1.0,
                           load_sectors=float(requests * spr), load_requests=float(requests))
         words = (threads - 1) * stride_words + 1
 
@@ -382,7 +347,6 @@ class Kernels:
         return KernelLaunch("stride_read_kernel", (blocks, 1, 1), (block_threads, 1, 1), traffic, run, blocks)
 
     def sum_u64(self, values: int, count: int) -> KernelLaunch:
-        mem = self.memory
         traffic = Traffic("sum_u64_kernel", profile="reduce", stream_read=8 * count, work_bytes=8 * count,
                           load_sectors=count / 4, load_requests=count / 32)
 
@@ -392,7 +356,7 @@ class Kernels:
             step = CHUNK_WORDS // 2
             for k in range(0, count, step):
                 n = min(step, count - k)
-                chunk = np.ascontiguousarray(mem.read(values + 8 * k, 8 * n)).view(U64)
+                chunk = np.ascontiguousarray(self.memory.read(values + 8 * k, 8 * n)).view(U64)
                 total = U64(total + chunk.sum(dtype=U64))
             return int(total)
 
@@ -405,12 +369,11 @@ class Kernels:
         if dense_len == 0 or dense_len > 0xFFFFFFFF:
             raise ValueError("dense length out of range")
         mem = self.memory
-        name = "sparse_vector_kernel"
-        blocks = max(1, -(-n // THREADS))
         gathered = min(32.0, max(1.0, dense_len / 8))
-        traffic = Traffic(name, profile="sparse", stream_read=8 * n, stream_write=4 * n, hot=(dense, 4 * dense_len),
-                          hot_reads=4 * n, work_bytes=12 * n, dram_efficiency=0.99 if streaming else 1.0,
-                          load_sectors=n / 32 * (8 + gathered), load_requests=3 * n / 32)
+        traffic = Traffic("sparse_vector_kernel", profile="sparse", stream_read=8 * n, stream_write=4 * n,
+                          hot=(dense, 4 * dense_len), hot_reads=4 * n, work_bytes=12 * n,
+                          dram_efficiency=0.99 if streaming else 1.0, load_sectors=n / 32 * (8 + gathered),
+                          load_requests=3 * n / 32)
 
         def compute() -> Array:
             v = mem.read_words(values, n).view(np.float32)
@@ -423,28 +386,19 @@ class Kernels:
                 out[k:k + CHUNK_WORDS] = _fma32(vk, hot, np.sin(vk * np.float32(0.1)))
             return out
 
-        def run() -> None:
-            _require_aligned(4, values, indices, dense, result)
-            mem.resolve(result, 4 * n)
-            if n == 0:
-                return
-            key = self._key((values, 4 * n), (indices, 4 * n), (dense, 4 * dense_len))
-            mem.write_array(result, self._memoized(name, key, compute), copy=False)
-
-        return KernelLaunch(name, (blocks, 1, 1), (THREADS, 1, 1), traffic, run)
+        inputs = ((values, 4 * n), (indices, 4 * n), (dense, 4 * dense_len))
+        return self._float_kernel("sparse_vector_kernel", traffic, inputs, result, n, compute)
 
     def stream_analysis(self, data: int, categories: int, weights: int, weights_len: int, results: int, n: int,
                         streaming: bool) -> KernelLaunch:
         if weights_len == 0 or weights_len > 0xFFFFFFFF:
             raise ValueError("weights length out of range")
         mem = self.memory
-        name = "stream_analysis_kernel"
-        blocks = max(1, -(-n // THREADS))
         moved = 64 * n + 4 * n
         # normal loads: the 7 later iterations hit the L1 line the first brought; .cs loads evict it, so
         # every iteration fetches the warp's 32 sectors from L2 again
         l2 = 8 * 64.0 * n + 4 * n if streaming else float(moved)
-        traffic = Traffic(name, profile="analysis", stream_read=64 * n, stream_write=4 * n,
+        traffic = Traffic("stream_analysis_kernel", profile="analysis", stream_read=64 * n, stream_write=4 * n,
                           hot=(weights, 4 * weights_len), hot_reads=32 * n, work_bytes=moved, l2_bytes=l2,
                           load_sectors=n / 32 * 16 * 32 + n / 32 * 8, load_requests=n / 32 * 24)
 
@@ -464,15 +418,8 @@ class Kernels:
                 out[t:t + m] = s
             return out
 
-        def run() -> None:
-            _require_aligned(4, data, categories, weights, results)
-            mem.resolve(results, 4 * n)
-            if n == 0:
-                return
-            key = self._key((data, 32 * n), (categories, 32 * n), (weights, 4 * weights_len))
-            mem.write_array(results, self._memoized(name, key, compute), copy=False)
-
-        return KernelLaunch(name, (blocks, 1, 1), (THREADS, 1, 1), traffic, run)
+        inputs = ((data, 32 * n), (categories, 32 * n), (weights, 4 * weights_len))
+        return self._float_kernel("stream_analysis_kernel", traffic, inputs, results, n, compute)
 
     # stand-ins ----------------------------------------------------------------------------------------
     def fake_kernel(self) -> KernelLaunch:
@@ -484,7 +431,6 @@ class Kernels:
             raise ValueError("read_fraction must be in [0, 1]")
         if streamed_bytes < 0 or hot_reads < 0 or compute_ms < 0:
             raise ValueError("byte counts and compute_ms must be >= 0")
-        mem = self.memory
         traffic = Traffic(name, profile="modeled", stream_read=streamed_bytes * read_fraction,
                           stream_write=streamed_bytes * (1 - read_fraction), hot=hot,
                           hot_reads=hot_reads if hot is not None else 0.0, work_bytes=streamed_bytes,
@@ -493,7 +439,7 @@ class Kernels:
 
         def run() -> None:
             if hot is not None:
-                mem.resolve(hot[0], hot[1])
+                self.memory.resolve(hot[0], hot[1])
 
         blocks = self.grid_for(max(1, int(streamed_bytes) // 16))
         return KernelLaunch(name, (blocks, 1, 1), (THREADS, 1, 1), traffic, run)

@@ -1,7 +1,6 @@
 """Lazy device memory: allocations described by segments of content, never by their bytes.
 
-Every allocation is a sorted list of segments ``[start, end) -> content`` covering it completely. A
-content is one of
+Every allocation is a sorted list of segments ``[start, end) -> content`` covering it; a content is one of
 
 - ``Fill(byte)``: every byte is ``byte`` (what cudaMemset writes; a new allocation is ``Fill(0)``, so
   unwritten memory reads as zeros, where real cudaMalloc memory holds whatever was there);
@@ -25,7 +24,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, cast
 
 import numpy as np
 
@@ -59,6 +58,14 @@ class OutOfMemory(MemoryError):
 def _frozen(array: Array) -> Array:
     array.flags.writeable = False
     return array
+
+
+def _cyclic(data: Array, start: int, n: int) -> Array:
+    """n elements of ``data`` repeated, from ``start`` (a view of ``data`` where they do not wrap)."""
+    s = start % len(data)
+    if s + n <= len(data):
+        return data[s:s + n]
+    return np.tile(data, -(-(s + n) // len(data)))[s:s + n]
 
 
 # ---- contents (bytes) ----------------------------------------------------------------------------
@@ -132,12 +139,7 @@ class Pattern(Content):
         return Pattern(self.data, self.phase + offset, self._words)
 
     def materialize(self, offset: int, n: int) -> Array:
-        size = len(self.data)
-        s = (self.phase + offset) % size
-        if s + n <= size:
-            return self.data[s:s + n]
-        reps = -(-(s + n) // size)
-        return np.tile(self.data, reps)[s:s + n]
+        return _cyclic(self.data, self.phase + offset, n)
 
     def run(self, offset: int, nwords: int) -> Iterator["Run"]:
         words = self.words
@@ -176,13 +178,11 @@ class Index(Content):
 # ---- word runs -----------------------------------------------------------------------------------
 
 
+@dataclass(eq=False)
 class Run:
     """``count`` consecutive 32-bit words."""
 
-    kind = "run"
-
-    def __init__(self, count: int) -> None:
-        self.count = count
+    count: int
 
     def values(self, k0: int, k1: int) -> Array:
         """Words [k0, k1) of the run as uint32."""
@@ -197,12 +197,9 @@ class Run:
         raise NotImplementedError
 
 
+@dataclass(eq=False)
 class FillRun(Run):
-    kind = "fill"
-
-    def __init__(self, count: int, value: int) -> None:
-        super().__init__(count)
-        self.value = value
+    value: int
 
     def values(self, k0: int, k1: int) -> Array:
         return np.full(k1 - k0, self.value, dtype=U32)
@@ -214,14 +211,11 @@ class FillRun(Run):
         return FillRun(k1 - k0, self.value)
 
 
+@dataclass(eq=False)
 class IndexRun(Run):
     """Word k is first + k; never wraps (first + count <= 2^32; see index_runs)."""
 
-    kind = "index"
-
-    def __init__(self, count: int, first: int) -> None:
-        super().__init__(count)
-        self.first = first
+    first: int
 
     def values(self, k0: int, k1: int) -> Array:
         return (np.arange(k0, k1, dtype=np.int64) + self.first).astype(U32)
@@ -243,38 +237,29 @@ def index_runs(first: int, count: int) -> Iterator[IndexRun]:
         first = 0
 
 
+@dataclass(eq=False)
 class PatternRun(Run):
     """Word k is words[(phase + k) % len(words)]."""
 
-    kind = "pattern"
+    words: Array
+    phase: int
 
-    def __init__(self, count: int, words: Array, phase: int) -> None:
-        super().__init__(count)
-        self.words = words
-        self.phase = phase % len(words)
+    def __post_init__(self) -> None:
+        self.phase %= len(self.words)
 
     def values(self, k0: int, k1: int) -> Array:
-        size = len(self.words)
-        s = (self.phase + k0) % size
-        n = k1 - k0
-        if s + n <= size:
-            return self.words[s:s + n]
-        return np.tile(self.words, -(-(s + n) // size))[s:s + n]
+        return _cyclic(self.words, self.phase + k0, k1 - k0)
 
     def gather(self, idx: Array) -> Array:
-        out: Array = self.words[(idx + self.phase) % len(self.words)]
-        return out
+        return cast(Array, self.words[(idx + self.phase) % len(self.words)])
 
     def sub(self, k0: int, k1: int) -> Run:
         return PatternRun(k1 - k0, self.words, self.phase + k0)
 
 
+@dataclass(eq=False)
 class ArrayRun(Run):
-    kind = "array"
-
-    def __init__(self, count: int, data: Array) -> None:
-        super().__init__(count)
-        self.data = data
+    data: Array
 
     def values(self, k0: int, k1: int) -> Array:
         return self.data[k0:k1]
@@ -286,19 +271,15 @@ class ArrayRun(Run):
         return ArrayRun(k1 - k0, self.data[k0:k1])
 
 
+@dataclass(eq=False)
 class LazyRun(Run):
     """Words of a content not aligned to them, materialized on demand."""
 
-    kind = "lazy"
-
-    def __init__(self, count: int, content: Content, offset: int) -> None:
-        super().__init__(count)
-        self.content = content
-        self.offset = offset
+    content: Content
+    offset: int
 
     def values(self, k0: int, k1: int) -> Array:
-        raw = np.ascontiguousarray(self.content.materialize(self.offset + 4 * k0, 4 * (k1 - k0)))
-        return raw.view(U32)
+        return np.ascontiguousarray(self.content.materialize(self.offset + 4 * k0, 4 * (k1 - k0))).view(U32)
 
     def gather(self, idx: Array) -> Array:
         out = np.empty(len(idx), dtype=U32)
@@ -437,10 +418,6 @@ class Allocation:
         starts[i:j] = [s for s, _, _ in new]
 
 
-def _span(size: int, offset: int, nbytes: int) -> bool:
-    return 0 <= offset and offset + nbytes <= size
-
-
 class Memory:
     """Every allocation of one simulated machine, by address; capacity enforced per device."""
 
@@ -481,12 +458,9 @@ class Memory:
     def resolve(self, ptr: int, nbytes: int) -> tuple[Allocation, int]:
         """(allocation, offset) for [ptr, ptr + nbytes) inside one live allocation; MemoryFault otherwise."""
         alloc = self.find(ptr)
-        if alloc is None or not _span(alloc.size, ptr - alloc.base, nbytes):
+        if alloc is None or not 0 <= ptr - alloc.base <= alloc.size - nbytes:
             raise MemoryFault(f"[0x{ptr:x}, 0x{ptr + nbytes:x}) is not inside one live allocation")
         return alloc, ptr - alloc.base
-
-    def allocations(self) -> list[Allocation]:
-        return [self._allocs[b] for b in self._bases]
 
     # access -----------------------------------------------------------------------------------------
     def write(self, ptr: int, nbytes: int, content: Content) -> None:
@@ -497,8 +471,8 @@ class Memory:
         """Explicit bytes: copied, so later changes to ``data`` do not reach device memory, unless
         ``copy`` is False (for arrays nobody changes any more; they are made read-only)."""
         raw = np.ascontiguousarray(data).reshape(-1).view(U8)
-        if copy or raw.flags.writeable:
-            raw = raw.copy() if copy else raw
+        if copy:
+            raw = raw.copy()
         self.write(ptr, raw.nbytes, Bytes(_frozen(raw)))
 
     def fill(self, ptr: int, nbytes: int, byte: int) -> None:
@@ -526,8 +500,7 @@ class Memory:
         """Device-to-device copy (memmove semantics): the source's segments, re-based."""
         salloc, soff = self.resolve(src, nbytes)
         dalloc, doff = self.resolve(dst, nbytes)
-        parts = list(salloc.pieces(soff, soff + nbytes))
-        for s, e, c in parts:
+        for s, e, c in list(salloc.pieces(soff, soff + nbytes)):  # a list: the source may be the destination
             dalloc.write(doff + s - soff, doff + e - soff, c)
 
     def word_runs(self, ptr: int, nwords: int) -> list[Run]:
@@ -540,12 +513,10 @@ class Memory:
             first, last = -(-a // 4), b // 4
             if first >= last:
                 continue
-            for w in range(k, first):  # words that straddle the boundary before this piece
-                runs.append(ArrayRun(1, self.read(ptr + 4 * w, 4).view(U32)))
+            runs.extend(ArrayRun(1, self.read(ptr + 4 * w, 4).view(U32)) for w in range(k, first))  # straddling
             runs.extend(c.run(4 * first - a, last - first))
             k = last
-        for w in range(k, nwords):
-            runs.append(ArrayRun(1, self.read(ptr + 4 * w, 4).view(U32)))
+        runs.extend(ArrayRun(1, self.read(ptr + 4 * w, 4).view(U32)) for w in range(k, nwords))
         return runs
 
     def segment_count(self) -> int:

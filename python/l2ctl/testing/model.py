@@ -1,13 +1,11 @@
 """The simulator's timing model: how long a kernel takes, from the bytes it moves and an L2 model.
 
-A kernel launch is described by its ``Traffic``:
-
-- ``stream_read`` / ``stream_write`` (S): bytes read or written once (they go to DRAM);
-- a *hot* buffer ``hot = (ptr, H bytes)`` re-read ``hot_reads`` (R) bytes in total (reset-data: the
-  LUT, read once per output word);
-- a kernel *profile* (how the kernel issues its accesses: 16-byte vectors, 4-byte scalars, the blog's
-  32x1024 shape, one load per thread, ...), with the bytes or threads its issue rate applies to;
-- cache hints (``evict_last`` or ``annotated`` LUT loads, ``.cs`` stores).
+A launch is described by its ``Traffic``: bytes read or written once (``stream_read`` /
+``stream_write``, S: they go to DRAM); a *hot* buffer ``hot = (ptr, H bytes)`` re-read ``hot_reads``
+(R) bytes in total (reset-data: the LUT, read once per output word); a kernel *profile* (how it issues
+its accesses: 16-byte vectors, 4-byte scalars, the blog's 32x1024 shape, one load per thread, ...),
+with the bytes or threads its issue rate applies to; cache hints (``evict_last`` or ``annotated`` LUT
+loads, ``.cs`` stores).
 
 **The hot buffer in L2.** A window on the stream (or graph node) that covers the hot buffer with hit
 ratio h and hitProp PERSISTING asks for D = h x (covered bytes) of persisting L2. If D (plus the demand
@@ -15,14 +13,14 @@ of persisting windows of kernels running at the same time on other streams) fits
 resident, but as D approaches the limit part of it is served as slowly as a normal-L2 hit (none below
 60% of the limit, up to 30% at the limit: the H100's counters show a 12-16 MiB LUT in a right-sized
 set-aside staying in L2 while the kernel loses a good part of its gain); above the limit the
-persisting lines thrash and a part is lost. The rest of the hot buffer competes in the *normal* L2 (L2 size minus the limit) with
-the streaming traffic: with x = (hot bytes there + streamed bytes between two reuses of a line) /
-(normal L2), a fraction m(x) = x^p / (x0^p + x^p) of its reads miss (p, x0 fitted to the H100's
-counters: 4 MiB LUT 4%, 16 MiB 27%, 32 MiB 53% of LUT reads from DRAM). ``.cs`` stores pollute less;
-lines given STREAMING by the window's misses are evicted first; ``evict_last``/``annotated`` loads
-protect part of the normal L2 without a set-aside. Persisted lines survive from launch to launch
-until ``cudaCtxResetPersistingL2Cache``, a limit change, or the start of a profiler pass; every other
-hot line must be loaded once per launch.
+persisting lines thrash and a part is lost. The rest of the hot buffer competes in the *normal* L2
+(L2 size minus the limit) with the streaming traffic: with x = (hot bytes there + streamed bytes
+between two reuses of a line) / (normal L2), a fraction m(x) = x^p / (x0^p + x^p) of its reads miss
+(p, x0 fitted to the H100's counters: 4 MiB LUT 4%, 16 MiB 27%, 32 MiB 53% of LUT reads from DRAM).
+``.cs`` stores pollute less; lines given STREAMING by the window's misses are evicted first;
+``evict_last``/``annotated`` loads protect part of the normal L2 without a set-aside. Persisted lines
+survive from launch to launch until ``cudaCtxResetPersistingL2Cache``, a limit change, or the start of
+a profiler pass; every other hot line must be loaded once per launch.
 
 **Time.** DRAM bytes = S + missed hot reads + first loads. With x_r the read fraction, a byte takes
 x_r / B_read + (1 - x_r) / B_write + k 4 x_r (1 - x_r) (k: bus turnaround, from the copy ceiling), all
@@ -38,9 +36,8 @@ at 87% of it, one-load-per-thread kernels per thread and SM). The last term char
 hit the normal L2 instead of a persisted line a profile-dependent cost (growing with the hot buffer's
 size up to a few percent of the L2), small for 16-byte vectors and large for 4-byte scalars: why the
 scalar kernel gains 1.6-1.7x from a right-sized set-aside and the vectorized one 1.2-1.3x, and (with
-a cost per miss) why the blog's latency-bound 32x1024 kernel gets 2-3x slower as its LUT grows. A
-duration gets a small multiplicative noise (``FakeDevice.noise``, 0.3% by default), drawn from the
-backend's seed.
+a cost per miss) why the blog's latency-bound 32x1024 kernel gets 2-3x slower as its LUT grows.
+Durations get a multiplicative noise (``FakeDevice.noise``, 0.3% by default) drawn from the backend's seed.
 
 Calibration, H100 preset against the README's table (``bench reset-data``, 1 GiB output, ms;
 simulated / measured; the recipe is set-aside = max with hit ratio set-aside / LUT):
@@ -77,12 +74,10 @@ from typing import Optional
 
 import numpy as np
 
-from .devices import FakeDevice, tax_at
+from .devices import FakeDevice, GiB, MiB, tax_at
 
 __all__ = ["Traffic", "Profile", "PROFILES", "Estimate", "DeviceModel", "hill_miss", "METRIC_NAMES", "GiB"]
 
-MiB = 1 << 20
-GiB = 1 << 30
 PERSISTING, STREAMING, NORMAL = 2, 1, 0
 
 #: Calibration shared by every device (fitted to the H100 reference tables; see the module docstring).
@@ -101,43 +96,29 @@ LATENCY_KNEE = 0.04  # the latency cost of unprotected hot reads grows like H^2 
 
 @dataclass(frozen=True)
 class Profile:
-    """How a kernel issues its accesses.
+    """How a kernel issues its accesses; latencies are in units of the time the write ceiling takes for a byte."""
 
-    issue: its issue floor streams ``work_bytes`` at this fraction of the write-ceiling bandwidth;
-    thread_ns: plus this many ns x SM per thread (one-load-per-thread kernels);
-    hit_latency / miss_latency: time charged per unprotected hot byte read (and per missed one), in
-    units of the time the write ceiling takes for a byte;
-    l2_efficiency: fraction of the L2 bandwidth its access pattern reaches.
-    """
-
-    issue: float = 1.0
-    thread_ns: float = 0.0
-    hit_latency: float = 0.0
-    miss_latency: float = 0.0
-    l2_efficiency: float = 1.0
+    issue: float = 1.0  # its issue floor streams ``work_bytes`` at this fraction of the write-ceiling bandwidth
+    thread_ns: float = 0.0  # plus this many ns x SM per thread (one-load-per-thread kernels)
+    hit_latency: float = 0.0  # charged per unprotected hot byte read
+    miss_latency: float = 0.0  # charged per missed hot byte read
+    l2_efficiency: float = 1.0  # fraction of the L2 bandwidth its access pattern reaches
 
 
 PROFILES: dict[str, Profile] = {
-    # reset-data: 16-byte stores and LUT loads
-    "vector": Profile(issue=0.985, hit_latency=0.19),
+    "vector": Profile(issue=0.985, hit_latency=0.19),  # reset-data: 16-byte stores and LUT loads
     # 16-byte stores, four 4-byte LUT loads (LUT not 16-byte aligned or its length not a multiple of 4)
     "vector_out": Profile(issue=0.94, hit_latency=0.35),
-    # 4-byte loads and stores only
-    "scalar": Profile(issue=0.875, hit_latency=0.96),
+    "scalar": Profile(issue=0.875, hit_latency=0.96),  # 4-byte loads and stores only
     # the blog's 32 x 1024 kernel with a 64-bit modulo per element: latency-bound
     "seed": Profile(issue=0.212, miss_latency=14.0),
-    # plain 16-byte streaming kernels (write_index, copy, read_sum)
-    "stream": Profile(issue=1.0),
-    # grid-stride 4-byte reductions (the verification and counting kernels)
-    "reduce": Profile(issue=0.8, hit_latency=0.3),
-    # one 4-byte load per thread (stride_read)
-    "stride": Profile(issue=0.0, thread_ns=0.46),
-    # one element per thread: sparse_vector
-    "sparse": Profile(issue=0.72),
+    "stream": Profile(issue=1.0),  # plain 16-byte streaming kernels (write_index, copy, read_sum)
+    "reduce": Profile(issue=0.8, hit_latency=0.3),  # grid-stride 4-byte reductions (verification, counting)
+    "stride": Profile(issue=0.0, thread_ns=0.46),  # one 4-byte load per thread (stride_read)
+    "sparse": Profile(issue=0.72),  # one element per thread: sparse_vector
     # 8 consecutive elements per thread: stream_analysis (normal loads hit L1 for 7 of 8)
     "analysis": Profile(issue=0.74, l2_efficiency=0.7),
-    # launch_modeled_kernel
-    "modeled": Profile(issue=1.0, hit_latency=0.19),
+    "modeled": Profile(issue=1.0, hit_latency=0.19),  # launch_modeled_kernel
 }
 
 
@@ -187,7 +168,6 @@ class Estimate:
 
     def metrics(self) -> dict[str, float]:
         """Values for the metric names of l2ctl._counters.METRIC_UNITS."""
-        ns = self.duration_ms * 1e6
         seconds = self.duration_ms * 1e-3
         sectors = self.l2_bytes / 32
         read_sectors = self.l2_read_bytes / 32
@@ -207,28 +187,15 @@ class Estimate:
                 100.0 * min(1.0, self.l2_bytes / seconds / (self.l2_peak_gbps * 1e9)) if seconds else 0.0,
             "dram__throughput.avg.pct_of_peak_sustained_elapsed":
                 100.0 * min(1.0, dram / seconds / (self.dram_peak_gbps * 1e9)) if seconds else 0.0,
-            "gpu__time_duration.sum": ns,
+            "gpu__time_duration.sum": self.duration_ms * 1e6,
             "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum": self.load_sectors,
             "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum": self.load_requests,
             "lts__t_sectors_srcunit_tex_op_read.sum": read_sectors,
         }
 
 
-#: The counters the model reports (Nsight Compute's names; see Estimate.metrics).
-METRIC_NAMES: tuple[str, ...] = (
-    "lts__t_sector_hit_rate.pct",
-    "lts__t_sector_op_read_hit_rate.pct",
-    "dram__bytes_read.sum",
-    "dram__bytes_write.sum",
-    "lts__t_bytes.sum.per_second",
-    "dram__bytes.sum.per_second",
-    "lts__throughput.avg.pct_of_peak_sustained_elapsed",
-    "dram__throughput.avg.pct_of_peak_sustained_elapsed",
-    "gpu__time_duration.sum",
-    "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum",
-    "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum",
-    "lts__t_sectors_srcunit_tex_op_read.sum",
-)
+#: The counters the model reports (Nsight Compute's names): the keys of Estimate.metrics, in order.
+METRIC_NAMES: tuple[str, ...] = tuple(Estimate("", *[0.0] * 14).metrics())
 
 
 def hill_miss(x: float) -> float:
@@ -239,13 +206,8 @@ def hill_miss(x: float) -> float:
     return a / (math.pow(HILL_X0, HILL_P) + a)
 
 
-def _overlap(a0: int, a1: int, b0: int, b1: int) -> int:
-    return max(0, min(a1, b1) - max(a0, b0))
-
-
 @dataclass
 class _Recent:
-    start: float
     end: float
     demand: float
 
@@ -316,14 +278,10 @@ class DeviceModel:
         prof = PROFILES[t.profile]
         limit = d.limit if d.supports_persistence else 0
         normal = max(d.l2_cache_size - limit, d.l2_cache_size * 0.05)
-        stream_bytes = t.stream_read + t.stream_write
         R = t.hot_reads if t.hot is not None else 0.0
         H = float(t.hot[1]) if t.hot is not None else 0.0
-        P = E = 0.0
-        miss = 0.0
-        misses = first = 0.0
-        unprot_reads = slow_reads = 0.0
-        demand = 0.0
+        P = E = miss = misses = first = 0.0
+        unprot_reads = slow_reads = demand = 0.0
         key: Optional[tuple[int, int]] = None
         if t.hot is not None and H > 0 and R > 0:
             key = (t.hot[0], t.hot[1])
@@ -331,7 +289,7 @@ class DeviceModel:
             covered = streaming_cov = 0.0
             if window is not None and window[1] > 0:
                 base, nbytes, ratio, hit_prop, miss_prop = window
-                cov = _overlap(h0, h1, base, base + nbytes)
+                cov = max(0, min(h1, base + nbytes) - max(h0, base))
                 if hit_prop == PERSISTING:
                     covered = ratio * cov
                 if miss_prop == STREAMING:
@@ -366,16 +324,14 @@ class DeviceModel:
                 miss = (1 - frac) * miss + frac * hill_miss(x * STREAMING_MISS_X)
             unprot_reads = R * Uu / H
             misses = unprot_reads * miss
-            carried = self.persisted.get(key, 0.0)
-            first = max(0.0, P - carried) + E + Uu * (1 - miss)
-            first = min(first, H)
+            first = min(max(0.0, P - self.persisted.get(key, 0.0)) + E + Uu * (1 - miss), H)
         dram_read = (t.dram_read_bytes if t.dram_read_bytes is not None else t.stream_read) + misses + first
         dram_write = t.stream_write + self.dirty
         dram = dram_read + dram_write
         xr = dram_read / dram if dram else 0.0
         tax = self.tax(xr)
         t_dram = dram * self.seconds_per_byte(xr) / (tax * t.dram_efficiency) * 1e3
-        l2 = t.l2_bytes if t.l2_bytes is not None else stream_bytes + R
+        l2 = t.l2_bytes if t.l2_bytes is not None else t.stream_read + t.stream_write + R
         t_l2 = l2 / (d.l2_gbps * 1e9 * prof.l2_efficiency * tax ** L2_TAX_POWER) * 1e3
         issue = t.compute_ms
         if prof.issue > 0 and t.work_bytes > 0:
@@ -400,7 +356,7 @@ class DeviceModel:
                     self.persisted.pop(key, None)
                 self.limit_changed(limit)
             if stream is not None:
-                self.recent[stream] = _Recent(start_ms, start_ms + duration, demand)
+                self.recent[stream] = _Recent(start_ms + duration, demand)
         return Estimate(
             name=t.name, duration_ms=duration, dram_read=dram_read, dram_write=dram_write, l2_bytes=l2,
             l2_read_bytes=t.stream_read + R if t.l2_bytes is None else max(0.0, l2 - t.stream_write),

@@ -4,10 +4,10 @@ Semantics follow src/l2ctl/counters.hpp and l2ctl._counters:
 
 - ``cupti_load(path)`` "opens" libcupti: bare library names and existing files named ``libcupti*``
   load (unless the backend was made with ``cupti=False``); anything else fails with code -1.
-- ``RangeProfiler(device, metrics, max_ranges, user_replay)`` needs the library loaded, at least one
-  metric, and known metric names (the model's, which include every name of
-  ``l2ctl._counters.METRIC_UNITS``; others fail like CUPTI's host configuration). The metrics need ``passes`` passes: one per four metrics. Only one profiler may
-  be enabled on a device at a time.
+- ``RangeProfiler(device, metrics, max_ranges, user_replay)`` needs the library loaded and at least one
+  metric, all known to the model (whose names include every one of ``l2ctl._counters.METRIC_UNITS``;
+  others fail like CUPTI's host configuration). They need ``passes`` passes, one per four metrics. Only
+  one profiler may be enabled on a device at a time.
 - ``start()`` begins a pass. Like the real profiler, it evicts persisting L2 lines and leaves some of its
   own data dirty in L2, which the first kernels then write back (the timing model accounts for both).
   Every kernel launched on the device until ``end_pass()`` is a range, up to ``max_ranges``.
@@ -22,6 +22,7 @@ Semantics follow src/l2ctl/counters.hpp and l2ctl._counters:
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -48,9 +49,7 @@ def chip_name(major: int, minor: int) -> str:
 def library_loads(path: str) -> bool:
     """Whether the simulated loader can open ``path``."""
     base = os.path.basename(path) if path else "libcupti.so"
-    if not base.startswith("libcupti"):
-        return False
-    return os.sep not in path or os.path.exists(path)
+    return base.startswith("libcupti") and (os.sep not in path or os.path.exists(path))
 
 
 @dataclass
@@ -123,7 +122,7 @@ class FakeRangeProfiler:
             self._seen = 0
             self._ranges.append([])
             self.running = True
-            self._backend._profiler_started(self)
+            self._backend.models[self.device].profiler_started(self.max_ranges)
 
     def end_pass(self) -> bool:
         with self._backend._lock:
@@ -148,26 +147,20 @@ class FakeRangeProfiler:
                 return []
             last = self._ranges[-1]
             passes = self._ranges[-self._passes:] if self.user_replay else [last]
-            out: list[tuple[str, list[float]]] = []
-            for i, r in enumerate(last):
-                values = []
-                for j, metric in enumerate(self.metrics):
-                    source = passes[j % len(passes)]
-                    values.append(float((source[i] if i < len(source) else r).values[metric]))
-                out.append((r.name, values))
-            return out
+
+            def value(i: int, j: int) -> float:  # metric j of range i, from pass j mod passes where it has range i
+                source = passes[j % len(passes)]
+                return float((source[i] if i < len(source) else last[i]).values[self.metrics[j]])
+
+            return [(r.name, [value(i, j) for j in range(len(self.metrics))]) for i, r in enumerate(last)]
 
     def release(self) -> None:
-        if not self._released:
-            self._released = True
-            self.running = False
-            self._backend._disable_profiler(self)
+        if not self._released:  # the backend's weak reference to it then gives way to the next profiler's
+            self._released, self.running = True, False
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # interpreter shutdown, or an __init__ that failed
             self.release()
-        except Exception:  # pragma: no cover - interpreter shutdown
-            pass
 
     def __repr__(self) -> str:
         return (f"<FakeRangeProfiler device {self.device}, {len(self.metrics)} metrics, {self._passes} passes, "

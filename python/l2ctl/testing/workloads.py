@@ -19,12 +19,10 @@ from .._interop import resolve_stream
 from .._memory import DeviceBuffer
 from ..workloads._base import fraction_of_l2
 from ..workloads.graphed import Compiled, Graphed
+from .devices import GiB, MiB
 from .torch_graphs import FakeGraphTrees, FakeRecording, FakeTorchGraph
 
 __all__ = ["ModeledKernel", "ModeledWorkload", "ModeledGraphed", "ModeledCompiled"]
-
-MiB = 1 << 20
-GiB = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -47,8 +45,7 @@ class ModeledWorkload:
 
     def __init__(self, name: str, buffers: dict[str, int], kernels: Sequence[ModeledKernel], *,
                  hot: Optional[str] = None, device: object = None) -> None:
-        backend = _backend.current()
-        if not hasattr(backend, "launch_modeled_kernel"):
+        if not hasattr(_backend.current(), "launch_modeled_kernel"):
             raise RuntimeError("modeled workloads run on the simulator only (l2ctl.testing.FakeBackend)")
         for k in kernels:
             if k.hot is not None and k.hot not in buffers:
@@ -101,10 +98,7 @@ class ModeledWorkload:
         handle = resolve_stream(stream).handle
         backend: Any = _backend.current()
         for k in self.kernels:
-            hot = None
-            if k.hot is not None:
-                buf = self.buffers[k.hot]
-                hot = (buf.ptr, buf.nbytes)
+            hot = None if k.hot is None else (self.buffers[k.hot].ptr, self.buffers[k.hot].nbytes)
             backend.launch_modeled_kernel(handle, k.name, streamed_bytes=k.streamed_bytes, hot=hot,
                                           hot_reads=k.hot_reads, compute_ms=k.compute_ms,
                                           read_fraction=k.read_fraction)
@@ -147,7 +141,6 @@ class ModeledWorkload:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
 
 
 class ModeledGraphed(Graphed):
