@@ -23,6 +23,13 @@ namespace py = pybind11;
 using namespace pybind11::literals;
 
 namespace {
+
+// f() with the GIL released; its result is converted to Python after the GIL is back.
+template <typename F>
+auto unlocked(F&& f) {
+  py::gil_scoped_release released;
+  return f();
+}
 using release = py::call_guard<py::gil_scoped_release>;
 using WindowTuple = std::tuple<std::uintptr_t, std::size_t, float, int, int>;
 
@@ -155,7 +162,8 @@ PyObject* apply_window(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   return journaled(Py_BuildValue("(LLN)", r.previous_limit, r.granted_limit, previous), journal);
 }
 
-PyMethodDef apply_window_def = {"apply_window", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(apply_window)),
+PyMethodDef apply_window_def = {"apply_window",
+                                reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(apply_window)),
                                 METH_FASTCALL, apply_window_doc};
 }  // namespace
 
@@ -182,11 +190,7 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "device_properties",
       [](int device) {
-        l2ctl::DeviceProperties p;
-        {
-          py::gil_scoped_release unlocked;
-          p = l2ctl::device_properties(device);
-        }
+        l2ctl::DeviceProperties p = unlocked([&] { return l2ctl::device_properties(device); });
         return py::dict("index"_a = p.index, "name"_a = p.name, "major"_a = p.major, "minor"_a = p.minor,
                         "multiprocessor_count"_a = p.multiprocessor_count, "l2_cache_size"_a = p.l2_cache_size,
                         "persisting_l2_cache_max_size"_a = p.persisting_l2_cache_max_size,
@@ -215,22 +219,14 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "stream_context",
       [](std::uintptr_t stream) {
-        l2ctl::Contexts c;
-        {
-          py::gil_scoped_release unlocked;
-          c = l2ctl::stream_context(stream);
-        }
+        l2ctl::Contexts c = unlocked([&] { return l2ctl::stream_context(stream); });
         return py::make_tuple(c.context, c.primary);
       },
       "stream"_a);
   m.def(
       "pointer_context",
       [](std::uintptr_t ptr) {
-        l2ctl::Contexts c;
-        {
-          py::gil_scoped_release unlocked;
-          c = l2ctl::pointer_context(ptr);
-        }
+        l2ctl::Contexts c = unlocked([&] { return l2ctl::pointer_context(ptr); });
         return py::make_tuple(c.context, c.primary);
       },
       "ptr"_a);
@@ -255,11 +251,7 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "pointer_info",
       [](std::uintptr_t ptr) {
-        l2ctl::PointerInfo info;
-        {
-          py::gil_scoped_release unlocked;
-          info = l2ctl::pointer_info(ptr);
-        }
+        l2ctl::PointerInfo info = unlocked([&] { return l2ctl::pointer_info(ptr); });
         return py::make_tuple(info.memory_type, info.device, info.range_base, info.range_size);
       },
       "ptr"_a);
@@ -303,11 +295,7 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "graph_kernel_nodes",
       [](std::uintptr_t graph) {
-        std::vector<l2ctl::KernelNode> nodes;
-        {
-          py::gil_scoped_release unlocked;
-          nodes = l2ctl::graph_kernel_nodes(graph);
-        }
+        std::vector<l2ctl::KernelNode> nodes = unlocked([&] { return l2ctl::graph_kernel_nodes(graph); });
         py::list out;
         for (const auto& k : nodes)
           out.append(py::make_tuple(k.node, k.function, py::make_tuple(k.grid[0], k.grid[1], k.grid[2]),
@@ -331,11 +319,8 @@ PYBIND11_MODULE(_core, m) {
         std::vector<l2ctl::WindowChange> changes = window_changes(stream_windows, l2ctl::WindowHolder::stream);
         std::vector<l2ctl::WindowChange> nodes = window_changes(node_windows, l2ctl::WindowHolder::kernel_node);
         changes.insert(changes.end(), nodes.begin(), nodes.end());
-        l2ctl::StateResult r;
-        {
-          py::gil_scoped_release unlocked;
-          r = l2ctl::apply_state(device, limit, at_least, changes, reset_lines, read_previous);
-        }
+        l2ctl::StateResult r =
+            unlocked([&] { return l2ctl::apply_state(device, limit, at_least, changes, reset_lines, read_previous); });
         py::list previous;
         for (const l2ctl::Window& w : r.previous)
           previous.append(py::make_tuple(w.base, w.num_bytes, w.hit_ratio, w.hit_prop, w.miss_prop));
@@ -356,11 +341,7 @@ PYBIND11_MODULE(_core, m) {
       .def("end_pass", &l2ctl::RangeProfiler::end_pass, release())
       .def("stop",
            [](l2ctl::RangeProfiler& self) {
-             std::vector<l2ctl::RangeValues> ranges;
-             {
-               py::gil_scoped_release unlocked;
-               ranges = self.stop();
-             }
+             std::vector<l2ctl::RangeValues> ranges = unlocked([&] { return self.stop(); });
              py::list out;
              for (const auto& r : ranges) out.append(py::make_tuple(r.name, r.values));
              return out;
@@ -374,12 +355,10 @@ PYBIND11_MODULE(_core, m) {
       "reset_data",
       [](int device, std::uintptr_t stream, std::uintptr_t out, std::size_t out_len, std::uintptr_t lut,
          std::size_t lut_len, int variant, unsigned blocks_per_sm) {
-        l2ctl::LaunchShape s;
-        {
-          py::gil_scoped_release unlocked;
-          s = l2ctl::reset_data(device, stream, out, out_len, lut, lut_len, static_cast<l2ctl::ResetVariant>(variant),
-                                blocks_per_sm);
-        }
+        l2ctl::LaunchShape s = unlocked([&] {
+          return l2ctl::reset_data(device, stream, out, out_len, lut, lut_len,
+                                   static_cast<l2ctl::ResetVariant>(variant), blocks_per_sm);
+        });
         return py::make_tuple(s.blocks, s.threads, s.vector_out, s.vector_lut);
       },
       "device"_a, "stream"_a, "out"_a, "out_len"_a, "lut"_a, "lut_len"_a, "variant"_a, "blocks_per_sm"_a = 0);

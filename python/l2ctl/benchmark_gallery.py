@@ -1,16 +1,10 @@
-"""The gallery benchmark (``python -m l2ctl bench workloads``): for each framework workload, what persistence buys under four policies, measured
-side by side with the baseline in paired rounds, every output verified.
-
-- baseline: no set-aside, no window;
-- recipe: the textbook recipe on the workload's obvious buffer (``hot``): set-aside min(0.75 x L2, max),
-  hit ratio min(1, set-aside / buffer);
-- hit 1.0: ``persist(stream, hot, 1.0)`` with l2ctl's defaults (the set-aside "auto", which stops at the
-  driver's default limit and warns);
-- tuned: l2ctl.tune over all the workload's candidates; its choice applied with ``persist(policy=...)``,
-  re-measured in ``runs`` separate paired comparisons (a "no persistence" answer measures the scope
-  that changes nothing).
-
-Each row also reports the tax of the tuned set-aside and of the recipe's on a plain copy.
+"""The gallery benchmark (``python -m l2ctl bench workloads``): for each framework workload, what persistence
+buys under the policies of WORKLOAD_POLICIES, measured side by side with the baseline (no set-aside, no
+window) in paired rounds, every output verified. The recipe and hit 1.0 persist the workload's obvious
+buffer (``hot``); hit 1.0's set-aside "auto" stops at the driver's default limit and warns. The tuned
+choice is re-measured in ``runs`` separate paired comparisons (a "no persistence" answer measures the
+scope that changes nothing). Each row also reports the tax of the tuned set-aside and of the recipe's on a
+plain copy.
 """
 
 from __future__ import annotations
@@ -56,9 +50,8 @@ def recipe_set_aside(device: object = None) -> int:
 def _quiet(scope: Any) -> Iterator[Any]:
     """A scope whose warnings are the point of the row (the recipe oversubscribes, hit 1.0 hits the cap)."""
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", L2BudgetWarning)
-        warnings.simplefilter("ignore", SetAsideTaxWarning)
-        warnings.simplefilter("ignore", WindowClippedWarning)
+        for category in (L2BudgetWarning, SetAsideTaxWarning, WindowClippedWarning):
+            warnings.simplefilter("ignore", category)
         with scope as entered:
             yield entered
 
@@ -128,21 +121,17 @@ def bench_workloads(stream: object = None, names: Optional[Sequence[str]] = None
                     base, comps = compare(w, s, (arms if run == 0 else []) + [tuned_arm], rounds=rounds, repeat=repeat,
                                           warmup=warmup, seed=100 + run, benchmark=f"workloads/{name}")
                     extra = {"workload": name, "run": run, **w.describe()}
-                    records.append(base.record("workloads", extra))
-                    for c in comps:
-                        records.append(c.record("workloads", extra))
+                    records += [c.record("workloads", extra) for c in [base, *comps]]
                     if run == 0:
                         first = {c.arm.label: c for c in comps}
                         baseline_ms = base.median_ms
                     tuned_speedups.append(comps[-1].speedup)
                     tuned_cis.append(comps[-1].ci)
-                recipe_tax = measure_tax(s, recipe)
-                n_candidates = len(candidates)
                 rows.append({
                     "workload": name, "mode": getattr(w, "mode", "") or "eager", "hot": hot, "hot_bytes": hot_bytes,
                     "baseline_ms": baseline_ms,
                     "recipe_speedup": first["recipe"].speedup, "recipe_ci": list(first["recipe"].ci),
-                    "recipe_set_aside": recipe, "recipe_copy_slowdown": recipe_tax.copy_slowdown,
+                    "recipe_set_aside": recipe, "recipe_copy_slowdown": measure_tax(s, recipe).copy_slowdown,
                     "hit1_speedup": first["hit_1.0"].speedup, "hit1_ci": list(first["hit_1.0"].ci),
                     "stream_scope_speedup": first["stream_scope"].speedup if "stream_scope" in first else None,
                     "tuned_buffer": tuned.buffer_name,
@@ -156,8 +145,8 @@ def bench_workloads(stream: object = None, names: Optional[Sequence[str]] = None
                     "grid_best": None if tuned.grid_best is None else {
                         **tuned.grid_best.point._asdict(), "speedup": tuned.grid_best.speedup,
                         "ci": list(tuned.grid_best.ci), "copy_slowdown": tuned.grid_best_tax.copy_slowdown},
-                    "tune_seconds": tuned.seconds, "candidates": n_candidates,
-                    "tune_seconds_per_candidate": tuned.seconds / n_candidates, "setup_seconds": setup_s,
+                    "tune_seconds": tuned.seconds, "candidates": len(candidates),
+                    "tune_seconds_per_candidate": tuned.seconds / len(candidates), "setup_seconds": setup_s,
                     "tune_points": [{**p.point._asdict(), "speedup": p.speedup, "ci": list(p.ci), "stage": p.stage}
                                     for c in tuned.candidates.values() for p in c.points],
                 })

@@ -32,6 +32,12 @@ def _gpu(env: dict[str, Any]) -> str:
     return str(env.get("device", {}).get("name", "GPU"))
 
 
+def _finish(ax: Any, xlabel: str, ylabel: str, title: str, **legend: Any) -> Any:
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
+    ax.legend(loc="best", **legend)
+    return ax
+
+
 def hit_ratio(result: Any, ax: Any = None) -> Any:
     """Time and speedup against hit ratio (a sweep_hit_ratio result), the baseline drawn."""
     ax = _axes(ax)
@@ -40,16 +46,13 @@ def hit_ratio(result: Any, ax: Any = None) -> Any:
     ax.plot(x, [r.median_ms for r in recs], "o-", label="with window")
     ax.fill_between(x, [r.min_ms for r in recs], [r.max_ms for r in recs], alpha=0.2, label="min-max")
     ax.axhline(result.baseline.median_ms, color="k", ls="--", label="no set-aside, no window")
-    ax.set_xlabel("hitRatio")
-    ax.set_ylabel("kernel time (ms)")
     sa = recs[0].config["set_aside_granted"] / MiB if recs else 0
     lut = recs[0].config.get("lut_bytes", recs[0].config.get("window_bytes", 0)) / MiB if recs else 0
-    ax.set_title(f"{_gpu(result.environment)}: {lut:g} MiB window, set-aside {sa:.2f} MiB")
     right = ax.twinx()
     right.plot(x, [result.baseline.median_ms / r.median_ms for r in recs], "s:", color="tab:green", alpha=0.7)
     right.set_ylabel("speedup over baseline (x)", color="tab:green")
-    ax.legend(loc="best")
-    return ax
+    return _finish(ax, "hitRatio", "kernel time (ms)",
+                   f"{_gpu(result.environment)}: {lut:g} MiB window, set-aside {sa:.2f} MiB")
 
 
 def set_aside(result: Any, ax: Any = None) -> Any:
@@ -59,11 +62,7 @@ def set_aside(result: Any, ax: Any = None) -> Any:
     ax.plot([r.config["set_aside_granted"] / MiB for r in recs], [r.median_ms for r in recs], "o-",
             label="window, hitRatio = min(1, set-aside / window)")
     ax.axhline(result.baseline.median_ms, color="k", ls="--", label="no set-aside, no window")
-    ax.set_xlabel("set-aside (MiB)")
-    ax.set_ylabel("kernel time (ms)")
-    ax.set_title(f"{_gpu(result.environment)}: time against set-aside")
-    ax.legend(loc="best")
-    return ax
+    return _finish(ax, "set-aside (MiB)", "kernel time (ms)", f"{_gpu(result.environment)}: time against set-aside")
 
 
 def surface(result: Any, ax: Any = None) -> Any:
@@ -86,11 +85,10 @@ def surface(result: Any, ax: Any = None) -> Any:
         for j in range(len(sizes)):
             if not np.isnan(grid[i, j]):
                 ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=7)
-    ax.set_xlabel("set-aside (MiB)")
-    ax.set_ylabel("hitRatio")
     ax.figure.colorbar(image, ax=ax, label="speedup over no persistence (x)")
     lut = result.records[0].config.get("lut_bytes", 0) / MiB if result.records else 0
-    ax.set_title(f"{_gpu(result.environment)}: reset-data, {lut:g} MiB LUT")
+    ax.set(xlabel="set-aside (MiB)", ylabel="hitRatio",
+           title=f"{_gpu(result.environment)}: reset-data, {lut:g} MiB LUT")
     return ax
 
 
@@ -100,12 +98,9 @@ def tax(report: Any, ax: Any = None) -> Any:
     x = [r.config["set_aside_granted"] / MiB for r in report.records]
     ax.plot(x, [r.metrics["copy_gbps"] for r in report.records], "o-", label="copy (read + write)")
     ax.plot(x, [r.metrics["write_gbps"] for r in report.records], "s-", label="write-only")
-    ax.set_xlabel("set-aside limit (MiB), no window anywhere")
-    ax.set_ylabel("bandwidth (GB/s)")
     ax.set_ylim(bottom=0)
-    ax.set_title(f"{_gpu(report.environment)}: the set-aside tax on every other kernel")
-    ax.legend(loc="best")
-    return ax
+    return _finish(ax, "set-aside limit (MiB), no window anywhere", "bandwidth (GB/s)",
+                   f"{_gpu(report.environment)}: the set-aside tax on every other kernel")
 
 
 def stride(report: Any, ax: Any = None) -> Any:
@@ -119,11 +114,8 @@ def stride(report: Any, ax: Any = None) -> Any:
     ax.axhline(report.summary["read_ceiling_gbps"], color="k", ls=":", label="read ceiling")
     ax.set_xscale("log", base=2)
     ax.set_xticks(x, [str(v) for v in x])
-    ax.set_xlabel("stride between threads (bytes)")
-    ax.set_ylabel("bandwidth (GB/s)")
-    ax.set_title(f"{_gpu(report.environment)}: sectors per request")
-    ax.legend(loc="best", fontsize=8)
-    return ax
+    return _finish(ax, "stride between threads (bytes)", "bandwidth (GB/s)",
+                   f"{_gpu(report.environment)}: sectors per request", fontsize=8)
 
 
 def cache_streaming(report: Any, ax: Any = None) -> Any:
@@ -138,8 +130,7 @@ def cache_streaming(report: Any, ax: Any = None) -> Any:
     for i in xs:
         ax.text(i + 0.2, cs[i], f"{normal[i] / cs[i]:.2f}x", ha="center", va="bottom")
     ax.set_xticks(list(xs), scenarios)
-    ax.set_ylabel("kernel time (ms)")
-    ax.set_title(f"{_gpu(report.environment)}: cache-streaming loads")
+    ax.set(ylabel="kernel time (ms)", title=f"{_gpu(report.environment)}: cache-streaming loads")
     ax.legend(loc="best")
     return ax
 
@@ -154,11 +145,9 @@ def reset_data(report: Any, ax: Any = None) -> Any:
     ax.axhline(1.0, color="k", ls="--", label="baseline")
     ax.set_xscale("log", base=2)
     ax.set_xticks(x, [f"{v:g}" for v in x])
-    ax.set_xlabel("LUT size (MiB)")
-    ax.set_ylabel("speedup over no persistence (x)")
-    ax.set_title(f"{_gpu(report.environment)}: reset-data, {report.records[0].config['out_bytes'] / MiB:g} MiB output")
-    ax.legend(loc="best", fontsize=8)
-    return ax
+    out = report.records[0].config["out_bytes"] / MiB
+    return _finish(ax, "LUT size (MiB)", "speedup over no persistence (x)",
+                   f"{_gpu(report.environment)}: reset-data, {out:g} MiB output", fontsize=8)
 
 
 def save(ax: Any, path: str) -> str:

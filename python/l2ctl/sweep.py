@@ -1,40 +1,27 @@
-"""Sweeps over hit ratio, set-aside and LUT size, the set-aside tax, and a tuner that does no harm.
+"""Sweeps over hit ratio, set-aside and LUT size, and the set-aside tax.
 
-A *workload* is anything with ``enqueue(stream)`` (queue the work) and, optionally, ``verify(stream)``
-(True when the last run's output is right); a plain callable ``f(stream)`` works too (then nothing is
-verified, and records say so). ``ResetDataWorkload`` is the built-in one. Every point starts from a
-declared state (bench.clean_state: limit set, no window, lines reset, L2 flushed) and the device's
-limit is restored afterwards.
+A workload is what ``l2ctl.workloads`` describes: a callable ``f(stream)`` or an object with ``enqueue``
+and, optionally, ``verify`` (without it, records say unverified). Every point starts from a declared
+state (bench.clean_state: limit set, no window, lines reset, L2 flushed); the limit is restored after.
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from ._device import require_persistence, stream_device
 from ._limit import set_aside_granularity
-from ._errors import L2BudgetWarning
 from ._interop import resolve_buffer, resolve_stream
-from ._persist import persist
 from ._plan import check_nbytes, hit_ratio_grid, normalize_hit_ratio, round_up
 from .kernels import check_variant
 from .bench import (Progress, Record, Report, check, check_repeats, clean_state, environment, measure_ceilings,
                     time_gpu)
+from .bench.state import in_window
 from .workloads import ResetDataWorkload, describe, enqueue_of, verifier_of
 
-__all__ = [
-    "ResetDataWorkload",
-    "measure_point",
-    "sweep_hit_ratio",
-    "sweep_set_aside",
-    "sweep_surface",
-    "sweep_lut_size",
-    "sweep_tax",
-    "set_aside_grid",
-    "SweepResult",
-]
+__all__ = ["ResetDataWorkload", "measure_point", "sweep_hit_ratio", "sweep_set_aside", "sweep_surface",
+           "sweep_lut_size", "sweep_tax", "set_aside_grid", "SweepResult"]
 
 MiB = 1 << 20
 
@@ -52,16 +39,8 @@ def measure_point(workload: Any, stream: object, buf: object, set_aside: int, hi
     with clean_state(stream, set_aside=set_aside) as granted:
         if hasattr(workload, "poison"):
             workload.poison(stream)
-        if hit_ratio is None:
-            timing = time_gpu(enqueue, stream, warmup=warmup, repeat=repeat)
-            applied = None
-        else:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", L2BudgetWarning)  # oversubscription is what some points test
-                with persist(stream, buf, hit_ratio, set_aside=None) as p:
-                    timing = time_gpu(enqueue, stream, warmup=warmup, repeat=repeat)
-                    assert p.window is not None
-                    applied = p.window.hit_ratio
+        timing, applied = in_window(stream, buf, hit_ratio,
+                                    lambda: time_gpu(enqueue, stream, warmup=warmup, repeat=repeat))
         verify = verifier_of(workload)
         verified = verify is not None and bool(verify(stream))
         if verify is not None:
@@ -93,10 +72,9 @@ class SweepResult:
     environment: dict[str, Any]
 
     def report(self) -> Report:
-        r = Report(f"sweep-{self.kind}", self.environment, [self.baseline] + self.records)
-        r.summary = {"baseline_ms": self.baseline.median_ms,
-                     "best": min(self.records, key=lambda x: x.median_ms).config if self.records else None}
-        return r
+        return Report(f"sweep-{self.kind}", self.environment, [self.baseline] + self.records, summary={
+            "baseline_ms": self.baseline.median_ms,
+            "best": min(self.records, key=lambda x: x.median_ms).config if self.records else None})
 
     def speedups(self) -> list[float]:
         return [self.baseline.median_ms / r.median_ms for r in self.records]
@@ -114,6 +92,13 @@ def _sizes(values: Sequence[int], name: str) -> list[int]:
     if not sizes:
         raise ValueError(f"{name}: at least one value is needed")
     return sizes
+
+
+def _set_asides(values: Optional[Sequence[int]], stream: object, include_zero: bool = False) -> list[int]:
+    """The set-asides given (checked), or every limit the driver can grant on the stream's device."""
+    if values is not None:
+        return _sizes(values, "set_asides")
+    return set_aside_grid(stream_device(resolve_stream(stream)), include_zero=include_zero)
 
 
 def _ratios(values: Sequence[float]) -> list[float]:
@@ -163,8 +148,7 @@ def sweep_set_aside(workload: Any, stream: object, buf: object, *, hit_ratio: Op
     if hit_ratio is not None:
         hit_ratio = normalize_hit_ratio(hit_ratio)
     nbytes = resolve_buffer(buf).nbytes
-    sizes = _sizes(set_asides, "set_asides") if set_asides is not None else set_aside_grid(stream_device(resolve_stream(stream)),
-                                                                             include_zero=False)
+    sizes = _set_asides(set_asides, stream)
     points = [(s, hit_ratio if hit_ratio is not None else min(1.0, s / nbytes)) for s in sizes]
     return _run("set-aside", workload, stream, buf, points, warmup, repeat, progress)
 
@@ -175,8 +159,7 @@ def sweep_surface(workload: Any, stream: object, buf: object, *, set_asides: Opt
     """The 2-D surface set-aside x hit ratio (every granule x 0.1 .. 1.0 by default)."""
     warmup, repeat = _check_sweep(workload, buf, warmup, repeat)
     ratios = _ratios(hit_ratios if hit_ratios is not None else hit_ratio_grid(10, 0.1, 1.0))
-    checked = _sizes(set_asides, "set_asides") if set_asides is not None else None
-    sizes = checked if checked is not None else set_aside_grid(stream_device(resolve_stream(stream)), include_zero=False)
+    sizes = _set_asides(set_asides, stream)
     return _run("surface", workload, stream, buf, [(s, h) for s in sizes for h in ratios], warmup, repeat, progress)
 
 
@@ -193,7 +176,7 @@ def sweep_lut_size(lut_sizes: Sequence[int], stream: object, *, out_bytes: int =
     out_bytes = check_nbytes(out_bytes, "out_bytes")
     check_variant(variant)
     device = stream_device(resolve_stream(stream))
-    info = require_persistence(device)
+    cap = require_persistence(device).persisting_l2_cache_max_size
     g = set_aside_granularity(device)
     records = []
     bar = Progress(2 * len(luts), "sweep lut-size", progress)
@@ -201,8 +184,7 @@ def sweep_lut_size(lut_sizes: Sequence[int], stream: object, *, out_bytes: int =
         with ResetDataWorkload(lut, out_bytes, variant=variant, device=device) as w:
             base = measure_point(w, stream, w.buf, 0, None, warmup=warmup, repeat=repeat, label="baseline")
             bar.step(f"LUT {lut / MiB:g} MiB baseline")
-            size = info.persisting_l2_cache_max_size if policy == "max" else min(info.persisting_l2_cache_max_size,
-                                                                                   round_up(lut, g))
+            size = cap if policy == "max" else min(cap, round_up(lut, g))
             rec = measure_point(w, stream, w.buf, size, min(1.0, size / lut), warmup=warmup, repeat=repeat, label=policy)
             rec.metrics["speedup_vs_baseline"] = base.median_ms / rec.median_ms
             records += [base, rec]
@@ -215,19 +197,18 @@ def sweep_tax(stream: object, *, set_asides: Optional[Sequence[int]] = None, nby
     """The set-aside tax: write-only and copy bandwidth of plain kernels (no window anywhere) at each limit."""
     warmup, repeat = check_repeats(warmup, repeat)
     nbytes = check_nbytes(nbytes, "nbytes")
-    checked = _sizes(set_asides, "set_asides") if set_asides is not None else None
+    sizes = _set_asides(set_asides, stream, include_zero=True)
     device = stream_device(resolve_stream(stream))
-    sizes = checked if checked is not None else set_aside_grid(device)
     records = []
     bar = Progress(len(sizes), "sweep tax", progress)
     for size in sizes:
         with clean_state(stream, set_aside=size) as granted:
             c = measure_ceilings(stream, nbytes, warmup=warmup, repeat=repeat)
-        rec = Record("tax", "ceilings", {"set_aside_requested": size, "set_aside_granted": granted, "nbytes": nbytes},
-                     c.copy_ms, c.copy_ms, c.copy_ms, 0.0, repeat, True,
-                     {"write_gbps": c.write_gbps, "copy_gbps": c.copy_gbps, "read_gbps": c.read_gbps,
-                      "write_ms": c.write_ms, "copy_ms": c.copy_ms, "read_ms": c.read_ms})
-        records.append(rec)
+        records.append(Record(
+            "tax", "ceilings", {"set_aside_requested": size, "set_aside_granted": granted, "nbytes": nbytes},
+            c.copy_ms, c.copy_ms, c.copy_ms, 0.0, repeat, True,
+            {"write_gbps": c.write_gbps, "copy_gbps": c.copy_gbps, "read_gbps": c.read_gbps,
+             "write_ms": c.write_ms, "copy_ms": c.copy_ms, "read_ms": c.read_ms}))
         bar.step(f"set-aside {granted / MiB:.2f} MiB: copy {c.copy_gbps:,.0f} GB/s")
     report = Report("sweep-tax", environment(device), records)
     first = records[0].metrics

@@ -171,25 +171,22 @@ class TunedPolicy:
                 f"meanwhile; {n} points in {self.seconds:.1f} s")
 
     def report(self) -> Report:
-        r = Report("tune", self.environment, list(self.table))
         p = self.policy
-        r.summary = {
+        return Report("tune", self.environment, list(self.table), summary={
             "policy": {"enabled": p.enabled, "set_aside": p.set_aside, "hit_ratio": p.hit_ratio, "offset": p.offset,
                        "num_bytes": p.num_bytes},
             "buffer": self.buffer_name, "reason": self.reason,
             "baseline_ms": self.baseline_ms, "best_ms": self.best_ms, "speedup": self.speedup, "ci": list(self.ci),
             "confidence": self.confidence, "seconds": self.seconds, "auto_set_aside_cap": self.cap,
             "tax": self.tax.as_dict(), "grid_best_tax": self.grid_best_tax.as_dict(),
-            "grid_best": None if self.grid_best is None else {**self.grid_best.point._asdict(),
-                                                             "speedup": self.grid_best.speedup,
-                                                             "ci": list(self.grid_best.ci)},
-            "candidates": {name: {"window_bytes": c.window_bytes,
-                                  "best": None if c.best is None else {**c.best.point._asdict(),
-                                                                       "speedup": c.best.speedup,
-                                                                       "ci": list(c.best.ci)}}
+            "grid_best": _point_dict(self.grid_best),
+            "candidates": {name: {"window_bytes": c.window_bytes, "best": _point_dict(c.best)}
                            for name, c in self.candidates.items()},
-        }
-        return r
+        })
+
+
+def _point_dict(p: Optional[PointResult]) -> Optional[dict[str, Any]]:
+    return None if p is None else {**p.point._asdict(), "speedup": p.speedup, "ci": list(p.ci)}
 
 
 def _raw_pair(value: object) -> bool:
@@ -283,14 +280,14 @@ def tune(workload: Any, target: object, candidates: object, *, stream: object = 
     bar = Progress(0, "tune", progress)
     base_config = describe(workload)
 
-    def arm(point: TunePoint) -> Arm:
-        obj = named[point.candidate][0]
-        whole = point.offset == 0 and point.num_bytes == named[point.candidate][1].nbytes
+    def span(point: TunePoint) -> dict[str, Any]:  # persist's offset and num_bytes: none for the whole buffer
+        if point.offset == 0 and point.num_bytes == named[point.candidate][1].nbytes:
+            return {}
+        return {"offset": point.offset, "num_bytes": point.num_bytes}
 
+    def arm(point: TunePoint) -> Arm:
         def scope() -> Any:
-            if whole:
-                return persist(target, obj, point.hit_ratio, set_aside=None)
-            return persist(target, obj, point.hit_ratio, offset=point.offset, num_bytes=point.num_bytes, set_aside=None)
+            return persist(target, named[point.candidate][0], point.hit_ratio, set_aside=None, **span(point))
 
         return Arm(point.describe(), point.set_aside, scope, {**base_config, **point._asdict()})
 
@@ -347,12 +344,10 @@ def tune(workload: Any, target: object, candidates: object, *, stream: object = 
         # 4. confirm in fresh rounds
         (confirmed,) = run([chosen.point], "confirm", seed + 2)
         results[chosen.point.candidate].points.append(confirmed)
-        ok = bool(winners([confirmed], cap, min_gain, tax_gain))
-        if ok:
+        if winners([confirmed], cap, min_gain, tax_gain):
             pt = chosen.point
-            whole = pt.offset == 0 and pt.num_bytes == named[pt.candidate][1].nbytes
             policy = Policy(set_aside=pt.set_aside, hit_ratio=pt.hit_ratio, offset=pt.offset,
-                            num_bytes=None if whole else pt.num_bytes)
+                            num_bytes=span(pt).get("num_bytes"))
             chosen_name, buffer = pt.candidate, named[pt.candidate][0]
             baseline_ms, best_ms, ci = confirmed.baseline_ms, confirmed.median_ms, confirmed.ci
             reason = (f"{chosen.point.describe()} was the smallest set-aside within noise of the best point "
@@ -361,9 +356,8 @@ def tune(workload: Any, target: object, candidates: object, *, stream: object = 
             reason = (f"the choice ({chosen.point.describe()}, {chosen.speedup:.3f}x in the search) did not reproduce: "
                       f"{confirmed.speedup:.3f}x, {confidence:.0%} CI {confirmed.ci[0]:.3f}-{confirmed.ci[1]:.3f}")
     bar.close()
-    tax = measure_tax(stream, int(policy.set_aside)) if policy.enabled and isinstance(policy.set_aside, int) else \
-        measure_tax(stream, 0)
-    grid_tax = measure_tax(stream, grid_best.point.set_aside) if grid_best is not None else measure_tax(stream, 0)
+    tax = measure_tax(stream, int(policy.set_aside) if policy.enabled and isinstance(policy.set_aside, int) else 0)
+    grid_tax = measure_tax(stream, grid_best.point.set_aside if grid_best is not None else 0)
     return TunedPolicy(policy, chosen_name, buffer, baseline_ms, best_ms, ci, confidence, results, grid_best, tax, grid_tax,
                        reason, table, time.monotonic() - start, cap, environment(device))
 

@@ -76,16 +76,13 @@ def bench_concurrent(
                 o.fill_bytes(0xFF, s1)
             s1.synchronize()
             ratios: tuple[Optional[float], Optional[float]] = (None, None)
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), ExitStack() as scopes:
                 warnings.simplefilter("ignore", L2BudgetWarning)
-                if variant == "no_window":
-                    k1, k2, both = run_pair()
-                else:
-                    share = variant == "shared"
-                    with persist(s1, luts[0], 1.0, set_aside=None, share=share), \
-                            persist(s2, luts[1], 1.0, set_aside=None, share=share):
-                        ratios = (get_window(s1).hit_ratio, get_window(s2).hit_ratio)
-                        k1, k2, both = run_pair()
+                if variant != "no_window":
+                    for st, lut in zip((s1, s2), luts):
+                        scopes.enter_context(persist(st, lut, 1.0, set_aside=None, share=variant == "shared"))
+                    ratios = (get_window(s1).hit_ratio, get_window(s2).hit_ratio)
+                k1, k2, both = run_pair()
             for o, lut, name in zip(outs, luts, ("stream 1", "stream 2")):
                 check(kernels.verify_reset_data(o, lut, s1) == 0, f"concurrent {variant} {name}")
             config: dict[str, Any] = {"set_aside_granted": granted, "lut_bytes_each": lut_bytes,
@@ -93,8 +90,7 @@ def bench_concurrent(
             records.append(Record.from_timing("concurrent", variant, config, both,
                                               {"kernel1_median_ms": k1.median_ms, "kernel2_median_ms": k2.median_ms}))
             bar.step(variant)
-    report = Report("concurrent", environment(info.index), records)
     base = records[0].median_ms
-    report.summary = {r.variant: {"both_ms": r.median_ms, "speedup_vs_no_window": base / r.median_ms,
-                                  "hit_ratios": r.config["hit_ratios"]} for r in records}
-    return report
+    return Report("concurrent", environment(info.index), records, summary={
+        r.variant: {"both_ms": r.median_ms, "speedup_vs_no_window": base / r.median_ms,
+                    "hit_ratios": r.config["hit_ratios"]} for r in records})

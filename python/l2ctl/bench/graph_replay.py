@@ -26,10 +26,6 @@ from .verify import check
 __all__ = ["bench_graph"]
 
 
-def resolve_handle(stream: object) -> int:
-    return resolve_stream(stream).handle
-
-
 def bench_graph(
     lut_bytes: Optional[int] = None,
     *,
@@ -72,7 +68,7 @@ def bench_graph(
             request = min(info.persisting_l2_cache_max_size, round_up(lut_bytes, granularity))
             g.instantiate()  # an executable made before the window, as a user would have
             stale = _backend.current().GraphExec(g.handle)  # and one brought up to date by an update
-            stale.launch(resolve_handle(s))  # launched before the window, as after a user's warm-up
+            stale.launch(resolve_stream(s).handle)  # launched before the window, as after a user's warm-up
             try:
                 for how in ("update", "reinstantiate"):
                     out.fill_bytes(0xFF, s)
@@ -81,8 +77,8 @@ def bench_graph(
                         check(all(k.window == p.window for k in g.kernel_nodes()), "node windows read back")
                         if how == "update":
                             check(stale.update(g.handle), "cudaGraphExecUpdate refused a graph whose topology is unchanged")
-                            windowed = time_gpu(lambda st: stale.launch(resolve_handle(st)), s, warmup=warmup,
-                                                repeat=repeat)
+                            windowed = time_gpu(lambda st: stale.launch(resolve_stream(st).handle), s,
+                                                warmup=warmup, repeat=repeat)
                         else:
                             windowed = time_gpu(lambda st: g.launch(st), s, warmup=warmup, repeat=repeat)
                         check(kernels.verify_reset_data(out, lut, s) == 0, f"graph replay with window ({how})")
@@ -96,6 +92,5 @@ def bench_graph(
                     bar.step(f"window, {how}")
             finally:
                 stale.destroy()
-    report = Report("graph", environment(info.index), records)
-    report.summary = {r.variant: r.metrics.get("speedup_vs_no_window", 1.0) for r in records}
-    return report
+    return Report("graph", environment(info.index), records,
+                  summary={r.variant: r.metrics.get("speedup_vs_no_window", 1.0) for r in records})

@@ -136,7 +136,6 @@ def bench_overhead(
             graphs_by_size[nodes] = stack.enter_context(g)
         expected = AccessPolicyWindow.for_buffer(buf, 0.75)
         policy = Policy(set_aside=up, hit_ratio=0.75)
-        ops: dict[str, Callable[[], Any]] = {}
 
         # Each operation is one call of a function that does what a user writes (a with-block on a scope
         # made in place), like the raw variants below: no extra layer in the timed loop.
@@ -176,19 +175,15 @@ def bench_overhead(
             with set_aside(up, index):
                 pass
 
-        ops.update(persist_lean=persist_lean, persist_lean_reused=persist_lean_reused, persist_default=persist_default, persist_exact=persist_exact,
-                   persist_policy=persist_policy, persist_graph_1=persist_graph_1, persist_graph_32=persist_graph_32,
-                   set_aside_scope=set_aside_scope)
-
-        def set_clear() -> None:
+        def set_clear_window() -> None:
             set_window(s, expected)
             clear_window(s)
 
-        ops["set_clear_window"] = set_clear
+        ops: dict[str, Callable[[], Any]] = {op.__name__: op for op in (
+            persist_lean, persist_lean_reused, persist_default, persist_exact, persist_policy, persist_graph_1,
+            persist_graph_32, set_aside_scope, set_clear_window)}
         ops["reset_persisting_lines"] = lambda: reset_persisting_lines(index)
-        raw = _raw_bindings(s.handle, buf, index, up, limit_before)
-        if raw is not None:
-            ops.update(raw)
+        ops.update(_raw_bindings(s.handle, buf, index, up, limit_before) or {})
         torch_objects = _torch_objects(index)
         if torch_objects is not None:
             t_stream, t_tensor = torch_objects
@@ -224,9 +219,8 @@ def bench_overhead(
                                   (max(samples[name]) - min(samples[name])) / median if median else 0.0, rounds,
                                   True, {"median_us": median, "rounds_us": samples[name]}))
             bar.step(f"{name}: {median:.1f} us")
-    report = Report("overhead", environment(index), records)
-    report.summary = {r.variant: r.metrics["median_us"] for r in records if r.verified}
-    return report
+    return Report("overhead", environment(index), records,
+                  summary={r.variant: r.metrics["median_us"] for r in records if r.verified})
 
 
 def _torch_objects(index: int) -> Optional[tuple[Any, Any]]:
@@ -243,11 +237,8 @@ def _check_variant(name: str, op: Callable[[], Any], s: Stream, buf: DeviceBuffe
                    graphs_by_size: dict[int, graphs.Graph], index: int, limit_before: int, up: int) -> None:
     """Once, outside the timed loops: the operation really applies what it claims inside the scope."""
     if name in ("persist_lean", "persist_lean_reused", "persist_default", "persist_exact", "persist_policy"):
-        lean: dict[str, Any] = {"set_aside": None, "reset_on_exit": False}
-        by_name: dict[str, dict[str, Any]] = {"persist_lean": lean, "persist_lean_reused": lean,
-                                              "persist_default": {}, "persist_exact": {"set_aside": up},
-                                              "persist_policy": {}}
-        settings = by_name[name]
+        settings: dict[str, Any] = {"persist_default": {}, "persist_exact": {"set_aside": up}}.get(
+            name, {"set_aside": None, "reset_on_exit": False})
         scope = persist(s, buf, 0.75, **settings) if name != "persist_policy" else \
             persist(s, buf, policy=Policy(set_aside=up, hit_ratio=0.75))
         with scope:

@@ -79,9 +79,8 @@ class Comparison:
 
     def record(self, benchmark: str, extra: Optional[dict[str, Any]] = None) -> Record:
         timing = Timing(tuple(float(t) for t in self.times_ms.ravel()))
-        config = dict(self.arm.config)
-        config.update({"set_aside_requested": self.arm.set_aside, "set_aside_granted": self.granted})
-        config.update(extra or {})
+        config = {**self.arm.config, "set_aside_requested": self.arm.set_aside, "set_aside_granted": self.granted,
+                  **(extra or {})}
         rec = Record.from_timing(benchmark, self.arm.label, config, timing, {
             "speedup_vs_baseline": self.speedup, "speedup_ci_low": self.ci[0], "speedup_ci_high": self.ci[1],
             "confidence": self.confidence, "baseline_median_ms": self.baseline_median_ms,

@@ -41,12 +41,8 @@ def _commit() -> str:
 
 def _frameworks() -> dict[str, str]:
     """Versions of the frameworks the process has imported (never imports one)."""
-    found = {}
-    for name in ("torch", "cupy"):
-        module = sys.modules.get(name)
-        if module is not None:
-            found[name] = str(getattr(module, "__version__", "?"))
-    return found
+    modules = {name: sys.modules.get(name) for name in ("torch", "cupy")}
+    return {name: str(getattr(module, "__version__", "?")) for name, module in modules.items() if module is not None}
 
 
 def environment(device: object = None) -> dict[str, Any]:
@@ -134,9 +130,7 @@ class Report:
 
     def to_csv(self, path: str) -> None:
         rows = [r.flat() for r in self.records]
-        columns: list[str] = []
-        for row in rows:
-            columns.extend(k for k in row if k not in columns)
+        columns = list(dict.fromkeys(k for row in rows for k in row))
         with open(path, "w", newline="", encoding="utf-8") as f:
             writer = csv.DictWriter(f, fieldnames=columns)
             writer.writeheader()

@@ -4,7 +4,6 @@ under each persistence policy, every output verified on the device."""
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -12,13 +11,11 @@ import numpy as np
 from .. import kernels
 from .._device import DeviceProperties, require_persistence
 from .._limit import set_aside_granularity
-from .._errors import L2BudgetWarning
 from .._memory import DeviceBuffer
-from .._persist import persist
 from .._plan import check_nbytes, round_up
 from .progress import Progress
 from .records import Record, Report, environment
-from .state import clean_state, owned_stream
+from .state import clean_state, in_window, owned_stream
 from .ceilings import measure_ceilings
 from .timing import Timing, check_repeats, time_gpu
 from .verify import check
@@ -48,7 +45,7 @@ def _reset_plan(column: str, lut_bytes: int, info: DeviceProperties, granularity
     """(set-aside request, hit ratio or None for no window, kernel variant); hit ratio -1 means
     granted / LUT, computed once the driver has rounded the set-aside."""
     recipe = min(int(0.75 * info.l2_cache_size), info.persisting_l2_cache_max_size)
-    plans: dict[str, tuple[int, Optional[float], str]] = {
+    return {
         "baseline": (0, None, "plain"),
         "recipe_hr1": (recipe, 1.0, "plain"),
         "recipe_fit": (recipe, -1.0, "plain"),
@@ -56,16 +53,13 @@ def _reset_plan(column: str, lut_bytes: int, info: DeviceProperties, granularity
         "hints": (0, None, "hinted"),
         "annotated": (0, None, "annotated"),
         "seed_shape": (0, None, "seed"),
-    }
-    if column not in plans:
-        raise ValueError(f"unknown column {column!r}; one of {[c for c, _ in RESET_COLUMNS]}")
-    return plans[column]
+    }[column]
 
 
 def check_columns(columns: Optional[Sequence[str]]) -> list[str]:
     """The column names to run (all by default), validated without a device."""
-    names = list(columns) if columns is not None else [c for c, _ in RESET_COLUMNS]
     known = [c for c, _ in RESET_COLUMNS]
+    names = list(columns) if columns is not None else list(known)
     for n in names:
         if n not in known:
             raise ValueError(f"unknown column {n!r}; one of {known}")
@@ -148,32 +142,16 @@ def _measure_reset(stream: object, out: DeviceBuffer, lut: DeviceBuffer, lut_byt
 
     with clean_state(stream, set_aside=request) as granted:
         out.fill_bytes(0xFF, stream)  # poison: -1 never appears in the LUT
-        applied_ratio: Optional[float] = None
-        if hit_ratio is None:
-            timing = measure()
-        else:
-            applied_ratio = min(1.0, granted / lut_bytes) if hit_ratio < 0 else hit_ratio
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", L2BudgetWarning)  # recipe_hr1 oversubscribes on purpose
-                with persist(stream, lut, applied_ratio, set_aside=None) as p:
-                    timing = measure()
-                    assert p.window is not None
-                    applied_ratio = p.window.hit_ratio
+        ratio = None if hit_ratio is None else min(1.0, granted / lut_bytes) if hit_ratio < 0 else hit_ratio
+        timing, applied_ratio = in_window(stream, lut, ratio, measure)
         mismatches = kernels.verify_reset_data(out, lut, stream)
     check(mismatches == 0, f"reset-data {column} LUT {lut_bytes} B: {mismatches} wrong words")
+    launch = shape[0]
     config: dict[str, Any] = {
-        "lut_bytes": lut_bytes,
-        "out_bytes": out.nbytes,
-        "set_aside_requested": request,
-        "set_aside_granted": granted,
-        "hit_ratio": applied_ratio,
-        "window": hit_ratio is not None,
-        "kernel_variant": variant,
-        "blocks": shape[0].blocks,
-        "threads": shape[0].threads,
-        "vector_stores": shape[0].vector_out,
-        "vector_lut_loads": shape[0].vector_lut,
-    }
+        "lut_bytes": lut_bytes, "out_bytes": out.nbytes, "set_aside_requested": request, "set_aside_granted": granted,
+        "hit_ratio": applied_ratio, "window": hit_ratio is not None, "kernel_variant": variant,
+        "blocks": launch.blocks, "threads": launch.threads, "vector_stores": launch.vector_out,
+        "vector_lut_loads": launch.vector_lut}
     metrics: dict[str, Any] = {"mismatches": mismatches}
     if collected:
         metrics["counters"] = collected
@@ -181,12 +159,8 @@ def _measure_reset(stream: object, out: DeviceBuffer, lut: DeviceBuffer, lut_byt
 
 
 def _reset_summary(report: Report, sizes: Sequence[int], names: Sequence[str]) -> dict[str, Any]:
-    table = []
-    for size in sizes:
-        row: dict[str, Any] = {"lut_bytes": size}
-        for name in names:
-            row[name] = report.find(name, lut_bytes=size).median_ms
-        table.append(row)
+    table = [{"lut_bytes": size, **{name: report.find(name, lut_bytes=size).median_ms for name in names}}
+             for size in sizes]
     summary: dict[str, Any] = {"table_ms": table}
     if "baseline" not in names:
         return summary

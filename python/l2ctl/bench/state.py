@@ -7,21 +7,26 @@ has no private way to the device.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from contextlib import ExitStack, contextmanager
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, TypeVar
 
 from .. import _backend, kernels
 from .._device import properties, stream_device
+from .._errors import L2BudgetWarning
 from .._interop import resolve_stream
 from .._limit import get_set_aside, reset_persisting_lines
 from .._limit import set_aside as set_limit
 from .._memory import DeviceBuffer, Stream, synchronize_stream
+from .._persist import persist
 from .._plan import check_set_aside_request
 from .._targets import ScopedWindow
 from .._window import AccessPolicyWindow
 
-__all__ = ["flush_l2", "clean_state", "owned_stream"]
+__all__ = ["flush_l2", "clean_state", "owned_stream", "in_window"]
+
+T = TypeVar("T")
 
 # Scratch buffers for flushing L2, per backend (the extension or a simulator) and device.
 _scratch: "weakref.WeakKeyDictionary[Any, dict[int, tuple[DeviceBuffer, DeviceBuffer, DeviceBuffer]]]" = (
@@ -82,3 +87,18 @@ def clean_state(stream: object = None, *, set_aside: Optional[int] = 0, flush: b
         synchronize_stream(ref.handle)
         scopes.callback(synchronize_stream, ref.handle)
         yield granted
+
+
+def in_window(stream: object, buf: object, hit_ratio: Optional[float],
+              measure: Callable[[], T]) -> tuple[T, Optional[float]]:
+    """``measure()`` with no window (``hit_ratio`` None) or inside ``persist(stream, buf, hit_ratio,
+    set_aside=None)`` with budget warnings silenced (some points oversubscribe on purpose); returns its
+    result and the hit ratio applied."""
+    if hit_ratio is None:
+        return measure(), None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", L2BudgetWarning)
+        with persist(stream, buf, hit_ratio, set_aside=None) as p:
+            result = measure()
+            assert p.window is not None
+            return result, p.window.hit_ratio

@@ -77,19 +77,14 @@ def bench_stride(
             spr = kernels.sectors_per_request(stride)
             dram = kernels.dram_bytes_per_request(stride)
             t = timing.median_ms / 1e3
+            sector_gbps, dram_gbps = requests * spr * 32 / t / GB, requests * dram / t / GB
             metrics: dict[str, Any] = {
-                "useful_gbps": threads * 4 / t / GB,
-                "sectors_per_request_model": spr,
-                "sector_gbps": requests * spr * 32 / t / GB,
-                "dram_bytes_per_request_model": dram,
-                "dram_model_gbps": requests * dram / t / GB,
-                "read_ceiling_gbps": read_gbps,
-            }
-            metrics["sector_fraction_of_read_ceiling"] = metrics["sector_gbps"] / read_gbps
-            metrics["dram_fraction_of_read_ceiling"] = metrics["dram_model_gbps"] / read_gbps
+                "useful_gbps": threads * 4 / t / GB, "sectors_per_request_model": spr, "sector_gbps": sector_gbps,
+                "dram_bytes_per_request_model": dram, "dram_model_gbps": dram_gbps, "read_ceiling_gbps": read_gbps,
+                "sector_fraction_of_read_ceiling": sector_gbps / read_gbps,
+                "dram_fraction_of_read_ceiling": dram_gbps / read_gbps}
             config = {"stride_bytes": stride, "threads": threads, "buffer_bytes": nbytes}
             records.append(Record.from_timing("stride", f"{stride}B", config, timing, metrics))
             bar.step(f"stride {stride} B")
-    report = Report("stride", environment(index), records)
-    report.summary = {"read_ceiling_gbps": read_gbps, "read_ceiling_ms": rd.median_ms}
-    return report
+    return Report("stride", environment(index), records,
+                  summary={"read_ceiling_gbps": read_gbps, "read_ceiling_ms": rd.median_ms})

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional, TypeVar
 
 from .._device import properties
 from .._plan import check_nbytes
+from ._frameworks import on_torch_stream, require_torch
 
-__all__ = ["GalleryWorkload", "fraction_of_l2", "MiB", "GiB"]
+__all__ = ["Closing", "GalleryWorkload", "TorchWorkload", "fraction_of_l2", "MiB", "GiB"]
 
 MiB = 1 << 20
 GiB = 1 << 30
+_Self = TypeVar("_Self", bound="Closing")
 
 
 def fraction_of_l2(fraction: float, device: object = None, *, multiple: int = MiB) -> int:
@@ -19,7 +21,20 @@ def fraction_of_l2(fraction: float, device: object = None, *, multiple: int = Mi
     return max(multiple, int(fraction * properties(device).l2_cache_size) // multiple * multiple)
 
 
-class GalleryWorkload:
+class Closing:
+    """A workload closed at the end of its ``with`` block."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _Self) -> _Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class GalleryWorkload(Closing):
     """A framework workload: ``enqueue(stream)`` runs one step on ``stream``; ``poison``/``verify`` make the
     output wrong before a measurement and check it after; ``candidates()`` names the buffers worth
     trying to persist; ``hot`` is the one the textbook recipe would persist."""
@@ -62,11 +77,33 @@ class GalleryWorkload:
             if name not in ("device", "_tensors"):
                 setattr(self, name, None)
 
-    def __enter__(self) -> "GalleryWorkload":
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+class TorchWorkload(GalleryWorkload):
+    """A PyTorch workload. One that defines ``prepare()`` (eager work) and ``step()`` (what a graph captures
+    or torch.compile compiles), both on the current torch stream, runs them in ``enqueue``; others
+    override it. ``poison`` fills the tensors named in ``outputs`` with NaN (those not made yet skipped)."""
+
+    framework: ClassVar[str] = "torch"
+    outputs: ClassVar[tuple[str, ...]] = ()
+    prepare: Callable[[], None]
+    step: Callable[[], None]
+
+    def _torch(self, seed: int) -> tuple[Any, Any, Any]:
+        """torch, this workload's CUDA device and a generator on it seeded with ``seed``."""
+        torch = require_torch()
+        dev = torch.device("cuda", self.device)
+        return torch, dev, torch.Generator(device=dev).manual_seed(seed)
+
+    def enqueue(self, stream: object) -> None:
+        with on_torch_stream(stream):
+            self.prepare()
+            self.step()
+
+    def poison(self, stream: object) -> None:
+        with on_torch_stream(stream):
+            for tensor in (getattr(self, name) for name in self.outputs):
+                if tensor is not None:
+                    tensor.fill_(float("nan"))
 
 
 def check_fraction(value: Optional[int], default_fraction: float, device: object, name: str) -> int:

@@ -4,6 +4,7 @@ framework operations on the stream the harness gives (an l2ctl stream, a framewo
 from __future__ import annotations
 
 import contextlib
+import importlib
 from typing import Any, Iterator, Optional
 
 from .._interop import resolve_stream
@@ -38,32 +39,23 @@ def cupy_missing() -> Optional[str]:
 
 
 def require_torch() -> Any:
-    reason = torch_missing()
-    if reason is not None:
-        raise RuntimeError(reason)
-    import torch
-
-    return torch
+    return _require(torch_missing(), "torch")
 
 
 def require_cupy() -> Any:
-    reason = cupy_missing()
+    return _require(cupy_missing(), "cupy")
+
+
+def _require(reason: Optional[str], module: str) -> Any:
+    """The framework's module, or a RuntimeError with the reason it cannot be used."""
     if reason is not None:
         raise RuntimeError(reason)
-    import cupy
-
-    return cupy
+    return importlib.import_module(module)
 
 
-class _Streams:
-    """Framework stream objects for raw handles, made once per handle (they are cheap but not free)."""
-
-    def __init__(self) -> None:
-        self.torch: dict[int, Any] = {}
-        self.cupy: dict[int, Any] = {}
-
-
-_streams = _Streams()
+# Framework stream objects for raw handles, made once per handle (they are cheap but not free).
+_torch_streams: dict[int, Any] = {}
+_cupy_streams: dict[int, Any] = {}
 
 
 @contextlib.contextmanager
@@ -76,9 +68,9 @@ def on_torch_stream(stream: object) -> Iterator[Any]:
             yield stream
         return
     ref = resolve_stream(stream)
-    ts = _streams.torch.get(ref.handle)
+    ts = _torch_streams.get(ref.handle)
     if ts is None:
-        ts = _streams.torch[ref.handle] = torch.cuda.ExternalStream(ref.handle, device=ref.device)
+        ts = _torch_streams[ref.handle] = torch.cuda.ExternalStream(ref.handle, device=ref.device)
     with torch.cuda.stream(ts):
         yield ts
 
@@ -93,7 +85,7 @@ def on_cupy_stream(stream: object) -> Iterator[Any]:
             yield stream
         return
     ref = resolve_stream(stream)
-    cs = _streams.cupy.get(ref.handle)
+    cs = _cupy_streams.get(ref.handle)
     if cs is None:
         from_external = getattr(cupy.cuda.Stream, "from_external", None)
         if from_external is not None:  # CuPy 14: through the __cuda_stream__ protocol
@@ -101,7 +93,7 @@ def on_cupy_stream(stream: object) -> Iterator[Any]:
         else:
             device = ref.device if ref.device is not None else cupy.cuda.runtime.getDevice()
             cs = cupy.cuda.ExternalStream(ref.handle, device)
-        _streams.cupy[ref.handle] = cs
+        _cupy_streams[ref.handle] = cs
     with cs:
         yield cs
 

@@ -5,29 +5,26 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ._base import GiB, GalleryWorkload, check_fraction
+from ._base import GiB, TorchWorkload, check_fraction
 from ._frameworks import on_torch_stream, require_torch
 
 __all__ = ["BroadcastAdd"]
 
 
-class BroadcastAdd(GalleryWorkload):
+class BroadcastAdd(TorchWorkload):
     """``torch.add(x, bias, out=out)`` with ``bias`` of ``operand_bytes`` (default 0.32 x L2: 16 MiB on a
     50 MiB L2) and ``x`` of about ``stream_bytes`` (whole rows)."""
 
     name = "broadcast"
-    framework = "torch"
     hot = "bias"
+    outputs = ("out",)
 
     def __init__(self, device: object = None, *, operand_bytes: Optional[int] = None, stream_bytes: int = GiB,
                  seed: int = 0) -> None:
         super().__init__(device)
-        torch = require_torch()
-        operand = check_fraction(operand_bytes, 0.32, self.device, "operand_bytes")
-        cols = max(1, operand // 4)
+        torch, dev, g = self._torch(seed)
+        cols = max(1, check_fraction(operand_bytes, 0.32, self.device, "operand_bytes") // 4)
         rows = max(1, stream_bytes // (4 * cols))
-        dev = torch.device("cuda", self.device)
-        g = torch.Generator(device=dev).manual_seed(seed)
         self.x = torch.randn(rows, cols, device=dev, generator=g)
         self.bias = torch.randn(cols, device=dev, generator=g)
         self.out = torch.empty_like(self.x)
@@ -37,21 +34,12 @@ class BroadcastAdd(GalleryWorkload):
     def shape(self) -> dict[str, Any]:
         return {"rows": int(self.x.shape[0]), "cols": int(self.x.shape[1])}
 
-    def enqueue(self, stream: object) -> None:
-        with on_torch_stream(stream):
-            self.prepare()
-            self.step()
-
     def prepare(self) -> None:
         """Nothing to do eagerly before a step."""
 
     def step(self) -> None:
         """One step on the current torch stream (what a graph captures or torch.compile compiles)."""
         require_torch().add(self.x, self.bias, out=self.out)
-
-    def poison(self, stream: object) -> None:
-        with on_torch_stream(stream):
-            self.out.fill_(float("nan"))
 
     def verify(self, stream: object) -> bool:
         torch = require_torch()

@@ -7,11 +7,12 @@ from typing import Any
 from .. import kernels
 from .._memory import DeviceBuffer
 from .._plan import check_nbytes, round_up
+from ._base import Closing
 
 __all__ = ["CopyWorkload"]
 
 
-class CopyWorkload:
+class CopyWorkload(Closing):
     """``dst <- src`` over ``nbytes`` with l2ctl's 16-byte kernel; ``src`` holds the word index."""
 
     def __init__(self, nbytes: int, device: object = None) -> None:
@@ -38,9 +39,3 @@ class CopyWorkload:
     def close(self) -> None:
         self.src.free()
         self.dst.free()
-
-    def __enter__(self) -> "CopyWorkload":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

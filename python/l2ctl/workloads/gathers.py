@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ._base import GalleryWorkload, check_fraction
+from ._base import TorchWorkload, check_fraction
 from ._frameworks import on_torch_stream, require_torch
 
 __all__ = ["IndexSelect", "Embedding", "EmbeddingBag"]
@@ -15,17 +15,14 @@ ROW_FLOATS = 64  # 256-byte rows: an embedding of dimension 64
 SAMPLES = 4096  # output rows checked against the table after a run
 
 
-class _Gather(GalleryWorkload):
-    framework = "torch"
+class _Gather(TorchWorkload):
     hot = "table"
+    outputs = ("result",)
 
     def __init__(self, device: object, table_bytes: Optional[int], lookups: int, seed: int, integer_table: bool) -> None:
         super().__init__(device)
-        torch = require_torch()
-        table = check_fraction(table_bytes, 0.64, self.device, "table_bytes")
-        rows = max(1, table // (4 * ROW_FLOATS))
-        dev = torch.device("cuda", self.device)
-        g = torch.Generator(device=dev).manual_seed(seed)
+        torch, dev, g = self._torch(seed)
+        rows = max(1, check_fraction(table_bytes, 0.64, self.device, "table_bytes") // (4 * ROW_FLOATS))
         if integer_table:  # sums of small integers are exact: a bag's sum can be checked bit for bit
             self.table = torch.randint(-8, 8, (rows, ROW_FLOATS), device=dev, generator=g).to(torch.float32)
         else:
@@ -38,10 +35,16 @@ class _Gather(GalleryWorkload):
     def shape(self) -> dict[str, Any]:
         return {"table_rows": int(self.table.shape[0]), "row_floats": ROW_FLOATS, "lookups": int(self.index.numel())}
 
-    def poison(self, stream: object) -> None:
+    def verify(self, stream: object) -> bool:
+        torch = require_torch()
+        if self.result is None:
+            return False
         with on_torch_stream(stream):
-            if self.result is not None:
-                self.result.fill_(float("nan"))
+            return bool(torch.equal(self.result[self.samples], self._expected()))
+
+    def _expected(self) -> Any:
+        """The sampled output rows as they should be, computed from the table."""
+        return self.table[self.index[self.samples]]
 
 
 class IndexSelect(_Gather):
@@ -61,11 +64,6 @@ class IndexSelect(_Gather):
         with on_torch_stream(stream):
             torch.index_select(self.table, 0, self.index, out=self.result)
 
-    def verify(self, stream: object) -> bool:
-        torch = require_torch()
-        with on_torch_stream(stream):
-            return bool(torch.equal(self.result[self.samples], self.table[self.index[self.samples]]))
-
 
 class Embedding(_Gather):
     """``F.embedding(index, table)`` (a new output tensor per call, as a model's forward makes)."""
@@ -80,13 +78,6 @@ class Embedding(_Gather):
         torch = require_torch()
         with on_torch_stream(stream):
             self.result = torch.nn.functional.embedding(self.index, self.table)
-
-    def verify(self, stream: object) -> bool:
-        torch = require_torch()
-        if self.result is None:
-            return False
-        with on_torch_stream(stream):
-            return bool(torch.equal(self.result[self.samples], self.table[self.index[self.samples]]))
 
 
 class EmbeddingBag(_Gather):
@@ -112,11 +103,5 @@ class EmbeddingBag(_Gather):
         with on_torch_stream(stream):
             self.result = torch.nn.functional.embedding_bag(self.index, self.table, self.offsets, mode="sum")
 
-    def verify(self, stream: object) -> bool:
-        torch = require_torch()
-        if self.result is None:
-            return False
-        with on_torch_stream(stream):
-            rows = self.index.view(-1, self.bag)[self.samples]
-            expected = self.table[rows].sum(dim=1)
-            return bool(torch.equal(self.result[self.samples], expected))
+    def _expected(self) -> Any:
+        return self.table[self.index.view(-1, self.bag)[self.samples]].sum(dim=1)

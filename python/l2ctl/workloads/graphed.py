@@ -1,14 +1,9 @@
-"""Gallery workloads run the way modern PyTorch runs them: captured in a CUDA graph and replayed, or
-compiled with ``torch.compile(mode="reduce-overhead")`` (CUDA graph trees). Each says what a persist scope
-or ``l2ctl.tune`` must target so that its window reaches what replays (``target()``):
-
-- ``Graphed``: the whole step (``prepare()`` and ``step()``) captured once in a
-  ``torch.cuda.CUDAGraph(keep_graph=True)``, replayed with torch's own ``replay()``; the target is that
-  graph (l2ctl sets the windows on its template and has torch re-instantiate it).
-- ``Compiled``: the step compiled with ``mode="reduce-overhead"``. Its graphs keep the window in force on
-  torch's capture stream when they were recorded, so this workload keeps one compiled function per window
-  it runs under: every tune point, and the baseline, replays graphs recorded with its own window. The
-  target is ``graph.torch_captures()``.
+"""Gallery workloads run the way modern PyTorch runs them: captured in a CUDA graph and replayed
+(``Graphed``: the target is the graph, whose template l2ctl changes and torch re-instantiates), or compiled
+with ``torch.compile(mode="reduce-overhead")`` (``Compiled``: the target is ``graph.torch_captures()``; its
+graphs keep the window they were recorded under, so it keeps one compiled function per window, and every
+tune point, and the baseline, replays graphs recorded under its own). ``target()`` says what a persist
+scope or ``l2ctl.tune`` must target so that its window reaches what replays.
 
 Both wrap an object that splits a step into ``prepare()`` (eager work before it) and ``step()`` (what is
 captured or compiled), both on the current torch stream, and says its ``device``; a gallery workload, or
@@ -26,6 +21,7 @@ from .._stream_window import get_window
 from .._targets import ScopedWindow
 from .._window import AccessPolicyWindow
 from ..graph import TorchCaptures, torch_captures
+from ._base import Closing
 from ._frameworks import on_torch_stream, require_torch
 
 __all__ = ["Stepped", "Graphed", "Compiled"]
@@ -43,7 +39,7 @@ class Stepped(Protocol):
     def step(self) -> None: ...
 
 
-class _Wrapped:
+class _Wrapped(Closing):
     """What Graphed and Compiled share: everything but running the step comes from the wrapped workload
     (what it lacks: no candidates, nothing to poison, unverified)."""
 
@@ -82,12 +78,6 @@ class _Wrapped:
         close = getattr(self.base, "close", None)
         if callable(close):
             close()
-
-    def __enter__(self) -> "_Wrapped":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class Graphed(_Wrapped):

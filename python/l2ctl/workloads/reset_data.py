@@ -9,11 +9,12 @@ import numpy as np
 from .. import kernels
 from .._memory import DeviceBuffer
 from .._plan import check_nbytes, round_up
+from ._base import Closing
 
 __all__ = ["ResetDataWorkload"]
 
 
-class ResetDataWorkload:
+class ResetDataWorkload(Closing):
     """A random LUT of ``lut_bytes`` (``.buf``, the buffer to persist) repeated into ``out_bytes``."""
 
     def __init__(self, lut_bytes: int, out_bytes: int = 1 << 30, *, variant: str = "plain", device: object = None,
@@ -43,9 +44,3 @@ class ResetDataWorkload:
     def close(self) -> None:
         self.buf.free()
         self.out.free()
-
-    def __enter__(self) -> "ResetDataWorkload":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -7,29 +7,27 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ._base import GiB, GalleryWorkload, check_fraction
+from ._base import GiB, TorchWorkload, check_fraction
 from ._frameworks import on_torch_stream, require_torch
 from .gathers import ROW_FLOATS, SAMPLES
 
 __all__ = ["TrainingStep"]
 
 
-class TrainingStep(GalleryWorkload):
+class TrainingStep(TorchWorkload):
     """Per step: ``e = F.embedding(lookup, table)`` (128 MiB out), ``h = x + bias`` (x of 512 MiB) and
     ``acc.zero_(); acc.index_add_(0, index, values)`` (768 MiB of updates). Default sizes: bias 0.16,
     table 0.64 and acc 0.64 of the L2 (the sizes where, alone, the gather gains nothing and the
     scatter-add gains most: docs/results.md)."""
 
     name = "step"
-    framework = "torch"
     hot = "table"
+    outputs = ("h", "acc", "e")
 
     def __init__(self, device: object = None, *, bias_bytes: Optional[int] = None, table_bytes: Optional[int] = None,
                  acc_bytes: Optional[int] = None, seed: int = 0) -> None:
         super().__init__(device)
-        torch = require_torch()
-        dev = torch.device("cuda", self.device)
-        g = torch.Generator(device=dev).manual_seed(seed)
+        torch, dev, g = self._torch(seed)
         cols = max(1, check_fraction(bias_bytes, 0.16, self.device, "bias_bytes") // 4)
         self.bias = torch.randn(cols, device=dev, generator=g)
         self.x = torch.randn(max(1, (GiB // 2) // (4 * cols)), cols, device=dev, generator=g)
@@ -58,13 +56,6 @@ class TrainingStep(GalleryWorkload):
             torch.add(self.x, self.bias, out=self.h)
             self.acc.zero_()
             self.acc.index_add_(0, self.index, self.values)
-
-    def poison(self, stream: object) -> None:
-        with on_torch_stream(stream):
-            self.h.fill_(float("nan"))
-            self.acc.fill_(float("nan"))
-            if self.e is not None:
-                self.e.fill_(float("nan"))
 
     def verify(self, stream: object) -> bool:
         torch = require_torch()
