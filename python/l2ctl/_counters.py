@@ -81,9 +81,7 @@ _HINTS = {
 
 def find_cupti() -> list[str]:
     """Candidate paths of libcupti, most specific first."""
-    found: list[str] = []
-    if os.environ.get("L2CTL_CUPTI"):
-        found.append(os.environ["L2CTL_CUPTI"])
+    found = [os.environ["L2CTL_CUPTI"]] if os.environ.get("L2CTL_CUPTI") else []
     roots = [os.environ.get(v) for v in ("CUDA_HOME", "CUDA_PATH")] + ["/usr/local/cuda"]
     for root in filter(None, roots):
         for sub in ("lib64", "lib", "extras/CUPTI/lib64", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib"):
@@ -91,22 +89,13 @@ def find_cupti() -> list[str]:
     for entry in sys.path:  # pip wheels: nvidia/cu13/lib, nvidia/cuda_cupti/lib
         for pattern in ("nvidia/cu*/lib/libcupti.so*", "nvidia/cuda_cupti/lib/libcupti.so*"):
             found += sorted(glob.glob(os.path.join(entry, pattern)), reverse=True)
-    found += ["libcupti.so.13", "libcupti.so.12", "libcupti.so"]
-    unique: list[str] = []
-    for path in found:
-        if path not in unique:
-            unique.append(path)
-    return unique
+    return list(dict.fromkeys(found + ["libcupti.so.13", "libcupti.so.12", "libcupti.so"]))  # once each, in order
 
 
 def _unavailable(error: CuptiError, context: str = "") -> CountersUnavailableError:
-    hint = _HINTS.get(error.code, "")
-    text = f"hardware counters are unavailable: {error}"
-    if context:
-        text += f" ({context})"
-    if hint:
-        text += f"; {hint}"
-    return CountersUnavailableError(text)
+    hint = f"; {_HINTS[error.code]}" if error.code in _HINTS else ""
+    context = f" ({context})" if context else ""
+    return CountersUnavailableError(f"hardware counters are unavailable: {error}{context}{hint}")
 
 
 def load_cupti(path: Optional[str] = None) -> str:
@@ -170,10 +159,8 @@ class counters:
 
     def __init__(self, device: object = None, metrics: Sequence[str] = DEFAULT_METRICS, *, max_ranges: int = 64,
                  cupti_path: Optional[str] = None) -> None:
-        names = _check_metrics(metrics)
-        max_ranges = _check_positive(max_ranges, "max_ranges")
-        self.metrics = names
-        self.max_ranges = max_ranges
+        self.metrics = _check_metrics(metrics)
+        self.max_ranges = _check_positive(max_ranges, "max_ranges")
         self._device_arg = device
         self._cupti_path = cupti_path
         self._profiler: Optional[RangeProfilerImpl] = None
@@ -220,17 +207,15 @@ def collect(run: Callable[[], object], *, setup: Optional[Callable[[], object]] 
             metrics: Sequence[str] = DEFAULT_METRICS, max_ranges: int = 64, max_passes: int = 64,
             setup_in_pass: bool = True, cupti_path: Optional[str] = None) -> tuple[list[KernelCounters], int]:
     """Counters for the kernels ``run()`` launches, by *user replay*: ``run`` is called once per pass
-    the metrics need, each time after ``setup()`` and a device synchronize.
-
-    Unlike ``counters`` (kernel replay: CUPTI saves and restores memory between its passes, which
-    disturbs L2 state such as persisting lines), every pass here starts from the state ``setup``
-    makes, so measurements that depend on L2 contents are repeatable. ``run`` must launch the same
+    the metrics need, each time after ``setup()`` and a device synchronize, and must launch the same
     kernels every time.
 
-    With ``setup_in_pass`` (the default) ``setup`` runs after the pass has started and its kernels'
-    ranges are dropped: starting a pass disturbs L2 (see the README's "Counters against Nsight
-    Compute"), so state that ``setup`` makes before the start would not reach ``run``. ``setup`` must
-    then launch the same kernels every pass. Returns (results of ``run``'s kernels, number of passes).
+    Unlike ``counters`` (kernel replay: CUPTI saves and restores memory between its passes, which
+    disturbs L2 state such as persisting lines), every pass starts from the state ``setup`` makes, so
+    measurements that depend on L2 contents are repeatable. With ``setup_in_pass`` (the default),
+    ``setup`` runs after the pass has started, since starting one disturbs L2 (the README's "Counters
+    against Nsight Compute"), and its kernels' ranges are dropped; it must then launch the same kernels
+    every pass. Returns (results of ``run``'s kernels, number of passes).
     """
     if not callable(run) or (setup is not None and not callable(setup)):
         raise TypeError("run (and setup, when given) must be callables taking no arguments")
@@ -267,11 +252,8 @@ def collect(run: Callable[[], object], *, setup: Optional[Callable[[], object]] 
         raise _unavailable(exc) from exc
     finally:
         del profiler
-    skip = 0
-    if skipped:
-        if len(skipped) != 1 or -1 in skipped or launched != len(ranges):
-            raise CountersUnavailableError(
-                "collect could not tell setup's kernels from run's (setup launched a different number of kernels "
-                "per pass, or the launch callbacks are held by another tool); pass setup_in_pass=False")
-        skip = skipped.pop()
-    return _results(names, ranges[skip:]), passes
+    if skipped and (len(skipped) != 1 or -1 in skipped or launched != len(ranges)):
+        raise CountersUnavailableError(
+            "collect could not tell setup's kernels from run's (setup launched a different number of kernels "
+            "per pass, or the launch callbacks are held by another tool); pass setup_in_pass=False")
+    return _results(names, ranges[skipped.pop() if skipped else 0:]), passes

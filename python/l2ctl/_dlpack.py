@@ -151,33 +151,25 @@ _live: dict[int, _Export] = {}  # address of the managed struct -> its export
 _live_lock = threading.Lock()
 
 
-def _delete(address: int) -> None:
-    with _live_lock:
-        export = _live.pop(address, None)
-    if export is not None:
-        export.release()
-
-
-def _on_consumer_delete(address: Optional[int]) -> None:  # any thread: ctypes takes the GIL
+def _delete(address: Optional[int]) -> None:  # also the consumer's deleter: any thread (ctypes takes the GIL)
     if address:
-        _delete(address)
+        with _live_lock:
+            export = _live.pop(address, None)
+        if export is not None:
+            export.release()
 
 
 def _on_capsule_destroyed(capsule: Optional[int]) -> None:
     # An unconsumed capsule owns its tensor; a consumed one was renamed "used_..." and the consumer
     # calls the deleter itself.
-    if not capsule:
-        return
-    for name in (_VERSIONED, _LEGACY):
+    for name in (_VERSIONED, _LEGACY) if capsule else ():
         if _capsule_is_valid_raw(capsule, name):
-            pointer = _capsule_pointer_raw(capsule, name)
-            if pointer:
-                _delete(pointer)
+            _delete(_capsule_pointer_raw(capsule, name))
             return
 
 
 # The C function pointers handed out; module globals, so they outlive every capsule.
-_deleter: Any = _Deleter(_on_consumer_delete)
+_deleter: Any = _Deleter(_delete)
 _capsule_destructor: Any = _CapsuleDestructor(_on_capsule_destroyed)
 
 
@@ -195,11 +187,8 @@ def export_capsule(ptr: int, nbytes: int, device: int, dtype: np.dtype, shape: t
     tensor = _DLTensor(ctypes.c_void_p(ptr), _DLDevice(DL_CUDA, device), len(shape),
                        _DLDataType(code, dtype.itemsize * 8, 1), ctypes.cast(c_shape, ctypes.POINTER(ctypes.c_int64)),
                        None, 0)
-    managed: ctypes.Structure
-    if versioned:
-        managed = _DLManagedTensorVersioned(_DLPackVersion(*DLPACK_VERSION), None, _deleter, 0, tensor)
-    else:
-        managed = _DLManagedTensor(tensor, None, _deleter)
+    managed: ctypes.Structure = (_DLManagedTensorVersioned(_DLPackVersion(*DLPACK_VERSION), None, _deleter, 0, tensor)
+                                 if versioned else _DLManagedTensor(tensor, None, _deleter))
     address = ctypes.addressof(managed)
     with _live_lock:
         _live[address] = _Export(managed, c_shape, owner, release)

@@ -1,20 +1,18 @@
-"""PyTorch's CUDA graphs as l2ctl sees them: which of them a window can reach, and how.
-
-CUDA copies kernel-node attributes (the access-policy window among them) into an executable graph only
-when it instantiates it; cudaGraphExecUpdate reports success but carries no window (measured:
-benchmarks/results/h100/graph.json), and no call sets an attribute on a node of an executable. So:
+"""PyTorch's CUDA graphs as l2ctl sees them: which of them a window can reach, and how. CUDA copies node
+windows into an executable only when it instantiates it, and no call changes an executable's nodes
+(l2ctl.graph), so:
 
 - ``torch.cuda.CUDAGraph(keep_graph=True)`` (torch >= 2.9) keeps its template (``raw_cuda_graph()``):
-  l2ctl sets the windows on the template's kernel nodes and has torch make a new executable from it
-  (``instantiate()``, torch's own), so ``replay()`` runs with them.
+  l2ctl sets the windows on its kernel nodes and has torch remake its executable (torch's own
+  ``instantiate()``), so ``replay()`` runs with them.
 - ``keep_graph=False`` (the default), ``torch.cuda.make_graphed_callables`` and torch.compile's CUDA graph
-  trees (``mode="reduce-overhead"``) destroy the template once instantiated: after capture nothing can
-  change their nodes. A window reaches them only through the stream they are captured on (CUDA copies a
-  stream's window into every kernel node captured on it): ``capture_streams`` names those streams.
+  trees (``mode="reduce-overhead"``) destroy the template once instantiated. A window reaches them only
+  through the stream they are captured on (CUDA copies it into every kernel node captured there):
+  ``capture_streams`` names those streams.
 
-Nothing here imports torch at import time; torch's graph trees are imported only when a
-``graph.torch_captures()`` scope is used. Their names (``get_manager``, ``.stream``, ``get_roots``,
-``.children``, ``.graph``) are the same from torch 2.6 to 2.15.
+torch is not imported at import time, its graph trees only when a ``graph.torch_captures()`` scope is
+used. Their names (``get_manager``, ``.stream``, ``get_roots``, ``.children``, ``.graph``) are the same
+from torch 2.6 to 2.15.
 """
 
 from __future__ import annotations
@@ -72,12 +70,11 @@ def template_of(obj: Any) -> int:
         raise ValueError("this PyTorch is too old for l2ctl to keep a graph's replays in step with its windows "
                          "(torch.cuda.CUDAGraph needs instantiate() and raw_cuda_graph_exec(): torch >= 2.9)")
     try:
-        handle = int(obj.raw_cuda_graph())
+        return int(obj.raw_cuda_graph())
     except RuntimeError as exc:
         if "keep_graph" in str(exc):
             raise ValueError(KEEP_GRAPH_HINT) from None
         raise ValueError(f"the torch graph has no template yet ({exc}); capture it first") from None
-    return handle
 
 
 def has_executable(obj: Any) -> bool:
@@ -131,10 +128,8 @@ class TorchGraphTrees:
         return streams
 
     def recorded(self, device: int) -> list[object]:
-        module = sys.modules.get("torch._inductor.cudagraph_trees")
-        if module is None:  # never imported: nothing was recorded
-            return []
-        manager = module.get_manager(device, False)
+        module = sys.modules.get("torch._inductor.cudagraph_trees")  # never imported: nothing was recorded
+        manager = None if module is None else module.get_manager(device, False)
         if manager is None:
             return []
         found, pending = [], list(manager.get_roots())

@@ -1,13 +1,12 @@
 """Access-policy windows on CUDA graph kernel nodes.
 
-A stream window cannot reach a graph after capture: replays use the windows stored in their kernel
-nodes (CUDA copies the stream's window into each node at capture time). l2ctl reads and writes those
-node attributes on the graph's template, and brings every executable graph made from it up to date:
-CUDA copies node attributes into an executable only when it instantiates it (cudaGraphExecUpdate reports
-success but carries no window: benchmarks/results/h100/graph.json), so l2ctl re-instantiates its own
-executable before the next launch and has PyTorch re-instantiate a torch.cuda.CUDAGraph's at once.
-Graphs whose template is gone (torch's keep_graph=False, make_graphed_callables, torch.compile's graph
-trees, CuPy's) get a window only at capture: ``torch_captures()`` and docs/DESIGN.md ("Graphs").
+Replays use the windows stored in a graph's kernel nodes (CUDA copies a stream's window into each node at
+capture), and CUDA copies node attributes into an executable only when it instantiates it
+(cudaGraphExecUpdate reports success but carries no window: benchmarks/results/h100/graph.json). So l2ctl
+sets the windows on the template and remakes every executable made from it: its own before the next
+launch, a torch.cuda.CUDAGraph's at once. Graphs whose template is gone (torch's keep_graph=False,
+make_graphed_callables, torch.compile's graph trees, CuPy's) get a window only at capture:
+``torch_captures()`` and docs/DESIGN.md ("Graphs").
 
     with l2ctl.Stream() as s:
         with l2ctl.graph.capture(s) as g:
@@ -90,16 +89,6 @@ class Graph:
         self._torch = None
         self.reinstantiations = 0
 
-    @classmethod
-    def _deferred(cls, device: int) -> "Graph":
-        """The object capture() yields before the capture has ended; _attach gives it its graph."""
-        graph = cls.__new__(cls)
-        graph._setup(device, None)
-        return graph
-
-    def _attach(self, handle: int) -> None:
-        self._impl = _backend.current().Graph(handle, True)
-
     @property
     def handle(self) -> int:
         if self._impl is None:
@@ -123,12 +112,9 @@ class Graph:
     def kernel_nodes(self, predicate: Optional[Predicate] = None) -> list[KernelNode]:
         """The kernel nodes (optionally those for which ``predicate(node)`` is true), with their windows."""
         backend = _backend.current()
-        nodes = []
-        for node, function, grid, block in self._kernel_node_tuples():
-            k = KernelNode(node, function, grid, block, AccessPolicyWindow.from_tuple(backend.get_node_window(node)))
-            if predicate is None or predicate(k):
-                nodes.append(k)
-        return nodes
+        nodes = (KernelNode(*t, AccessPolicyWindow.from_tuple(backend.get_node_window(t[0])))
+                 for t in self._kernel_node_tuples())
+        return [k for k in nodes if predicate is None or predicate(k)]
 
     def _selected(self, predicate: Optional[Predicate]) -> list[int]:
         if predicate is None:  # no predicate: no need to read every node's window
@@ -159,13 +145,12 @@ class Graph:
 
     def instantiate(self) -> GraphExecImpl:
         """l2ctl's executable graph, made anew from the template when node windows changed through l2ctl."""
-        if self._exec is None:
+        if self._exec is None or self._dirty:
+            old = self._exec
+            if old is not None:
+                old.destroy()
             self._exec = _backend.current().GraphExec(self.handle)
-            self._dirty = False
-        elif self._dirty:
-            self._exec.destroy()
-            self._exec = _backend.current().GraphExec(self.handle)
-            self.reinstantiations += 1
+            self.reinstantiations += old is not None
             self._dirty = False
         return self._exec
 
@@ -245,7 +230,8 @@ def capture(stream: object, mode: CaptureMode = CaptureMode.THREAD_LOCAL) -> Ite
     device = stream_device(ref)
     backend = _backend.current()
     backend.begin_capture(ref.handle, int(mode))
-    graph = Graph._deferred(device)
+    graph = Graph.__new__(Graph)  # yielded now, given its graph when the capture ends
+    graph._setup(device, None)
     try:
         yield graph
     except BaseException:
@@ -256,7 +242,7 @@ def capture(stream: object, mode: CaptureMode = CaptureMode.THREAD_LOCAL) -> Ite
         except Exception:
             pass  # the capture may already be invalidated; the body's error matters
         raise
-    graph._attach(int(backend.end_capture(ref.handle)))
+    graph._impl = _backend.current().Graph(int(backend.end_capture(ref.handle)), True)
 
 
 # One view per torch graph, so that its kernel nodes are listed once however often it is persisted. The
@@ -295,8 +281,11 @@ def _torch_view(obj: Any, device: object) -> Graph:
         view = _torch_views.get(obj)
     except TypeError:  # not weakly referable: a view per call, holding it
         view = None
-    if view is not None and _same(view, handle, device):
-        return view
+    try:
+        if view is not None and view.handle == handle and (device is None or view.device == resolve_device(device)):
+            return view
+    except (ValueError, RuntimeError):  # the view was destroyed
+        pass
     view = Graph(handle, owned=False, device=device)
     try:
         view._torch = weakref.ref(obj)
@@ -307,37 +296,27 @@ def _torch_view(obj: Any, device: object) -> Graph:
     return view
 
 
-def _same(view: Graph, handle: int, device: object) -> bool:
-    try:
-        return view.handle == handle and (device is None or view.device == resolve_device(device))
-    except (ValueError, RuntimeError):  # the view was destroyed
-        return False
-
-
 #: ``replays(window)``: the recordings a scope's block will replay (see TorchCaptures).
 Replays = Callable[[tuple[int, int, float, int, int]], Iterable[object]]
 
 
 class TorchCaptures:
     """The CUDA graphs PyTorch captures while the scope lives, as a target for ``l2ctl.persist``: the
-    window goes on the streams PyTorch captures on (the recording stream of torch.compile's CUDA graph
-    trees, ``mode="reduce-overhead"``, and torch.cuda.graph's default capture stream, which
-    ``make_graphed_callables`` uses), and CUDA copies it into every kernel node captured there. Those
-    graphs keep it: their template is gone, so nothing can change it later.
+    window goes on the streams PyTorch captures on (torch.compile's graph-tree recording stream and
+    torch.cuda.graph's default capture stream, which ``make_graphed_callables`` uses), and CUDA copies it
+    into every kernel node captured there, for good (their template is gone).
 
         step = torch.compile(step_fn, mode="reduce-overhead")
         with l2ctl.persist(l2ctl.graph.torch_captures(), acc, policy=tuned):   # before the first call
             for _ in range(100):
                 step()                      # warm-up, recording and replays, all with the window
 
-    A scope with a window is refused before it changes anything when the graph trees on its device hold a
-    recording that does not carry that same window: one recorded outside any such scope (l2ctl cannot
-    tell what it carries) or under another window. Without its window, a larger set-aside only slows a
-    replay (2x measured on an H100). l2ctl sees the graph trees only: graphs that make_graphed_callables
-    or torch.cuda.graph captured before the scope cannot be checked, so capture them inside it.
-
-    ``replays(window)``, for code that knows which recordings its block replays (l2ctl.workloads.Compiled
-    keeps one compiled function per window), narrows the check to those."""
+    A scope with a window is refused, before any change, when the graph trees on its device hold a recording
+    without that window (recorded outside any such scope, so l2ctl cannot tell, or under another window):
+    a larger set-aside only slows its replays (2x on an H100). l2ctl sees the graph trees only, not what
+    make_graphed_callables or torch.cuda.graph captured before the scope: capture those inside it.
+    ``replays(window)`` (the recordings the block replays: l2ctl.workloads.Compiled knows them) narrows the
+    check to those."""
 
     def __init__(self, device: object = None, *, replays: Optional[Replays] = None) -> None:
         self._device = device

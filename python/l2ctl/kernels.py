@@ -208,15 +208,18 @@ def sum_u64(values: object, count: int, stream: object = None) -> int:
     return int(_backend.current().sum_u64(device, s.handle, v.ptr, count))
 
 
+def _streaming(streaming: object, stream: object, **buffers: object) -> tuple[StreamRef, list[BufferRef]]:
+    """The stream and buffers of a cache-streaming kernel (4-byte elements), after checking ``streaming``."""
+    if not isinstance(streaming, bool):
+        raise TypeError("streaming must be a bool")
+    return resolve_stream(stream), [_buffer(b, name) for name, b in buffers.items()]
+
+
 def sparse_vector(values: object, indices: object, dense: object, result: object, stream: object = None, *,
                   streaming: bool = False) -> None:
     """result[t] = values[t] * dense[indices[t] % len(dense)] + sin(0.1 values[t]) (float32; int32 indices).
     ``streaming=True`` reads values and indices with ld.global.cs."""
-    if not isinstance(streaming, bool):
-        raise TypeError("streaming must be a bool")
-    s = resolve_stream(stream)
-    v, i, d, r = (_buffer(x, name) for x, name in ((values, "values"), (indices, "indices"), (dense, "dense"),
-                                                   (result, "result")))
+    s, (v, i, d, r) = _streaming(streaming, stream, values=values, indices=indices, dense=dense, result=result)
     n = v.nbytes // 4
     if i.nbytes // 4 != n or r.nbytes // 4 != n:
         raise ValueError("values, indices and result must have the same number of elements")
@@ -228,11 +231,8 @@ def stream_analysis(data: object, categories: object, weights: object, results: 
                     streaming: bool = False) -> None:
     """results[t] = sum over k < 8 of x * weights[c % len(weights)] + cos(0.01 x), with x = data[8t + k] and
     c = categories[8t + k]. ``streaming=True`` reads data and categories with ld.global.cs."""
-    if not isinstance(streaming, bool):
-        raise TypeError("streaming must be a bool")
-    s = resolve_stream(stream)
-    x, c, w, r = (_buffer(b, name) for b, name in ((data, "data"), (categories, "categories"), (weights, "weights"),
-                                                   (results, "results")))
+    s, (x, c, w, r) = _streaming(streaming, stream, data=data, categories=categories, weights=weights,
+                                 results=results)
     n = r.nbytes // 4
     if x.nbytes // 4 != 8 * n or c.nbytes // 4 != 8 * n:
         raise ValueError("data and categories must hold 8 elements per result")
@@ -240,25 +240,23 @@ def stream_analysis(data: object, categories: object, weights: object, results: 
     _backend.current().stream_analysis(device, s.handle, x.ptr, c.ptr, w.ptr, w.nbytes // 4, r.ptr, n, streaming)
 
 
+def _granules(stride_bytes: int, element_bytes: int, warp: int, granularity: int) -> int:
+    """How many ``granularity``-byte chunks one warp request touches when thread t reads ``element_bytes``
+    at t * stride_bytes (aligned base)."""
+    stride_bytes = check_nbytes(stride_bytes, "stride_bytes")
+    return len({c for first in (t * stride_bytes for t in range(warp))
+                for c in range(first // granularity, (first + element_bytes - 1) // granularity + 1)})
+
+
 def sectors_per_request(stride_bytes: int, element_bytes: int = 4, warp: int = WARP_SIZE,
                         sector_bytes: int = SECTOR_BYTES) -> int:
     """32-byte sectors one warp request touches when thread t reads ``element_bytes`` at t * stride_bytes
     (aligned base): 4 at 4 B, 8 at 8 B, 16 at 16 B, 32 at 32 B and above."""
-    stride_bytes = check_nbytes(stride_bytes, "stride_bytes")
-    sectors: set[int] = set()
-    for t in range(warp):
-        first = t * stride_bytes
-        sectors.update(range(first // sector_bytes, (first + element_bytes - 1) // sector_bytes + 1))
-    return len(sectors)
+    return _granules(stride_bytes, element_bytes, warp, sector_bytes)
 
 
 def dram_bytes_per_request(stride_bytes: int, element_bytes: int = 4, warp: int = WARP_SIZE,
                            dram_granularity: int = 64) -> int:
     """Bytes DRAM delivers for one warp request when it reads whole ``dram_granularity`` chunks
     (64 B, two sectors, as measured on an H100: at 64 B strides half of what DRAM moves is unused)."""
-    stride_bytes = check_nbytes(stride_bytes, "stride_bytes")
-    chunks: set[int] = set()
-    for t in range(warp):
-        first = t * stride_bytes
-        chunks.update(range(first // dram_granularity, (first + element_bytes - 1) // dram_granularity + 1))
-    return len(chunks) * dram_granularity
+    return _granules(stride_bytes, element_bytes, warp, dram_granularity) * dram_granularity

@@ -110,18 +110,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         code: int = args.func(args)
         return code
-    except VerificationError as exc:
-        print(f"l2ctl: {exc}", file=sys.stderr)
-        return EXIT_VERIFY
-    except NotSupportedError as exc:
-        print(f"l2ctl: {exc}", file=sys.stderr)
-        return EXIT_UNSUPPORTED
-    except (ValueError, OutputError) as exc:
-        print(f"l2ctl: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except CudaError as exc:
-        print(f"l2ctl: CUDA error: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+    except (VerificationError, NotSupportedError, ValueError, OutputError, CudaError) as exc:
+        code = (EXIT_VERIFY if isinstance(exc, VerificationError) else EXIT_UNSUPPORTED
+                if isinstance(exc, NotSupportedError) else EXIT_USAGE if isinstance(exc, (ValueError, OutputError))
+                else EXIT_ERROR)
+        print(f"l2ctl: {'CUDA error: ' if code == EXIT_ERROR else ''}{exc}", file=sys.stderr)
+        return code
     except KeyboardInterrupt:
         print("l2ctl: interrupted; device state restored", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -133,8 +127,6 @@ def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
     try:
         args = parse_args(argv, prog)
     except SystemExit as exc:  # --help / --version (0), or bad arguments (2, the line already printed)
-        if exc.code is None:
-            return EXIT_OK
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+        return EXIT_OK if exc.code is None else exc.code if isinstance(exc.code, int) else EXIT_USAGE
     return run(args)
 

@@ -7,11 +7,12 @@ added to ``BENCHMARKS``.
 from __future__ import annotations
 
 import argparse
+from typing import Any, Callable
 
-from .exitcodes import EXIT_OK
+from ..bench import Report
 from .options import (COLUMN_NAMES, COMMON, CSV, DEVICE, GALLERY_NAMES, JSON, LUT_BYTES, LUT_SIZES, OUT_BYTES, PLOT,
                       QUIET, REPEAT, ROUNDS, SET_ASIDE, WARMUP, Option, columns, count, gallery_names, strides)
-from .output import fmt_bytes, header, save_plot, write_report
+from .output import done, fmt_bytes, header, measure
 from .parsing import Command, Group
 
 __all__ = ["cmd_bench_reset", "cmd_bench_stride", "cmd_bench_cs", "cmd_bench_graph", "cmd_bench_concurrent",
@@ -19,51 +20,53 @@ __all__ = ["cmd_bench_reset", "cmd_bench_stride", "cmd_bench_cs", "cmd_bench_gra
            "BENCHMARKS", "BENCH"]
 
 
+def _measured(args: argparse.Namespace, run: Callable[..., Report], *given: Any, **options: Any) -> Report:
+    """``run(*given, **options)`` on --device with the measurement options; prints its report's header."""
+    report = run(*given, device=args.device, **measure(args), **options)
+    print(header(report))
+    return report
+
+
+def _lut_table(report: Report, names: list[str], cell: Callable[[dict[str, Any], str], str]) -> None:
+    """reset-data's table: a row per LUT size, ``cell(row, name)`` per column."""
+    print(f"{'LUT':>10} " + " ".join(f"{n:>17}" for n in names))
+    for row in report.summary["table_ms"]:
+        print(f"{fmt_bytes(row['lut_bytes']):>10} " + " ".join(f"{cell(row, n):>17}" for n in names))
+
+
 def cmd_bench_reset(args: argparse.Namespace) -> int:
     from .. import bench, plot
 
-    report = bench.bench_reset_data(args.lut_sizes, out_bytes=args.out_bytes, columns=args.columns,
-                                    device=args.device, repeat=args.repeat, warmup=args.warmup,
-                                    progress=not args.quiet, counters=args.counters)
+    report = _measured(args, bench.bench_reset_data, args.lut_sizes, out_bytes=args.out_bytes, columns=args.columns,
+                       counters=args.counters)
     c = report.ceilings
-    print(header(report))
     ceilings = ("" if c is None else f"; write-only ceiling {c.write_ms:.3f} ms ({c.write_gbps:,.0f} GB/s), "
                 f"copy {c.copy_gbps:,.0f} GB/s, read {c.read_gbps:,.0f} GB/s")
     print(f"reset-data: {fmt_bytes(report.records[0].config['out_bytes'])} output, median of {args.repeat} "
           f"(CUDA events), every output verified{ceilings}")
     names = [r.variant for r in report.records if r.config["lut_bytes"] == report.records[0].config["lut_bytes"]]
-    print(f"{'LUT':>10} " + " ".join(f"{n:>17}" for n in names))
-    for row in report.summary["table_ms"]:
-        cells = []
-        for n in names:
-            ms = row[n]
-            cells.append(f"{ms:8.3f} {row['baseline'] / ms:6.2f}x" if "baseline" in row else f"{ms:8.3f}        ")
-        print(f"{fmt_bytes(row['lut_bytes']):>10} " + " ".join(f"{cell:>17}" for cell in cells))
+    _lut_table(report, names, lambda row, n: f"{row[n]:8.3f} {row['baseline'] / row[n]:6.2f}x" if "baseline" in row
+               else f"{row[n]:8.3f}        ")
     print("ms and speedup over baseline; columns: " + "; ".join(f"{n} = {d}" for n, d in bench.RESET_COLUMNS
                                                                if n in names))
     if args.counters:
         print("\nHardware counters (one extra launch per point, after another, by l2ctl.collect): "
               "DRAM MB read / L2 hit rate")
-        print(f"{'LUT':>10} " + " ".join(f"{n:>17}" for n in names))
-        for row in report.summary["table_ms"]:
-            cells = []
-            for n in names:
-                k = report.find(n, lut_bytes=row["lut_bytes"]).metrics["counters"]
-                cells.append(f"{k['dram__bytes_read.sum'] / 1e6:7.1f} {k['lts__t_sector_hit_rate.pct']:5.1f}%")
-            print(f"{fmt_bytes(row['lut_bytes']):>10} " + " ".join(f"{cell:>17}" for cell in cells))
+
+        def counted(row: dict[str, Any], n: str) -> str:
+            k = report.find(n, lut_bytes=row["lut_bytes"]).metrics["counters"]
+            return f"{k['dram__bytes_read.sum'] / 1e6:7.1f} {k['lts__t_sector_hit_rate.pct']:5.1f}%"
+
+        _lut_table(report, names, counted)
     if "verdict" in report.summary:
         print("Verdict: " + report.summary["verdict"])
-    write_report(report, args.json, args.csv)
-    save_plot(args.plot, plot.reset_data, report)
-    return EXIT_OK
+    return done(args, report, plot.reset_data)
 
 
 def cmd_bench_stride(args: argparse.Namespace) -> int:
     from .. import bench, plot
 
-    report = bench.bench_stride(args.strides, threads=args.threads, device=args.device, repeat=args.repeat,
-                                warmup=args.warmup, progress=not args.quiet)
-    print(header(report))
+    report = _measured(args, bench.bench_stride, args.strides, threads=args.threads)
     print(f"strided 4-byte loads, {args.threads:,} threads, "
           f"read ceiling {report.summary['read_ceiling_gbps']:,.0f} GB/s")
     print(f"{'stride':>7} {'ms':>8} {'useful GB/s':>12} {'sectors/req':>12} {'sector GB/s':>12} {'of ceiling':>11} "
@@ -73,37 +76,27 @@ def cmd_bench_stride(args: argparse.Namespace) -> int:
         print(f"{r.config['stride_bytes']:>6}B {r.median_ms:8.3f} {m['useful_gbps']:12,.0f} "
               f"{m['sectors_per_request_model']:12d} {m['sector_gbps']:12,.0f} "
               f"{m['sector_fraction_of_read_ceiling']:10.0%} {m['dram_model_gbps']:16,.0f}")
-    write_report(report, args.json, args.csv)
-    save_plot(args.plot, plot.stride, report)
-    return EXIT_OK
+    return done(args, report, plot.stride)
 
 
 def cmd_bench_cs(args: argparse.Namespace) -> int:
     from .. import bench, plot
 
-    report = bench.bench_cache_streaming(args.n, device=args.device, repeat=args.repeat, warmup=args.warmup,
-                                         progress=not args.quiet)
-    print(header(report))
+    report = _measured(args, bench.bench_cache_streaming, args.n)
     print(f"cache-streaming loads, {args.n:,} elements; outputs of both versions identical and within 1e-5 of float64")
     print(f"{'scenario':>16} {'normal ms':>10} {'.cs ms':>10} {'speedup':>8}")
     for scenario in ("sparse_vector", "stream_analysis"):
-        normal = report.find(f"{scenario}/normal").median_ms
-        cs = report.find(f"{scenario}/cs").median_ms
+        normal, cs = (report.find(f"{scenario}/{kind}").median_ms for kind in ("normal", "cs"))
         print(f"{scenario:>16} {normal:10.4f} {cs:10.4f} {normal / cs:7.2f}x")
-    write_report(report, args.json, args.csv)
-    save_plot(args.plot, plot.cache_streaming, report)
-    return EXIT_OK
+    return done(args, report, plot.cache_streaming)
 
 
 def cmd_bench_graph(args: argparse.Namespace) -> int:
     from .. import bench
 
-    report = bench.bench_graph(args.lut_bytes, device=args.device, repeat=args.repeat, warmup=args.warmup,
-                               progress=not args.quiet)
-    print(header(report))
+    report = _measured(args, bench.bench_graph, args.lut_bytes)
     plain = report.records[0]
-    print(f"graph of {plain.config['kernels_per_graph']} reset-data kernels, "
-          f"LUT {fmt_bytes(plain.config['lut_bytes'])}, "
+    print(f"graph of {plain.config['kernels_per_graph']} reset-data kernels, LUT {fmt_bytes(plain.config['lut_bytes'])}, "
           f"output {fmt_bytes(plain.config['out_bytes'])}; outputs verified")
     print(f"  replay, no window:                                 {plain.median_ms:8.3f} ms")
     for r in report.records[1:]:
@@ -111,16 +104,13 @@ def cmd_bench_graph(args: argparse.Namespace) -> int:
         print(f"  replay, window on nodes, instance refreshed by {how:<11} {r.median_ms:8.3f} ms  "
               f"({r.metrics['speedup_vs_no_window']:.2f}x; set-aside {fmt_bytes(r.config['set_aside_granted'])}, "
               f"hit ratio {r.config['hit_ratio']:.3f})")
-    write_report(report, args.json, args.csv)
-    return EXIT_OK
+    return done(args, report)
 
 
 def cmd_bench_concurrent(args: argparse.Namespace) -> int:
     from .. import bench
 
-    report = bench.bench_concurrent(set_aside=args.set_aside, device=args.device, repeat=args.repeat,
-                                    warmup=args.warmup, progress=not args.quiet)
-    print(header(report))
+    report = _measured(args, bench.bench_concurrent, set_aside=args.set_aside)
     r0 = report.records[0]
     print(f"two reset-data kernels on two streams at once, set-aside {fmt_bytes(r0.config['set_aside_granted'])}, "
           f"each LUT {fmt_bytes(r0.config['lut_bytes_each'])}; outputs verified")
@@ -130,8 +120,7 @@ def cmd_bench_concurrent(args: argparse.Namespace) -> int:
         hrs = "-" if hr[0] is None else f"{hr[0]:.2f}/{hr[1]:.2f}"
         print(f"{r.variant:>18} {hrs:>14} {r.metrics['kernel1_median_ms']:12.3f} "
               f"{r.metrics['kernel2_median_ms']:12.3f} {r.median_ms:9.3f} {r0.median_ms / r.median_ms:7.2f}x")
-    write_report(report, args.json, args.csv)
-    return EXIT_OK
+    return done(args, report)
 
 
 def cmd_bench_overhead(args: argparse.Namespace) -> int:
@@ -147,16 +136,13 @@ def cmd_bench_overhead(args: argparse.Namespace) -> int:
         value = f"{r.metrics['median_us']:8.2f}" if r.verified else f"{'-':>8}"
         note = r.config["operation"] if r.verified else f"skipped: {r.config['skipped']}"
         print(f"{r.variant:<24} {value}  {note}")
-    write_report(report, args.json, args.csv)
-    return EXIT_OK
+    return done(args, report)
 
 
 def cmd_bench_workloads(args: argparse.Namespace) -> int:
     from .. import benchmark_gallery
 
-    report = benchmark_gallery.bench_workloads(names=args.names, runs=args.runs, rounds=args.rounds, repeat=args.repeat,
-                                     warmup=args.warmup, device=args.device, progress=not args.quiet)
-    print(header(report))
+    report = _measured(args, benchmark_gallery.bench_workloads, names=args.names, runs=args.runs, rounds=args.rounds)
     s = report.summary
     print(f"framework workloads, paired rounds against the baseline ({s['rounds']} rounds x {s['repeat']} runs per "
           f"arm), speedup over the baseline; every output verified; recipe set-aside "
@@ -184,22 +170,18 @@ def cmd_bench_workloads(args: argparse.Namespace) -> int:
     print("recipe: the obvious buffer with set-aside min(0.75 x L2, max); hit 1.0: persist(s, buffer, 1.0) with the "
           "defaults; tuned: l2ctl.tune over every candidate, re-measured; copy: how much slower a plain copy runs "
           "under that set-aside")
-    write_report(report, args.json, args.csv)
-    return EXIT_OK
+    return done(args, report)
 
 
-RESET_OPTIONS = (
-    LUT_SIZES,
-    OUT_BYTES,
-    Option("--columns", f"policies to run, comma-separated, from: {', '.join(COLUMN_NAMES)}", None, "all", columns,
-           "NAMES"),
-    Option("--counters", "add DRAM bytes and L2 hit rate from CUPTI (one extra untimed launch per point)", False,
-           switch=True),
-    PLOT,
-)
 RESET_DATA = Command(
     "reset-data", "a LUT repeated into a large buffer, per persistence policy and LUT size (the main job)",
-    RESET_OPTIONS + COMMON, cmd_bench_reset,
+    (LUT_SIZES, OUT_BYTES,
+     Option("--columns", f"policies to run, comma-separated, from: {', '.join(COLUMN_NAMES)}", None, "all", columns,
+            "NAMES"),
+     Option("--counters", "add DRAM bytes and L2 hit rate from CUPTI (one extra untimed launch per point)", False,
+            switch=True),
+     PLOT) + COMMON,
+    cmd_bench_reset,
     "reset-data: a random LUT repeated into a large output, for LUT sizes from well inside the set-aside to\n"
     "past its max, under each persistence policy (the columns); every output verified on the device.")
 STRIDE = Command(

@@ -127,9 +127,7 @@ def strides(text: str) -> list[int]:
     """Comma-separated strides in bytes, each a positive multiple of 4 up to 1 MiB."""
     parse = count(4, 1 << 20, "stride")
     values = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
+    for part in filter(None, (p.strip() for p in text.split(","))):
         try:
             value = parse(part)
         except argparse.ArgumentTypeError as exc:
@@ -233,11 +231,8 @@ class Option:
         """Added with ``default=SUPPRESS`` (only a value typed lands in the namespace); ``hidden``: not in
         the help (parsed, then refused: see parsing.finish)."""
         text = argparse.SUPPRESS if hidden else self.help_text.replace("%", "%%")
-        if self.switch:
-            parser.add_argument(self.flag, dest=self.dest, action="store_true", default=argparse.SUPPRESS, help=text)
-        else:
-            parser.add_argument(self.flag, dest=self.dest, type=self.type, metavar=self.metavar,
-                                default=argparse.SUPPRESS, help=text)
+        how: dict[str, Any] = {"action": "store_true"} if self.switch else {"type": self.type, "metavar": self.metavar}
+        parser.add_argument(self.flag, dest=self.dest, default=argparse.SUPPRESS, help=text, **how)
 
 
 DEVICE = Option("--device", "CUDA device index", None, "the current device", device_index, "N")

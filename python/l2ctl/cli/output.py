@@ -3,15 +3,17 @@ CSV reports and the plots (files; "wrote PATH" on stderr)."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import sys
 from typing import Any, Callable, Optional
 
 from ..bench import Report
+from .exitcodes import EXIT_OK
 
 __all__ = ["MiB", "OutputError", "fmt_bytes", "header", "note", "write_report", "save_plot", "plot_problem",
-           "numbered_path"]
+           "numbered_path", "measure", "done"]
 
 MiB = 1 << 20
 
@@ -82,3 +84,17 @@ def save_plot(path: Optional[str], draw: Callable[[Any], Any], result: Any) -> N
     from .. import plot
 
     _writing(path, lambda p: plot.save(draw(result), p))
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """The measurement options (--warmup, --repeat, --quiet) as the keywords l2ctl's measurements take."""
+    return {"warmup": args.warmup, "repeat": args.repeat, "progress": not args.quiet}
+
+
+def done(args: argparse.Namespace, report: Report, draw: Optional[Callable[[Any], Any]] = None,
+         result: Any = None) -> int:
+    """After the table: the report written and ``draw(result or report)`` saved where asked; EXIT_OK."""
+    write_report(report, args.json, args.csv)
+    if draw is not None:
+        save_plot(args.plot, draw, report if result is None else result)
+    return EXIT_OK

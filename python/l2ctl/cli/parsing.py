@@ -2,12 +2,11 @@
 
 A :class:`Command` declares its options (``options.Option``) and the function that runs it. A
 :class:`Group` (``bench``, ``sweep``) holds several; the options it shows may be given before the
-command's name as well as after it, and reach the command either way. Every option is added with
-``default=SUPPRESS``, so only what was typed lands in the namespace (a sub-command's copy of an option
-never overwrites a value given before its name). Every parser also knows, hidden, the options of every
-other command, so that :func:`finish` can refuse one by name ("--lut-sizes does not apply to 'bench
-stride'") instead of argparse taking its value for a command name; :func:`finish` then fills in the
-chosen command's own defaults and checks optional dependencies (--plot), all before anything runs.
+command's name as well as after it, and reach the command either way (only what was typed lands in the
+namespace: ``options``). Every parser also knows, hidden, the options of every other command, so that
+:func:`finish` can refuse one by name ("--lut-sizes does not apply to 'bench stride'") instead of
+argparse taking its value for a command name; :func:`finish` then fills in the chosen command's own
+defaults and checks optional dependencies (--plot), all before anything runs.
 """
 
 from __future__ import annotations
@@ -37,25 +36,19 @@ class Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {line} (see '{self.prog} --help')\n")
 
 
-def _formatter(prog: str) -> argparse.HelpFormatter:
-    return argparse.RawDescriptionHelpFormatter(prog, max_help_position=30)
-
-
-def _add_parser(subparsers: Any, name: str, summary: str, description: str) -> Parser:
-    parser: Parser = subparsers.add_parser(name, help=summary, description=description or summary,
-                                           formatter_class=_formatter, allow_abbrev=False)
-    return parser
-
-
-def _add_options(parser: Parser, shown: Sequence[Option], known: Sequence[Option]) -> None:
-    """``shown`` in the help; every other option in ``known`` hidden, so that it is parsed and then refused
-    by name (``finish``) rather than misread (its value taken for a command name)."""
-    for option in shown:
+def _add_parser(subparsers: Any, entry: Entry, known: Sequence[Option]) -> Parser:
+    """The parser of ``entry``: its options in the help, every other one in ``known`` hidden (parsed, then
+    refused by name in ``finish`` rather than its value taken for a command name)."""
+    parser: Parser = subparsers.add_parser(
+        entry.name, help=entry.summary, description=entry.description or entry.summary, allow_abbrev=False,
+        formatter_class=lambda prog: argparse.RawDescriptionHelpFormatter(prog, max_help_position=30))
+    for option in entry.options:
         option.add_to(parser)
-    dests = {o.dest for o in shown}
+    dests = {o.dest for o in entry.options}
     for option in known:
         if option.dest not in dests:
             option.add_to(parser, hidden=True)
+    return parser
 
 
 @dataclass(frozen=True)
@@ -76,8 +69,7 @@ class Command:
         return self.options
 
     def add_to(self, subparsers: Any, known: Sequence[Option], parent: str = "") -> Parser:
-        parser = _add_parser(subparsers, self.name, self.summary, self.description)
-        _add_options(parser, self.options, known)
+        parser = _add_parser(subparsers, self, known)
         parser.set_defaults(_command=(self, parser, f"{parent} {self.name}".strip()))
         return parser
 
@@ -100,8 +92,7 @@ class Group:
 
     def add_to(self, subparsers: Any, known: Sequence[Option], parent: str = "") -> Parser:
         path = f"{parent} {self.name}".strip()
-        parser = _add_parser(subparsers, self.name, self.summary, self.description)
-        _add_options(parser, self.options, known)
+        parser = _add_parser(subparsers, self, known)
         names = ",".join(c.name for c in self.commands)
         sub = parser.add_subparsers(title=self.metavar.lower() + "s", metavar=f"{{{names}}}",
                                     required=self.default is None)
@@ -152,12 +143,10 @@ def finish(ns: argparse.Namespace) -> argparse.Namespace:
     ``func`` (the function to run) and ``command`` (its words, e.g. "bench stride"). Exits 2 with one
     line for an option the command does not take, or a ``--plot`` that cannot be drawn."""
     given = dict(vars(ns))
-    chosen = given.pop("_command", None)
-    default = given.pop("_default", None)
+    chosen, default = given.pop("_command", None), given.pop("_default", None)
     command: Command
     parser: Parser
-    path: str
-    command, parser, path = chosen if chosen is not None else default
+    command, parser, path = chosen or default
     own = {o.dest: o for o in command.options}
     foreign = ["--" + dest.replace("_", "-") for dest in given if dest not in own]
     if foreign:

@@ -4,33 +4,26 @@ both) and the set-aside tax on unrelated kernels. Each kind takes only the optio
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable
+from typing import Any
 
-from .exitcodes import EXIT_OK
 from .options import COMMON, LUT_BYTES, OUT_BYTES, PLOT, SET_ASIDE, VARIANT, Option
-from .output import fmt_bytes, header, save_plot, write_report
+from .output import done, fmt_bytes, header, measure
 from .parsing import Command, Group
 
 __all__ = ["cmd_sweep_hit_ratio", "cmd_sweep_set_aside", "cmd_sweep_surface", "cmd_sweep_tax", "HIT_RATIO",
            "SET_ASIDE_SWEEP", "SURFACE", "TAX", "SWEEPS", "SWEEP"]
 
-# (workload, stream, measurement keywords) -> SweepResult
-Sweeper = Callable[[Any, Any, "dict[str, Any]"], Any]
 
-
-def _measure(args: argparse.Namespace) -> dict[str, Any]:
-    return {"warmup": args.warmup, "repeat": args.repeat, "progress": not args.quiet}
-
-
-def _reset_data_sweep(args: argparse.Namespace, sweeper: Sweeper, draw: Callable[[Any], Any]) -> int:
-    """A sweep of reset-data (LUT --lut-bytes, output --out-bytes, kernel --variant), its table and files."""
+def _reset_data_sweep(args: argparse.Namespace, kind: str, **options: Any) -> int:
+    """``sweep.sweep_<kind>`` of reset-data (LUT --lut-bytes, output --out-bytes, kernel --variant), its table
+    and files (the plot: ``plot.<kind>``)."""
     import l2ctl
 
-    from .. import sweep
+    from .. import plot, sweep
 
     with l2ctl.Stream(args.device) as s, \
             sweep.ResetDataWorkload(args.lut_bytes, args.out_bytes, variant=args.variant, device=args.device) as w:
-        result = sweeper(w, s, _measure(args))
+        result = getattr(sweep, f"sweep_{kind}")(w, s, w.buf, **options, **measure(args))
     report = result.report()
     print(header(report))
     print(f"reset-data ({args.variant}), LUT {fmt_bytes(args.lut_bytes)}: baseline {result.baseline.median_ms:.3f} ms; "
@@ -39,28 +32,19 @@ def _reset_data_sweep(args: argparse.Namespace, sweeper: Sweeper, draw: Callable
     for r in result.records:
         print(f"{fmt_bytes(r.config['set_aside_granted']):>12} {r.config['hit_ratio']:9.3f} {r.median_ms:8.3f} "
               f"{r.metrics['speedup_vs_baseline']:7.2f}x")
-    write_report(report, args.json, args.csv)
-    save_plot(args.plot, draw, result)
-    return EXIT_OK
+    return done(args, report, getattr(plot, kind), result)
 
 
 def cmd_sweep_hit_ratio(args: argparse.Namespace) -> int:
-    from .. import plot, sweep
-
-    return _reset_data_sweep(
-        args, lambda w, s, kw: sweep.sweep_hit_ratio(w, s, w.buf, set_aside=args.set_aside, **kw), plot.hit_ratio)
+    return _reset_data_sweep(args, "hit_ratio", set_aside=args.set_aside)
 
 
 def cmd_sweep_set_aside(args: argparse.Namespace) -> int:
-    from .. import plot, sweep
-
-    return _reset_data_sweep(args, lambda w, s, kw: sweep.sweep_set_aside(w, s, w.buf, **kw), plot.set_aside)
+    return _reset_data_sweep(args, "set_aside")
 
 
 def cmd_sweep_surface(args: argparse.Namespace) -> int:
-    from .. import plot, sweep
-
-    return _reset_data_sweep(args, lambda w, s, kw: sweep.sweep_surface(w, s, w.buf, **kw), plot.surface)
+    return _reset_data_sweep(args, "surface")
 
 
 def cmd_sweep_tax(args: argparse.Namespace) -> int:
@@ -69,15 +53,13 @@ def cmd_sweep_tax(args: argparse.Namespace) -> int:
     from .. import plot, sweep
 
     with l2ctl.Stream(args.device) as s:
-        report = sweep.sweep_tax(s, **_measure(args))
+        report = sweep.sweep_tax(s, **measure(args))
     print(header(report))
     print(f"{'set-aside':>12} {'write GB/s':>11} {'copy GB/s':>10}")
     for r in report.records:
         print(f"{fmt_bytes(r.config['set_aside_granted']):>12} {r.metrics['write_gbps']:11,.0f} "
               f"{r.metrics['copy_gbps']:10,.0f}")
-    write_report(report, args.json, args.csv)
-    save_plot(args.plot, plot.tax, report)
-    return EXIT_OK
+    return done(args, report, plot.tax)
 
 
 WORKLOAD: tuple[Option, ...] = (LUT_BYTES, OUT_BYTES, VARIANT)
@@ -107,11 +89,9 @@ def _union(commands: tuple[Command, ...]) -> tuple[Option, ...]:
     for command in commands:
         for o in command.options:
             seen.setdefault(o.dest, o)
-    out = []
-    for dest, o in seen.items():
-        takers = [c.name for c in commands if dest in c.dests]
-        out.append(o if len(takers) == len(commands) else o.but(help=f"{o.help}; {', '.join(takers)} only"))
-    return tuple(out)
+    takers = {dest: [c.name for c in commands if dest in c.dests] for dest in seen}
+    return tuple(o if len(takers[d]) == len(commands) else o.but(help=f"{o.help}; {', '.join(takers[d])} only")
+                 for d, o in seen.items())
 
 
 SWEEP = Group(

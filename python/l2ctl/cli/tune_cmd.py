@@ -7,7 +7,7 @@ from typing import Any
 
 from .exitcodes import EXIT_OK
 from .options import CSV, DEVICE, JSON, LUT_SIZES, OUT_BYTES, QUIET, REPEAT, ROUNDS, VARIANT, WARMUP
-from .output import fmt_bytes, header, numbered_path, write_report
+from .output import fmt_bytes, header, measure, numbered_path, write_report
 from .parsing import Command
 
 __all__ = ["cmd_tune", "TUNE"]
@@ -24,8 +24,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     with l2ctl.Stream(args.device) as s:
         for lut in sizes:
             with sweep.ResetDataWorkload(lut, args.out_bytes, variant=args.variant, device=args.device) as w:
-                tuned = tuner.tune(w, s, {"lut": w.buf}, warmup=args.warmup, repeat=args.repeat, rounds=args.rounds,
-                                   progress=not args.quiet)
+                tuned = tuner.tune(w, s, {"lut": w.buf}, rounds=args.rounds, **measure(args))
             rows.append((lut, tuned))
             # written as each size finishes: a long run interrupted keeps what it measured
             write_report(tuned.report(), args.json and (numbered_path(args.json, lut) if many else args.json),
