@@ -173,6 +173,58 @@ def overhead(gpu: str) -> str:
     return "\n".join(lines)
 
 
+
+FORMS = (("compiled", "registry compiled (this code)"), ("interpreted", "the same source interpreted"),
+         ("c_planner", "the hand-written C planner (before)"))
+FORM_ROWS = [("persist_lean", "lean scope"), ("persist_lean_reused", "the lean scope object re-entered"),
+             ("persist_default", "defaults (`\"auto\"`, lines reset at the end)"),
+             ("persist_graph_32", "32-node graph"), ("raw_set_clear_window", "raw set + clear (cuda.bindings)")]
+
+
+def overhead_runs(gpu: str) -> dict[str, list[dict[str, float]]]:
+    """Per form, each interleaved run's medians (us) by variant: benchmarks/results/<gpu>/overhead_forms/."""
+    runs: dict[str, list[dict[str, float]]] = {}
+    for form, _ in FORMS:
+        for path in sorted((RECORDS / gpu / "overhead_forms").glob(f"{form}_*.json")):
+            r = json.loads(path.read_text())
+            runs.setdefault(form, []).append({x["variant"]: x["metrics"]["median_us"] for x in r["records"] if x["verified"]})
+    return runs
+
+
+def overhead_forms(gpu: str) -> str:
+    runs = overhead_runs(gpu)
+    if not runs:
+        return ""
+    forms = [(f, label) for f, label in FORMS if f in runs]
+    lines = [f"| {GPUS[gpu]}, us per enter+exit: median of {len(runs[forms[0][0]])} runs (range) | "
+             + " | ".join(label for _, label in forms) + " |", "|---" * (len(forms) + 1) + "|"]
+    for key, label in FORM_ROWS:
+        cells = []
+        for form, _ in forms:
+            v = sorted(run[key] for run in runs[form])
+            cells.append(f"{v[len(v) // 2]:.1f} ({v[0]:.1f}-{v[-1]:.1f})")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def readme_cost() -> str:
+    runs = overhead_runs("h100")
+    if not runs:
+        return ""
+
+    def med(form: str, key: str) -> str:
+        v = sorted(run[key] for run in runs[form])
+        return f"{v[len(v) // 2]:.0f}"
+
+    raw = sorted(run["raw_set_clear_window"] for form in runs for run in runs[form])
+    return (f"Host time per enter+exit on an H100 host (`python -m l2ctl bench overhead`, median of three runs): the "
+            f"lean `persist(s, buf, 0.75, set_aside=None, reset_on_exit=False)` **{med('compiled', 'persist_lean')} us**, "
+            f"with the defaults {med('compiled', 'persist_default')} us, on a 32-node graph "
+            f"{med('compiled', 'persist_graph_32')} us; a raw set + clear through cuda.bindings took "
+            f"{raw[0]:.1f}-{raw[-1]:.1f} us on the same host. Around a 1-5 ms step the lean scope costs "
+            f"{float(med('compiled', 'persist_lean')) / 5000:.1%}-{float(med('compiled', 'persist_lean')) / 1000:.1%}.")
+
+
 RESET_COLUMNS = [("baseline", "baseline"), ("recipe_hr1", "recipe, hitRatio 1.0"), ("recipe_fit", "recipe, set-aside/LUT"),
                  ("right_sized", "right-sized"), ("hints", "hints only"), ("annotated", "annotated_ptr"),
                  ("seed_shape", "blog's kernel shape")]
@@ -280,9 +332,10 @@ def ncu(gpu: str) -> str:
     return "\n".join(lines)
 
 
-GENERATORS: dict[str, Callable[[], str]] = {"readme-gallery": readme_gallery, "readme-graphs": readme_graphs}
+GENERATORS: dict[str, Callable[[], str]] = {"readme-gallery": readme_gallery, "readme-graphs": readme_graphs,
+                                             "readme-cost": readme_cost}
 for _gpu in GPUS:
-    for _name, _fn in (("tax", tax), ("gallery", gallery), ("overhead", overhead), ("reset-data", reset_data),
+    for _name, _fn in (("tax", tax), ("gallery", gallery), ("overhead", overhead), ("overhead-forms", overhead_forms), ("reset-data", reset_data),
                        ("tuner", tuner), ("stride", stride), ("micro", micro), ("ncu", ncu)):
         GENERATORS[f"{_name}-{_gpu}"] = (lambda f=_fn, g=_gpu: f(g))
 
