@@ -1,9 +1,11 @@
 """Writes notebooks/*.ipynb (without outputs; arguments: the two-digit numbers of the ones to write). Executed copies, with the outputs of a real GPU run, are
-made by tests/test_notebooks.py on the GPU (L2CTL_NOTEBOOK_OUT=dir) and committed."""
+made by tests/package/test_notebooks.py on the GPU (L2CTL_NOTEBOOK_OUT=dir) and committed; that test file also runs this
+code on the simulated H100 and lists the committed cells that still wait for a GPU run of changed code."""
 
 from __future__ import annotations
 
 import os
+import textwrap
 
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
@@ -208,17 +210,33 @@ only for data that is truly touched once; "read once per thread" is not "read on
 
 
 TORCH_SETUP = """%matplotlib inline
+import importlib.util
 import warnings
 import matplotlib.pyplot as plt
-import torch
-import torch.nn.functional as F
 import l2ctl
-from l2ctl import plot, sweep
+from l2ctl import _backend, plot, sweep
 MiB = 1 << 20
 info = l2ctl.device_info()
 print(f"{info.name}: L2 {info.l2_cache_size / MiB:.2f} MiB, persisting max {info.persisting_l2_cache_max_size / MiB:.2f} MiB, "
-      f"'auto' stops at {l2ctl.auto_set_aside_cap() / MiB:.2f} MiB; torch {torch.__version__}")
-stream = torch.cuda.Stream()"""
+      f"'auto' stops at {l2ctl.auto_set_aside_cap() / MiB:.2f} MiB")
+# torch's tensors live on a real GPU, which a simulated one (L2CTL_SIMULATE) cannot see: then the torch cells skip.
+gpu = not _backend.simulated() and importlib.util.find_spec("torch") is not None
+if gpu:
+    import torch
+    import torch.nn.functional as F
+    gpu = torch.cuda.is_available()
+SKIPPED = "skipped: PyTorch needs a CUDA GPU" + (" (this one is simulated)" if _backend.simulated() else "")
+if gpu:
+    print(f"torch {torch.__version__}")
+    stream = torch.cuda.Stream()
+else:
+    print(SKIPPED.replace("skipped", "the cells below are skipped"))"""
+
+
+def torch_cell(code: str) -> nbformat.NotebookNode:
+    """A cell of PyTorch code, run only where the setup cell found torch and a real CUDA GPU."""
+    return new_code_cell("if gpu:\n" + textwrap.indent(code, "    ") + "\nelse:\n    print(SKIPPED)")
+
 
 OWN = nb([
     new_markdown_cell("""# Your own PyTorch workload: what to persist, and what it costs
@@ -233,7 +251,7 @@ policy. Sizes follow this GPU's L2, so the same notebook means the same thing on
 Three ordinary operations on four tensors: an embedding lookup into `table`, a bias broadcast over a
 streaming activation `x`, and a scatter-add of gradients into `acc`. A workload is any object with
 `enqueue(stream)`; `verify(stream)` (optional) lets every measurement check the output."""),
-    new_code_cell("""def fraction(f):  # bytes: a fraction of this GPU's L2, whole MiB
+    torch_cell("""def fraction(f):  # bytes: a fraction of this GPU's L2, whole MiB
     return int(f * info.l2_cache_size) // MiB * MiB
 
 dev = torch.device("cuda")
@@ -270,7 +288,7 @@ for name, t in candidates.items():
 
 `tune` screens every candidate at several set-asides (each with the hit ratio that fits), refines the two
 best, and keeps the smallest set-aside within noise of the best, confirmed in fresh rounds."""),
-    new_code_cell("""tuned = l2ctl.tune(step, stream, candidates)
+    torch_cell("""tuned = l2ctl.tune(step, stream, candidates)
 print(tuned)
 print()
 for name, c in tuned.candidates.items():
@@ -281,7 +299,7 @@ for name, c in tuned.candidates.items():
 
 Every set-aside the driver can grant, times four hit ratios (points above the fitting ratio oversubscribe
 the set-aside: the tuner never picks those). Blue is faster than no persistence, red slower."""),
-    new_code_cell("""name = tuned.buffer_name or tuned.grid_best.point.candidate
+    torch_cell("""name = tuned.buffer_name or tuned.grid_best.point.candidate
 surface = sweep.sweep_surface(step, stream, candidates[name], hit_ratios=[0.25, 0.5, 0.75, 1.0], progress=False)
 ax = plot.surface(surface)
 ax.set_title(f"{info.name}: persisting {name}")
@@ -290,7 +308,7 @@ plt.show()"""),
 
 While a set-aside is in place, every other kernel on the GPU streams through a smaller L2. Below the
 driver's default limit (where `set_aside="auto"` stops) the tax is within noise; above it, it grows."""),
-    new_code_cell("""tax = sweep.sweep_tax(stream, progress=False)
+    torch_cell("""tax = sweep.sweep_tax(stream, progress=False)
 ax = plot.tax(tax)
 ax.axvline(l2ctl.auto_set_aside_cap() / MiB, color="k", ls=":", label="'auto' cap (driver default)")
 if tuned.persists:
@@ -304,7 +322,7 @@ print(f"the tuned set-aside costs a plain copy {tuned.tax.copy_slowdown:.2f}x; t
 `tuned.persist(stream)` is `l2ctl.persist(stream, <chosen tensor>, policy=tuned)`: it raises no warning,
 and a "no persistence" answer makes it change nothing. Persisting a big tensor with the defaults instead
 stops at the driver's default limit and says so (`SetAsideTaxWarning`)."""),
-    new_code_cell("""def run(n=20):
+    torch_cell("""def run(n=20):
     with l2ctl.Timer(stream) as t:
         for _ in range(n):
             step.enqueue(stream)
@@ -336,7 +354,7 @@ window on the template's kernel nodes and has torch re-instantiate its executabl
 `replay()` runs with it, also when the graph was replayed before the scope (as after any warm-up). A
 graph captured with the default `keep_graph=False` has no template left: l2ctl refuses it and says what
 to do instead. `tune` takes the graph as its target; the workload replays it on the stream given."""),
-    new_code_cell("""graph_stream = torch.cuda.Stream()
+    torch_cell("""graph_stream = torch.cuda.Stream()
 graph_stream.wait_stream(torch.cuda.current_stream())
 g = torch.cuda.CUDAGraph(keep_graph=True)
 with torch.cuda.stream(graph_stream):
@@ -376,7 +394,7 @@ are not at static addresses are copied into torch's pool before every replay, co
 set-aside's tax: mark them (`torch._dynamo.mark_static_address`). `l2ctl.workloads.Compiled` compiles the
 step once per window it runs under, so `tune` measures every point on graphs recorded with its own
 window."""),
-    new_code_cell("""class CompiledPart:
+    torch_cell("""class CompiledPart:
     device = info.index
 
     def prepare(self):
@@ -398,7 +416,7 @@ compiled_tuned = l2ctl.tune(compiled, compiled.target(), {n: candidates[n] for n
                             stream=stream)
 print(compiled_tuned)
 print(f"{compiled.compilations} compilations, one per window measured")"""),
-    new_code_cell("""def run_compiled(n=20):
+    torch_cell("""def run_compiled(n=20):
     with l2ctl.Timer(stream) as t:
         for _ in range(n):
             compiled.enqueue(stream)
@@ -414,11 +432,13 @@ torch.compiler.reset()"""),
 ])
 
 
+BOOKS = (("01_hit_ratio.ipynb", HIT_RATIO), ("02_tax_and_tuner.ipynb", TAX), ("03_coalescing.ipynb", STRIDE),
+         ("04_cache_streaming.ipynb", CS), ("05_your_pytorch_workload.ipynb", OWN))
+
+
 def main(names: list[str]) -> None:
     os.makedirs(HERE, exist_ok=True)
-    books = (("01_hit_ratio.ipynb", HIT_RATIO), ("02_tax_and_tuner.ipynb", TAX), ("03_coalescing.ipynb", STRIDE),
-             ("04_cache_streaming.ipynb", CS), ("05_your_pytorch_workload.ipynb", OWN))
-    for name, book in books:
+    for name, book in BOOKS:
         if names and name[:2] not in names:
             continue
         nbformat.validate(book)

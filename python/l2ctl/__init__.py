@@ -30,7 +30,7 @@ if _os.environ.get("L2CTL_INTERPRETED"):
 
 from . import _core, graph, kernels
 from ._counters import DEFAULT_METRICS, SECTOR_METRICS, KernelCounters, collect, counters
-from ._device import device_count, versions
+from ._device import device_count, minimum_driver, versions
 from ._limit import (
     DeviceInfo,
     SetAside,
@@ -52,7 +52,7 @@ from ._errors import (
     SetAsideTaxWarning,
     WindowClippedWarning,
 )
-from ._memory import DeviceBuffer, Stream
+from ._memory import DeviceBuffer, Event, Stream
 from ._persist import Budget, Persist, Policy, budget, persist
 from ._plan import HIT_RATIO_TOLERANCE, hit_ratio_grid, shared_hit_ratios
 from ._targets import ScopedWindow as scoped_window
@@ -117,6 +117,7 @@ __all__ = [
     "DEFAULT_METRICS",
     "DeviceBuffer",
     "DeviceInfo",
+    "Event",
     "HIT_RATIO_TOLERANCE",
     "KernelCounters",
     "L2BudgetWarning",
@@ -158,6 +159,18 @@ __all__ = [
     "sweep",
     "tune",
     "tuner",
+    "minimum_driver",
     "versions",
     "workloads",
 ]
+
+if _os.environ.get("L2CTL_SIMULATE"):
+    # The GPU-less try-out: simulated GPUs in place of the real ones for this process (docs/reference.md).
+    import sys as _sys
+
+    from . import _backend as _backend_module
+    from .testing import simulate as _simulate
+
+    _simulate(_os.environ["L2CTL_SIMULATE"])
+    # Once per process, on stderr: a simulated number must never be taken for a measured one.
+    _sys.stderr.write(f"l2ctl: L2CTL_SIMULATE is set: {_backend_module.simulated()}\n")

@@ -172,6 +172,19 @@ def current() -> Backend:
     return _active
 
 
+def install(backend: Backend) -> None:
+    """Use ``backend`` instead of the CUDA extension from now on, process-wide (the GPU-less try-out)."""
+    global _active
+    with _lock:
+        _active = backend
+
+
+def simulated() -> str:
+    """What the backend in use simulates ("" for the CUDA extension): said by every output that reports a
+    device, so a simulated number is never taken for a measured one."""
+    return str(getattr(_active, "provenance", ""))
+
+
 @contextmanager
 def use(backend: Backend) -> Iterator[Backend]:
     """Use ``backend`` instead of the CUDA extension inside the block (process-wide)."""

@@ -26,6 +26,7 @@ __all__ = [
     "stream_device",
     "check_pointer",
     "versions",
+    "minimum_driver",
     "forget_cached_properties",
     "check_owned_pointer",
     "check_stream_context",
@@ -71,9 +72,22 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=forget_cached_properties)
 
 
+#: The oldest Linux driver for each CUDA major version (NVIDIA's CUDA toolkit release notes, "CUDA Toolkit
+#: and Minimum Required Driver Version for CUDA Minor Version Compatibility").
+_MINIMUM_DRIVER = {12: "525.60.13", 13: "580.65.06"}
+
+
+def minimum_driver(runtime_version: int) -> str:
+    """The oldest NVIDIA driver (Linux) that runs code built with the CUDA runtime ``runtime_version``
+    (e.g. 13000): l2ctl links its runtime statically, so its build sets this, not the toolkit installed."""
+    return _MINIMUM_DRIVER.get(runtime_version // 1000, f"one for CUDA {runtime_version // 1000}.{runtime_version % 1000 // 10}")
+
+
 def no_device_error(backend: Backend) -> NoDeviceError:
     reason = backend.device_count_error() or "no CUDA device is visible"
-    return NoDeviceError(f"no CUDA device available ({reason}); l2ctl's device functions need an NVIDIA GPU and driver")
+    return NoDeviceError(f"no CUDA device available ({reason}); l2ctl's device functions need an NVIDIA GPU and "
+                         f"driver {minimum_driver(int(backend.runtime_version()))} or newer (L2CTL_SIMULATE=h100 "
+                         "runs on a simulated GPU)")
 
 
 def device_count() -> int:

@@ -9,17 +9,53 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, NamedTuple, Optional, TypeGuard
+import threading
+from typing import Any, NamedTuple, Optional, Protocol, TypeGuard
 
 import numpy as np
 
 from ._dlpack import HOST_HINT, check_dlpack_device, read_capsule, request_capsule
 from ._plan import MAX_BYTES
 
-__all__ = ["StreamRef", "BufferRef", "resolve_stream", "resolve_buffer", "parse_cuda_array_interface"]
+__all__ = ["StreamRef", "BufferRef", "resolve_stream", "resolve_buffer", "parse_cuda_array_interface",
+           "current_streams", "SupportsCudaStream", "SupportsCudaArrayInterface", "SupportsDLPack", "SupportsReplay",
+           "SupportsL2ctlTarget"]
 
 #: Special stream handles CUDA understands.
 LEGACY_DEFAULT_STREAM = 0
+
+
+# What other libraries' objects offer, as type checkers see it: the parameters of l2ctl's calls are typed with
+# these, so a checker accepts a torch or CuPy stream or tensor and refuses arguments given in the wrong order.
+class SupportsCudaStream(Protocol):
+    """The CUDA stream protocol (torch and CuPy streams, cuda.core)."""
+
+    def __cuda_stream__(self) -> tuple[int, int]: ...
+
+
+class SupportsCudaArrayInterface(Protocol):
+    """``__cuda_array_interface__`` (torch tensors, CuPy arrays, Numba device arrays)."""
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]: ...
+
+
+class SupportsDLPack(Protocol):
+    """A DLPack producer (JAX arrays, cuda.core buffers, torch, CuPy)."""
+
+    def __dlpack_device__(self) -> tuple[int, int]: ...
+
+
+class SupportsReplay(Protocol):
+    """A graph that replays: torch.cuda.CUDAGraph."""
+
+    def replay(self) -> None: ...
+
+
+class SupportsL2ctlTarget(Protocol):
+    """l2ctl's own graph targets: Graph, graph.select(...), graph.torch_captures()."""
+
+    def _l2ctl_target(self) -> Any: ...
 CUDA_STREAM_LEGACY = 1
 CUDA_STREAM_PER_THREAD = 2
 
@@ -66,13 +102,29 @@ def _module_of(obj: object) -> str:
 # ---- streams -------------------------------------------------------------------------------------
 
 
+class _Current(threading.local):
+    def __init__(self) -> None:
+        self.streams: list[Any] = []  # the l2ctl.Streams entered with `with`, innermost last
+
+
+_current = _Current()
+
+
+def current_streams() -> list[Any]:
+    """This thread's stack of l2ctl streams made current by ``with stream:`` (innermost last)."""
+    return _current.streams
+
+
 def resolve_stream(stream: object) -> StreamRef:
-    """Accepts l2ctl.Stream, an int handle, None (the legacy default stream), torch.cuda.Stream,
-    cupy.cuda.Stream and anything implementing ``__cuda_stream__``."""
+    """Accepts l2ctl.Stream, an int handle, None (l2ctl's current stream: the innermost ``with stream:`` of
+    this thread, else the legacy default stream), torch.cuda.Stream, cupy.cuda.Stream and anything
+    implementing ``__cuda_stream__``."""
     own = getattr(type(stream), "_l2ctl_stream_ref", None)  # l2ctl's own streams know their device
     if own is not None:
         return own(stream)  # type: ignore[no-any-return]
     if stream is None:
+        if _current.streams:
+            return resolve_stream(_current.streams[-1])
         return StreamRef(LEGACY_DEFAULT_STREAM, None, "None (legacy default stream)")
     if isinstance(stream, (bool, np.bool_)):
         raise TypeError("a stream cannot be a bool; pass an l2ctl.Stream, a torch/CuPy stream or a cudaStream_t int")

@@ -119,8 +119,8 @@ def set_aside(nbytes: Union[int, float, str], device: object = None) -> SetAside
     to end the request with the block.
 
     The set-aside is reserved for persisting lines on the whole device: while it is large, every
-    other kernel streams through a smaller L2 (an H100 at the max set-aside loses up to 2.5x of its
-    DRAM bandwidth for plain copies). Set it no larger than needed, and put it back.
+    other kernel streams through a smaller L2 (plain copies ran 2.4x slower at the max on an H100:
+    docs/results.md). Set it no larger than needed, and put it back.
     """
     check_set_aside_request(nbytes)  # arguments first, then the device
     props = require_persistence(device)

@@ -1,26 +1,31 @@
-"""Streams, device buffers and an event timer that l2ctl owns, so NumPy alone is enough."""
+"""Streams, events and device buffers that l2ctl owns, so NumPy alone is enough."""
 
 from __future__ import annotations
 
 import math
 import threading
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
 from . import _backend, _registry
 from ._device import properties, resolve_device
 from ._dlpack import DL_CUDA, DLPACK_VERSION, export_capsule
-from ._interop import BufferRef, StreamRef, resolve_stream
+from ._interop import (BufferRef, StreamRef, SupportsCudaArrayInterface, SupportsCudaStream, SupportsDLPack,
+                       current_streams, resolve_stream)
 from ._plan import check_count, check_nbytes
 
-__all__ = ["Stream", "DeviceBuffer", "synchronize_stream"]
+__all__ = ["Stream", "Event", "DeviceBuffer", "synchronize_stream", "StreamLike", "BufferLike"]
 
 _exports_lock = threading.Lock()
 
 
 class Stream:
-    """A CUDA stream owned by l2ctl (non-blocking by default); destroyed by close() or the ``with`` exit.
+    """A CUDA stream owned by l2ctl (non-blocking by default), destroyed by close() or garbage collection.
+
+    ``with s:`` makes ``s`` l2ctl's current stream on this thread for the block: every l2ctl ``stream=``
+    argument left out (or None) means it, as ``with torch.cuda.stream(s):`` and CuPy's ``with s:`` do for
+    their own calls. It does not change torch's or CuPy's current stream, and it does not close ``s``.
 
     Implements ``__cuda_stream__`` so torch (``torch.cuda.ExternalStream(s.handle)``), CuPy
     (``cupy.cuda.ExternalStream(s.handle)``) and cuda.core can use it.
@@ -61,6 +66,17 @@ class Stream:
         """True when all queued work is done (does not wait)."""
         return bool(self._impl.query())
 
+    def record(self, event: Optional["Event"] = None) -> "Event":
+        """Record ``event`` (a new one when None) at this point of the stream, and return it."""
+        event = Event(self.device) if event is None else event
+        event.record(self)
+        return event
+
+    def wait(self, other: Union["Event", StreamLike]) -> None:
+        """Make work queued on this stream from now on wait for ``other``: an Event (as recorded), or any
+        stream l2ctl accepts (all that is queued on it now), as torch's wait_event/wait_stream do."""
+        (other if isinstance(other, Event) else Event(self.device).recording(other)).wait(self)
+
     def close(self) -> None:
         """Destroy the stream (idempotent). Work already queued still completes. Live l2ctl scopes on it
         stop writing to it (its handle may be reused by the next stream CUDA creates)."""
@@ -70,10 +86,14 @@ class Stream:
         self._impl.close()
 
     def __enter__(self) -> "Stream":
+        self._l2ctl_stream_ref()  # a closed stream cannot become current
+        current_streams().append(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        streams = current_streams()
+        if self in streams:  # the innermost entry of this stream (blocks nest; a thread's own stack)
+            del streams[len(streams) - 1 - streams[::-1].index(self)]
 
     def __repr__(self) -> str:
         if self.closed:
@@ -81,7 +101,44 @@ class Stream:
         return f"<l2ctl.Stream handle=0x{self.handle:x} device={self.device}>"
 
 
-def synchronize_stream(stream: object = None) -> None:
+class Event:
+    """A CUDA event on ``device`` (None: the current device): a point in a stream's work that other streams
+    can wait for and the host can time, as torch.cuda.Event and cupy.cuda.Event are."""
+
+    def __init__(self, device: object = None) -> None:
+        self.device = resolve_device(device)
+        self._impl = _backend.current().Event(self.device)
+        self._recorded = False
+
+    def record(self, stream: StreamLike = None) -> None:
+        """Record the event on ``stream`` (any stream l2ctl accepts; None: l2ctl's current stream)."""
+        self._impl.record(resolve_stream(stream).handle)
+        self._recorded = True
+
+    def recording(self, stream: StreamLike = None) -> "Event":
+        """``record(stream)``, returning the event."""
+        self.record(stream)
+        return self
+
+    def wait(self, stream: StreamLike = None) -> None:
+        """Make work queued on ``stream`` from now on wait until the event has completed."""
+        self._impl.wait_on(resolve_stream(stream).handle)
+
+    def synchronize(self) -> None:
+        """Wait on the host until the event has completed."""
+        self._impl.synchronize()
+
+    def elapsed_time(self, end: "Event") -> float:
+        """Milliseconds from this event to ``end`` (both recorded; waits for ``end``), as torch's is."""
+        if not (self._recorded and end._recorded):
+            raise RuntimeError("both events must be recorded before elapsed_time()")
+        return float(end._impl.elapsed_since(self._impl))
+
+    def __repr__(self) -> str:
+        return f"<l2ctl.Event device={self.device}{' recorded' if self._recorded else ''}>"
+
+
+def synchronize_stream(stream: StreamLike = None) -> None:
     """Wait until the work queued on ``stream`` (any accepted stream; None: the legacy default) is done."""
     _backend.current().stream_synchronize(resolve_stream(stream).handle)
 
@@ -122,7 +179,7 @@ class DeviceBuffer:
         self._ref: Optional[BufferRef] = BufferRef(self._impl.ptr, nbytes, index, "l2ctl.DeviceBuffer", self, True)
 
     @classmethod
-    def from_numpy(cls, array: np.ndarray, device: object = None, stream: object = None) -> "DeviceBuffer":
+    def from_numpy(cls, array: np.ndarray, device: object = None, stream: StreamLike = None) -> "DeviceBuffer":
         """A new device buffer holding a copy of ``array`` (made contiguous first)."""
         host = np.ascontiguousarray(array)
         if host.nbytes == 0:
@@ -156,7 +213,7 @@ class DeviceBuffer:
     def size(self) -> int:
         return math.prod(self.shape)
 
-    def _stream_handle(self, stream: object) -> int:
+    def _stream_handle(self, stream: StreamLike) -> int:
         return resolve_stream(stream).handle
 
     def _l2ctl_buffer_ref(self) -> BufferRef:
@@ -164,20 +221,20 @@ class DeviceBuffer:
             raise ValueError("the device buffer has been freed")
         return self._ref
 
-    def copy_from(self, array: np.ndarray, stream: object = None) -> None:
+    def copy_from(self, array: np.ndarray, stream: StreamLike = None) -> None:
         """Copy host data in (same byte size); waits until the copy is done."""
         host = np.ascontiguousarray(array)
         if host.nbytes != self.nbytes:
             raise ValueError(f"array has {host.nbytes} bytes, the buffer {self.nbytes}")
         _backend.current().copy_host_to_device(self.ptr, host.reshape(-1).view(np.uint8), self._stream_handle(stream))
 
-    def to_numpy(self, stream: object = None) -> np.ndarray:
+    def to_numpy(self, stream: StreamLike = None) -> np.ndarray:
         """A host copy with the buffer's dtype and shape; waits until the copy is done."""
         out = np.empty(self.shape, dtype=self.dtype)
         _backend.current().copy_device_to_host(out.reshape(-1).view(np.uint8), self.ptr, self._stream_handle(stream))
         return out
 
-    def fill_bytes(self, value: int, stream: object = None) -> None:
+    def fill_bytes(self, value: int, stream: StreamLike = None) -> None:
         """cudaMemsetAsync of every byte (asynchronous on ``stream``)."""
         _backend.current().memset_device(self.ptr, int(value) & 0xFF, self.nbytes, self._stream_handle(stream))
 
@@ -246,3 +303,11 @@ class DeviceBuffer:
         if self.freed:
             return f"<l2ctl.DeviceBuffer freed, {self.nbytes} bytes>"
         return f"<l2ctl.DeviceBuffer 0x{self.ptr:x} {self.nbytes} bytes {self.dtype}{list(self.shape)} device={self.device}>"
+
+
+#: A stream l2ctl takes: its own, torch's, CuPy's, anything with ``__cuda_stream__``, a ``cudaStream_t`` int,
+#: or None (l2ctl's current stream, else the legacy default stream).
+StreamLike = Union[Stream, SupportsCudaStream, int, None]
+#: Device memory l2ctl takes: its own buffers, torch tensors, CuPy arrays, anything with
+#: ``__cuda_array_interface__`` or DLPack, or a (pointer, bytes) pair.
+BufferLike = Union[DeviceBuffer, SupportsCudaArrayInterface, SupportsDLPack, tuple[int, int]]

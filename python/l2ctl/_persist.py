@@ -14,9 +14,9 @@ from . import _registry
 from ._device import check_owned_pointer, check_stream_context, properties, require_persistence, stream_device
 from ._errors import L2BudgetWarning, SetAsideTaxWarning, WindowClippedWarning
 from ._interop import BufferRef, StreamRef, resolve_buffer
-from ._memory import DeviceBuffer, Stream
+from ._memory import BufferLike, DeviceBuffer, Stream
 from ._plan import DEFAULT_LIMIT_FRACTION, check_nbytes, clip_window, normalize_hit_ratio
-from ._targets import after_changes, as_target, end_after, resolve_target
+from ._targets import Target, after_changes, as_target, end_after, resolve_target
 from ._window import AccessPolicyWindow, AccessProperty, check_property
 
 __all__ = ["persist", "Persist", "Policy", "Budget", "budget"]
@@ -119,7 +119,7 @@ class Persist:
       default limit (30% of persistingL2CacheMaxSize: 9.375 MiB on an H100, 11.25 MiB on an H200).
       When the windows ask for more, it stops there and says so (SetAsideTaxWarning): the set-aside is a
       tax on everything else, L2 reserved for persisting lines is lost to every other kernel on the GPU
-      (an H100 at the max set-aside streams plain copies up to 2.5x slower), and below the default limit
+      (plain copies ran 2.4x slower at the max on an H100: docs/results.md), and below the default limit
       the measured tax is nil. An int asks for exactly that many bytes (the driver rounds it;
       ``p.set_aside`` is what it granted), ``"max"`` for persistingL2CacheMaxSize; None leaves the
       limit alone. l2ctl.tune() measures what a larger set-aside buys and costs.
@@ -152,10 +152,13 @@ class Persist:
                  "_requested_hit_ratio", "_limit_request", "_reset_on_exit", "_share", "_enabled", "_scope", "_slots",
                  "_changed", "_device", "window", "clipped", "__weakref__")
 
+    window: AccessPolicyWindow
+    clipped: bool
+
     def __init__(
         self,
-        stream: object,
-        buf: object,
+        stream: Target,
+        buf: BufferLike,
         hit_ratio: Optional[float] = None,
         *,
         num_bytes: Optional[int] = None,
@@ -328,7 +331,7 @@ class Persist:
             warnings.warn(
                 f"device {device}: set_aside='auto' kept the persisting limit at {limit} bytes, the driver's default "
                 f"({DEFAULT_LIMIT_FRACTION:.0%} of the max): the windows in force ask for {demand:.0f} bytes, but a "
-                "larger set-aside slows every other kernel on the GPU (up to 2.5x at the max on an H100). "
+                "larger set-aside slows every other kernel on the GPU (l2ctl.bench.measure_tax measures it here). "
                 f"{'The hit ratio was fitted to it. ' if self._requested_hit_ratio is None else ''}"
                 "Pass set_aside=<bytes> or 'max' to pay that knowingly; l2ctl.tune measures both sides",
                 SetAsideTaxWarning, stacklevel=3)

@@ -4,11 +4,12 @@ and ``scoped_window``, a fixed window on any of them for a block."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union, cast
 
 from . import _registry, _torch_graphs
 from ._device import check_stream_context, properties, stream_device
-from ._interop import StreamRef, resolve_stream
+from ._interop import StreamRef, SupportsL2ctlTarget, SupportsReplay, resolve_stream
+from ._memory import StreamLike
 from ._stream_window import check_window_fits
 from ._window import AccessPolicyWindow, validate_window
 from .graph import as_graph
@@ -16,16 +17,21 @@ from .graph import as_graph
 __all__ = ["as_target", "resolve_target", "ScopedWindow", "after_changes", "end_after"]
 
 
-def as_target(obj: object) -> tuple[Optional[StreamRef], object]:
+#: Where persist (and tune) put a window: a stream (StreamLike), or a graph: l2ctl's own, ``graph.select(...)``,
+#: ``graph.torch_captures()``, a torch.cuda.CUDAGraph.
+Target = Union[StreamLike, SupportsL2ctlTarget, SupportsReplay]
+
+
+def as_target(obj: object) -> tuple[Optional[StreamRef], Target]:
     """What ``obj`` is as a target, checked now: (its stream, obj) for a stream in any accepted form; (None,
     the target) for an l2ctl graph or node selection, torch_captures(), or a torch.cuda.CUDAGraph (as its
     view: refused here when it kept no template). Errors say what to pass instead (a CuPy graph, a function)."""
     if hasattr(type(obj), "_l2ctl_target"):  # l2ctl.graph.Graph, GraphNodes, TorchCaptures
-        return None, obj
+        return None, cast(SupportsL2ctlTarget, obj)
     if _torch_graphs.is_torch_graph(obj):
         return None, as_graph(obj)
     try:
-        return resolve_stream(obj), obj
+        return resolve_stream(obj), cast(StreamLike, obj)  # whatever resolve_stream takes is a StreamLike
     except TypeError:
         error = _torch_graphs.foreign_target_error(obj)
         if error is not None:

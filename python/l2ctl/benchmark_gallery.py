@@ -18,8 +18,9 @@ from ._device import require_persistence, stream_device
 from ._errors import L2BudgetWarning, SetAsideTaxWarning, WindowClippedWarning
 from ._interop import resolve_buffer, resolve_stream
 from ._limit import set_aside_granularity
-from ._memory import synchronize_stream
+from ._memory import StreamLike, synchronize_stream
 from ._persist import persist
+from ._targets import Target
 from ._plan import check_count, round_up
 from .bench.paired import Arm, compare
 from .bench.progress import Progress
@@ -56,7 +57,7 @@ def _quiet(scope: Any) -> Iterator[Any]:
             yield entered
 
 
-def bench_workloads(stream: object = None, names: Optional[Sequence[str]] = None, *, runs: int = 3, rounds: int = 5,
+def bench_workloads(stream: StreamLike = None, names: Optional[Sequence[str]] = None, *, runs: int = 3, rounds: int = 5,
                     repeat: int = 5, warmup: int = 1, device: object = None, progress: bool = True,
                     factories: Optional[dict[str, Callable[[int], Any]]] = None) -> Report:
     """Run the gallery (``names``: a subset, in order; default all) on the GPU at hand. ``factories``
@@ -96,7 +97,7 @@ def bench_workloads(stream: object = None, names: Optional[Sequence[str]] = None
                 hot_buf = candidates[hot]
                 hot_bytes = min(resolve_buffer(hot_buf).nbytes, info.access_policy_max_window_size)
                 # what replays: the stream, a graph, or the graphs torch records (workloads.graphed)
-                target = w.target() if hasattr(w, "target") else s
+                target: Target = w.target() if hasattr(w, "target") else s
                 tuned = tune(w, target, candidates, stream=None if target is s else s, rounds=rounds, repeat=repeat,
                              warmup=warmup, progress=False)
                 recipe_ratio = min(1.0, recipe / hot_bytes)

@@ -29,6 +29,7 @@ from . import _backend, _registry, _torch_graphs
 from ._backend import GraphExecImpl, GraphImpl
 from ._device import properties, resolve_device, stream_device
 from ._interop import resolve_stream
+from ._memory import StreamLike
 from ._plan import check_count
 from ._stream_window import check_window_fits
 from ._window import AccessPolicyWindow, validate_window
@@ -154,7 +155,7 @@ class Graph:
             self._dirty = False
         return self._exec
 
-    def launch(self, stream: object = None) -> None:
+    def launch(self, stream: StreamLike = None) -> None:
         """Replay the graph on ``stream`` (asynchronous)."""
         ref = resolve_stream(stream)
         self.instantiate().launch(ref.handle)
@@ -216,7 +217,7 @@ class GraphNodes:
 
 
 @contextmanager
-def capture(stream: object, mode: CaptureMode = CaptureMode.THREAD_LOCAL) -> Iterator[Graph]:
+def capture(stream: StreamLike, mode: CaptureMode = CaptureMode.THREAD_LOCAL) -> Iterator[Graph]:
     """Capture the work queued on ``stream`` inside the block into an l2ctl Graph (owned).
 
     The graph object is yielded at once and usable after the block. A window set on the stream before

@@ -9,13 +9,14 @@ from __future__ import annotations
 import enum
 import numbers
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import numpy as np
 
 from . import _backend
 from ._device import check_pointer, resolve_device, stream_device
 from ._interop import BufferRef, StreamRef, resolve_buffer, resolve_stream
+from ._memory import BufferLike, StreamLike
 from ._plan import check_count, check_nbytes
 
 __all__ = [
@@ -77,7 +78,7 @@ def check_variant(value: object) -> ResetVariant:
         raise ValueError(f"unknown variant {value!r}") from None
 
 
-def _buffer(buf: object, name: str, unit: int = 4) -> BufferRef:
+def _buffer(buf: BufferLike, name: str, unit: int = 4) -> BufferRef:
     """A resolved buffer whose size is a whole number of ``unit``-byte elements (no device query)."""
     ref = resolve_buffer(buf)
     if ref.nbytes % unit:
@@ -97,7 +98,8 @@ def _on_device(stream: StreamRef, *buffers: tuple[BufferRef, str, int]) -> int:
 
 
 def reset_data(
-    out: object, lut: object, stream: object = None, *, variant: object = "plain", blocks_per_sm: int = 0
+    out: BufferLike, lut: BufferLike, stream: StreamLike = None, *, variant: Union[ResetVariant, str, int] = "plain",
+    blocks_per_sm: int = 0,
 ) -> LaunchShape:
     """Fill ``out`` with ``lut`` repeated (32-bit words): out[i] = lut[i % len(lut)].
 
@@ -115,7 +117,7 @@ def reset_data(
     return LaunchShape(int(raw[0]), int(raw[1]), bool(raw[2]), bool(raw[3]))
 
 
-def verify_reset_data(out: object, lut: object, stream: object = None) -> int:
+def verify_reset_data(out: BufferLike, lut: BufferLike, stream: StreamLike = None) -> int:
     """Number of words of ``out`` that differ from ``lut`` repeated (checked on the device; waits)."""
     s = resolve_stream(stream)
     o, l = _buffer(out, "out"), _buffer(lut, "lut")
@@ -123,20 +125,20 @@ def verify_reset_data(out: object, lut: object, stream: object = None) -> int:
     return int(_backend.current().reset_data_verify(device, s.handle, o.ptr, o.nbytes // 4, l.ptr, l.nbytes // 4))
 
 
-def write_index(buf: object, stream: object = None) -> None:
+def write_index(buf: BufferLike, stream: StreamLike = None) -> None:
     """buf[i] = i for every 32-bit word (16-byte stores): the write-only bandwidth kernel."""
     s, b = resolve_stream(stream), _buffer(buf, "buf")
     device = _on_device(s, (b, "buf", 16))
     _backend.current().write_index(device, s.handle, b.ptr, b.nbytes // 4)
 
 
-def count_index_mismatches(buf: object, stream: object = None) -> int:
+def count_index_mismatches(buf: BufferLike, stream: StreamLike = None) -> int:
     s, b = resolve_stream(stream), _buffer(buf, "buf")
     device = _on_device(s, (b, "buf", 4))
     return int(_backend.current().count_index_mismatches(device, s.handle, b.ptr, b.nbytes // 4))
 
 
-def copy_words(dst: object, src: object, stream: object = None) -> None:
+def copy_words(dst: BufferLike, src: BufferLike, stream: StreamLike = None) -> None:
     """16-byte copy of src into dst (equal sizes): the copy bandwidth kernel."""
     s, d, r = resolve_stream(stream), _buffer(dst, "dst"), _buffer(src, "src")
     if d.nbytes != r.nbytes:
@@ -145,7 +147,7 @@ def copy_words(dst: object, src: object, stream: object = None) -> None:
     _backend.current().copy_words(device, s.handle, d.ptr, r.ptr, d.nbytes // 4)
 
 
-def count_mismatches(a: object, b: object, stream: object = None) -> int:
+def count_mismatches(a: BufferLike, b: BufferLike, stream: StreamLike = None) -> int:
     s, x, y = resolve_stream(stream), _buffer(a, "a"), _buffer(b, "b")
     if x.nbytes != y.nbytes:
         raise ValueError(f"a has {x.nbytes} bytes, b {y.nbytes}")
@@ -153,7 +155,7 @@ def count_mismatches(a: object, b: object, stream: object = None) -> int:
     return int(_backend.current().count_mismatches(device, s.handle, x.ptr, y.ptr, x.nbytes // 4))
 
 
-def read_sum(buf: object, partials: object, stream: object = None) -> int:
+def read_sum(buf: BufferLike, partials: BufferLike, stream: StreamLike = None) -> int:
     """Sum every 32-bit word of ``buf`` (16-byte loads) into per-block uint64 partials; returns how many
     partials were written. ``partials`` must hold max_read_partials() uint64 values."""
     s, b, p = resolve_stream(stream), _buffer(buf, "buf"), _buffer(partials, "partials", 8)
@@ -170,8 +172,8 @@ def max_read_partials(device: object = None) -> int:
 
 
 def stride_read(
-    buf: object, stride_bytes: int, partials: object, stream: object = None, *, threads: Optional[int] = None,
-    block_threads: int = 256,
+    buf: BufferLike, stride_bytes: int, partials: BufferLike, stream: StreamLike = None, *,
+    threads: Optional[int] = None, block_threads: int = 256,
 ) -> int:
     """Thread t loads the 4-byte word at byte t * stride_bytes (one load per thread); each block writes
     the sum of its loads to ``partials`` (uint64). ``threads`` defaults to as many as ``buf`` allows.
@@ -198,7 +200,7 @@ def stride_read(
     return int(_backend.current().stride_read(device, s.handle, b.ptr, n, stride_words, p.ptr, block_threads))
 
 
-def sum_u64(values: object, count: int, stream: object = None) -> int:
+def sum_u64(values: BufferLike, count: int, stream: StreamLike = None) -> int:
     """Sum of the first ``count`` uint64 values (on the device; waits)."""
     count = check_count(count, "count", minimum=0)
     s, v = resolve_stream(stream), _buffer(values, "values", 8)
@@ -208,15 +210,15 @@ def sum_u64(values: object, count: int, stream: object = None) -> int:
     return int(_backend.current().sum_u64(device, s.handle, v.ptr, count))
 
 
-def _streaming(streaming: object, stream: object, **buffers: object) -> tuple[StreamRef, list[BufferRef]]:
+def _streaming(streaming: object, stream: StreamLike, **buffers: BufferLike) -> tuple[StreamRef, list[BufferRef]]:
     """The stream and buffers of a cache-streaming kernel (4-byte elements), after checking ``streaming``."""
     if not isinstance(streaming, bool):
         raise TypeError("streaming must be a bool")
     return resolve_stream(stream), [_buffer(b, name) for name, b in buffers.items()]
 
 
-def sparse_vector(values: object, indices: object, dense: object, result: object, stream: object = None, *,
-                  streaming: bool = False) -> None:
+def sparse_vector(values: BufferLike, indices: BufferLike, dense: BufferLike, result: BufferLike,
+                  stream: StreamLike = None, *, streaming: bool = False) -> None:
     """result[t] = values[t] * dense[indices[t] % len(dense)] + sin(0.1 values[t]) (float32; int32 indices).
     ``streaming=True`` reads values and indices with ld.global.cs."""
     s, (v, i, d, r) = _streaming(streaming, stream, values=values, indices=indices, dense=dense, result=result)
@@ -227,8 +229,8 @@ def sparse_vector(values: object, indices: object, dense: object, result: object
     _backend.current().sparse_vector(device, s.handle, v.ptr, i.ptr, d.ptr, d.nbytes // 4, r.ptr, n, streaming)
 
 
-def stream_analysis(data: object, categories: object, weights: object, results: object, stream: object = None, *,
-                    streaming: bool = False) -> None:
+def stream_analysis(data: BufferLike, categories: BufferLike, weights: BufferLike, results: BufferLike,
+                    stream: StreamLike = None, *, streaming: bool = False) -> None:
     """results[t] = sum over k < 8 of x * weights[c % len(weights)] + cos(0.01 x), with x = data[8t + k] and
     c = categories[8t + k]. ``streaming=True`` reads data and categories with ld.global.cs."""
     s, (x, c, w, r) = _streaming(streaming, stream, data=data, categories=categories, weights=weights,

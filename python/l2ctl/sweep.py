@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from ._memory import BufferLike, StreamLike
 from ._device import require_persistence, stream_device
 from ._limit import set_aside_granularity
 from ._interop import resolve_buffer, resolve_stream
@@ -26,7 +27,7 @@ __all__ = ["ResetDataWorkload", "measure_point", "sweep_hit_ratio", "sweep_set_a
 MiB = 1 << 20
 
 
-def measure_point(workload: Any, stream: object, buf: object, set_aside: int, hit_ratio: Optional[float], *,
+def measure_point(workload: Any, stream: StreamLike, buf: BufferLike, set_aside: int, hit_ratio: Optional[float], *,
                   warmup: int = 3, repeat: int = 9, label: str = "point") -> Record:
     """One verified measurement: limit ``set_aside`` bytes, and a window over ``buf`` with ``hit_ratio``
     (None: no window)."""
@@ -80,7 +81,7 @@ class SweepResult:
         return [self.baseline.median_ms / r.median_ms for r in self.records]
 
 
-def _check_sweep(workload: Any, buf: object, warmup: int, repeat: int) -> tuple[int, int]:
+def _check_sweep(workload: Any, buf: BufferLike, warmup: int, repeat: int) -> tuple[int, int]:
     """What every sweep checks before it touches the device: the workload, the buffer, the counts."""
     enqueue_of(workload)
     resolve_buffer(buf)
@@ -94,7 +95,7 @@ def _sizes(values: Sequence[int], name: str) -> list[int]:
     return sizes
 
 
-def _set_asides(values: Optional[Sequence[int]], stream: object, include_zero: bool = False) -> list[int]:
+def _set_asides(values: Optional[Sequence[int]], stream: StreamLike, include_zero: bool = False) -> list[int]:
     """The set-asides given (checked), or every limit the driver can grant on the stream's device."""
     if values is not None:
         return _sizes(values, "set_asides")
@@ -108,7 +109,7 @@ def _ratios(values: Sequence[float]) -> list[float]:
     return ratios
 
 
-def _run(kind: str, workload: Any, stream: object, buf: object, points: Sequence[tuple[int, Optional[float]]],
+def _run(kind: str, workload: Any, stream: StreamLike, buf: BufferLike, points: Sequence[tuple[int, Optional[float]]],
          warmup: int, repeat: int, progress: bool) -> SweepResult:
     ref = resolve_stream(stream)
     device = stream_device(ref)
@@ -124,7 +125,7 @@ def _run(kind: str, workload: Any, stream: object, buf: object, points: Sequence
     return SweepResult(kind, records, baseline, environment(device))
 
 
-def sweep_hit_ratio(workload: Any, stream: object, buf: object, *, set_aside: Optional[int] = None,
+def sweep_hit_ratio(workload: Any, stream: StreamLike, buf: BufferLike, *, set_aside: Optional[int] = None,
                     hit_ratios: Optional[Sequence[float]] = None, warmup: int = 3, repeat: int = 9,
                     progress: bool = True) -> SweepResult:
     """Time against hit ratio at one set-aside (default: buf rounded up to the granularity, capped).
@@ -140,7 +141,7 @@ def sweep_hit_ratio(workload: Any, stream: object, buf: object, *, set_aside: Op
     return _run("hit-ratio", workload, stream, buf, [(set_aside, h) for h in ratios], warmup, repeat, progress)
 
 
-def sweep_set_aside(workload: Any, stream: object, buf: object, *, hit_ratio: Optional[float] = None,
+def sweep_set_aside(workload: Any, stream: StreamLike, buf: BufferLike, *, hit_ratio: Optional[float] = None,
                     set_asides: Optional[Sequence[int]] = None, warmup: int = 3, repeat: int = 9,
                     progress: bool = True) -> SweepResult:
     """Time against the set-aside (every granule by default). ``hit_ratio=None``: min(1, set-aside / buf)."""
@@ -153,7 +154,7 @@ def sweep_set_aside(workload: Any, stream: object, buf: object, *, hit_ratio: Op
     return _run("set-aside", workload, stream, buf, points, warmup, repeat, progress)
 
 
-def sweep_surface(workload: Any, stream: object, buf: object, *, set_asides: Optional[Sequence[int]] = None,
+def sweep_surface(workload: Any, stream: StreamLike, buf: BufferLike, *, set_asides: Optional[Sequence[int]] = None,
                   hit_ratios: Optional[Sequence[float]] = None, warmup: int = 2, repeat: int = 7,
                   progress: bool = True) -> SweepResult:
     """The 2-D surface set-aside x hit ratio (every granule x 0.1 .. 1.0 by default)."""
@@ -163,7 +164,7 @@ def sweep_surface(workload: Any, stream: object, buf: object, *, set_asides: Opt
     return _run("surface", workload, stream, buf, [(s, h) for s in sizes for h in ratios], warmup, repeat, progress)
 
 
-def sweep_lut_size(lut_sizes: Sequence[int], stream: object, *, out_bytes: int = 1 << 30, policy: str = "right_sized",
+def sweep_lut_size(lut_sizes: Sequence[int], stream: StreamLike, *, out_bytes: int = 1 << 30, policy: str = "right_sized",
                    variant: str = "plain", warmup: int = 3, repeat: int = 9, progress: bool = True) -> Report:
     """reset-data over LUT sizes, baseline vs one policy ("right_sized": the LUT rounded up to the
     granularity, hit ratio set-aside / LUT; "max": the largest set-aside, same rule)."""
@@ -192,7 +193,7 @@ def sweep_lut_size(lut_sizes: Sequence[int], stream: object, *, out_bytes: int =
     return Report("sweep-lut-size", environment(device), records)
 
 
-def sweep_tax(stream: object, *, set_asides: Optional[Sequence[int]] = None, nbytes: int = 1 << 30,
+def sweep_tax(stream: StreamLike, *, set_asides: Optional[Sequence[int]] = None, nbytes: int = 1 << 30,
               warmup: int = 3, repeat: int = 9, progress: bool = True) -> Report:
     """The set-aside tax: write-only and copy bandwidth of plain kernels (no window anywhere) at each limit."""
     warmup, repeat = check_repeats(warmup, repeat)

@@ -29,17 +29,18 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, Union, cast
 
 import numpy as np
 
 from ._device import require_persistence, stream_device
 from ._interop import BufferRef, resolve_buffer, resolve_stream
-from ._targets import as_target, resolve_target
+from ._targets import Target, as_target, resolve_target
 from ._limit import auto_set_aside_cap
-from ._persist import Policy, persist
+from ._memory import BufferLike, StreamLike
+from ._persist import Persist, Policy, persist
 from .graph import TorchCaptures
 from ._plan import check_count, normalize_hit_ratio
 from .bench import Progress, Record, Report, environment
@@ -47,10 +48,15 @@ from .bench.paired import Arm, check_confidence, compare
 from .bench.tax import Tax, measure_tax
 from .bench.timing import check_repeats
 from .sweep import set_aside_grid
-from .workloads import describe, enqueue_of
+from .workloads import Workload, describe, enqueue_of
 
-__all__ = ["TunedPolicy", "CandidateResult", "PointResult", "TunePoint", "tune", "TAX_GAIN", "resolve_candidates",
-           "winners", "choose"]
+__all__ = ["TunedPolicy", "TuneReport", "CandidateResult", "PointResult", "TunePoint", "tune", "TAX_GAIN",
+           "resolve_candidates", "winners", "choose"]
+
+#: What tune times: a callable f(stream) or an object with enqueue(stream) (l2ctl.workloads.Workload).
+WorkloadLike = Union[Callable[[Any], Any], Workload]
+#: What tune chooses among: one buffer, a sequence of them, or a dict name -> buffer.
+Candidates = Union[BufferLike, Sequence[BufferLike], Mapping[str, BufferLike]]
 
 MiB = 1 << 20
 #: A set-aside above the driver's default limit must buy at least this much (and this much more than the
@@ -116,7 +122,7 @@ class TunedPolicy:
 
     policy: Policy
     buffer_name: Optional[str]
-    buffer: Any = field(repr=False)
+    buffer: BufferLike = field(repr=False)
     baseline_ms: float
     best_ms: float
     ci: tuple[float, float]
@@ -140,19 +146,21 @@ class TunedPolicy:
         return self.policy.enabled
 
     @property
-    def set_aside(self) -> Any:
-        return self.policy.set_aside
+    def set_aside(self) -> int:
+        """The chosen set-aside in bytes (0 for "no persistence")."""
+        return self.policy.set_aside if self.persists and isinstance(self.policy.set_aside, int) else 0
 
     @property
-    def hit_ratio(self) -> Any:
-        return self.policy.hit_ratio
+    def hit_ratio(self) -> float:
+        """The chosen hit ratio (0.0 for "no persistence")."""
+        return float(self.policy.hit_ratio) if self.persists and self.policy.hit_ratio is not None else 0.0
 
     @property
     def noise(self) -> float:
         """Half the width of the confirmation's interval, relative: how precisely the speedup is known."""
         return (self.ci[1] - self.ci[0]) / 2
 
-    def persist(self, target: object, **kwargs: Any) -> Any:
+    def persist(self, target: Target, **kwargs: Any) -> Persist:
         """``l2ctl.persist(target, <the chosen buffer>, policy=self)`` (a stream or a graph, as tune's); a scope
         that changes nothing when the answer is "no persistence"."""
         return persist(target, self.buffer, policy=self.policy, **kwargs)
@@ -170,9 +178,37 @@ class TunedPolicy:
                 f"{self.ci[0]:.2f}-{self.ci[1]:.2f}); a plain copy elsewhere runs {self.tax.copy_slowdown:.2f}x slower "
                 f"meanwhile; {n} points in {self.seconds:.1f} s")
 
-    def report(self) -> Report:
+    def __repr__(self) -> str:  # the dataclass's would spell out every record of the search
+        return f"<TunedPolicy: {self}>"
+
+    def candidate_table(self) -> list[str]:
+        """What the choice was made from, readable: a row per candidate (its best point), the points measured
+        on the chosen candidate (or the best one) by set-aside, and the grid's best with its tax."""
+        lines = [f"{'candidate':<16} {'window':>11} {'points':>6}  best point ({self.confidence:.0%} CI)"]
+        for c in self.candidates.values():
+            b = c.best
+            best = "-" if b is None else (f"{b.speedup:.3f}x [{b.ci[0]:.3f}, {b.ci[1]:.3f}] at set-aside "
+                                          f"{_mib(b.point.set_aside)}, hit {b.point.hit_ratio:.3f} over "
+                                          f"{_mib(b.point.num_bytes)}")
+            lines.append(f"{c.name:<16} {_mib(c.window_bytes):>11} {len(c.points):>6}  {best}")
+        name = self.buffer_name or (self.grid_best.point.candidate if self.grid_best else None)
+        if name is None:
+            return lines
+        lines.append(f"points on {name} (speedup, {self.confidence:.0%} CI):")
+        for p in sorted(self.candidates[name].points, key=lambda p: (p.point.set_aside, p.point.hit_ratio)):
+            mark = " <- chosen" if self.persists and p.stage == "confirm" else ""
+            lines.append(f"  {p.stage:7s} set-aside {_mib(p.point.set_aside):>11} hit {p.point.hit_ratio:.3f} over "
+                         f"{_mib(p.point.num_bytes)}: {p.speedup:.3f}x [{p.ci[0]:.3f}, {p.ci[1]:.3f}]{mark}")
+        if self.grid_best is not None:
+            g = self.grid_best
+            lines.append(f"grid best: {g.point.describe()} {g.speedup:.3f}x; its set-aside slows a plain copy "
+                         f"{self.grid_best_tax.copy_slowdown:.2f}x (chosen: {self.tax.copy_slowdown:.2f}x)")
+        return lines
+
+    def report(self) -> "TuneReport":
+        """The search as a benchmark Report (to_json, to_csv); printed, the choice and :meth:`candidate_table`."""
         p = self.policy
-        return Report("tune", self.environment, list(self.table), summary={
+        return TuneReport("tune", self.environment, list(self.table), summary={
             "policy": {"enabled": p.enabled, "set_aside": p.set_aside, "hit_ratio": p.hit_ratio, "offset": p.offset,
                        "num_bytes": p.num_bytes},
             "buffer": self.buffer_name, "reason": self.reason,
@@ -182,7 +218,21 @@ class TunedPolicy:
             "grid_best": _point_dict(self.grid_best),
             "candidates": {name: {"window_bytes": c.window_bytes, "best": _point_dict(c.best)}
                            for name, c in self.candidates.items()},
-        })
+        }, text="\n".join([str(self)] + self.candidate_table()))
+
+
+@dataclass
+class TuneReport(Report):
+    """tune's Report: written as every report (JSON, CSV); printed, the choice and its table (not the records)."""
+
+    text: str = field(default="", repr=False, compare=False)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes / MiB:.2f} MiB"
 
 
 def _point_dict(p: Optional[PointResult]) -> Optional[dict[str, Any]]:
@@ -193,7 +243,7 @@ def _raw_pair(value: object) -> bool:
     return isinstance(value, tuple) and len(value) == 2 and all(isinstance(v, (int, np.integer)) for v in value)
 
 
-def resolve_candidates(candidates: object) -> dict[str, tuple[object, BufferRef]]:
+def resolve_candidates(candidates: object) -> dict[str, tuple[BufferLike, BufferRef]]:
     """name -> (the object, its buffer reference) from one buffer, a sequence or a dict of buffers."""
     if isinstance(candidates, Mapping):
         items = [(str(k), v) for k, v in candidates.items()]
@@ -203,7 +253,7 @@ def resolve_candidates(candidates: object) -> dict[str, tuple[object, BufferRef]
         items = [("buffer", candidates)]
     if not items:
         raise ValueError("candidates: give at least one buffer (a buffer, a sequence or a dict name -> buffer)")
-    out: dict[str, tuple[object, BufferRef]] = {}
+    out: dict[str, tuple[BufferLike, BufferRef]] = {}
     for name, obj in items:
         try:
             out[name] = (obj, resolve_buffer(obj))
@@ -216,7 +266,7 @@ def _fit(set_aside: int, nbytes: int) -> float:
     return normalize_hit_ratio(min(1.0, set_aside / nbytes))
 
 
-def tune(workload: Any, target: object, candidates: object, *, stream: object = None, rounds: int = 5,
+def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stream: StreamLike = None, rounds: int = 5,
          repeat: int = 5, warmup: int = 1, confidence: float = 0.95, min_gain: float = 0.01,
          tax_gain: float = TAX_GAIN, seed: int = 0, progress: bool = False) -> TunedPolicy:
     """Find which of ``candidates`` to persist while ``workload`` runs, and how, or decide that persistence
@@ -264,7 +314,7 @@ def tune(workload: Any, target: object, candidates: object, *, stream: object = 
     else:
         if stream is not None and resolve_stream(stream).handle != target_ref.handle:
             raise ValueError("the target is a stream: the workload runs on it, so pass no other stream=")
-        stream = target
+        stream = cast(StreamLike, target)  # as_target found a stream
         device = stream_device(target_ref)
     if stream_device(resolve_stream(stream)) != device:
         raise ValueError(f"the stream is on device {stream_device(resolve_stream(stream))}, the graph on device {device}")

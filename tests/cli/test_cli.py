@@ -4,23 +4,25 @@ functions are replaced by recorders that return made-up reports) or is refused."
 
 from __future__ import annotations
 
+import csv
 import inspect
 import json
 import os
 import subprocess
 import sys
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
 import l2ctl
-from l2ctl import _core, bench, benchmark_gallery, cli, plot, sweep, tuner
+from l2ctl import _backend, _core, bench, benchmark_gallery, cli, plot, sweep, tuner
 from l2ctl._errors import CudaError, NotSupportedError
 from l2ctl.bench import Ceilings, Record, Report, VerificationError
-from l2ctl.cli import options, parsing
+from l2ctl.cli import bench_cmd, options, parsing
 
 NO_GPU = _core.device_count() == 0
+REAL_FRAMEWORKS_MISSING = bench_cmd.frameworks_missing
 MiB = 1 << 20
 
 
@@ -54,19 +56,28 @@ def test_bad_arguments_exit_2():
 def test_help_lists_commands_and_exit_codes():
     r = run("--help")
     assert r.returncode == 0
-    for word in ("info", "bench", "sweep", "tune", "exit codes"):
-        assert word in r.stdout
+    for word in ("info", "bench", "sweep", "tune", "exit codes", "--json PATH", "--csv PATH", "--device N", "--quiet",
+                 "--simulate [GPU]", "nothing to measure"):
+        assert word in r.stdout, word
 
 
 @pytest.mark.parametrize("text,value", [("4096", 4096), ("4K", 4096), ("8M", 8 << 20), ("1.5MiB", 3 << 19),
-                                        ("1G", 1 << 30), ("2mb", 2 << 20)])
+                                        ("1G", 1 << 30), ("2mb", 2 << 20), ("1.5M", 1572864), ("0.5K", 512),
+                                        ("1e3", 1000), ("4_096", 4096)])
 def test_sizes(text, value):
     assert cli._size(text) == value
 
 
-@pytest.mark.parametrize("text", ["4x", "", "-1", "0", "0.5", "inf", "nan", "1e30G"])
-def test_bad_sizes(text):
-    with pytest.raises(Exception, match="size"):
+WHOLE = "size must be a whole number of bytes"
+
+
+@pytest.mark.parametrize("text,message", [("4x", "not a size"), ("", "not a size"), ("inf", "not a size"),
+                                          ("nan", "not a size"), ("-1", "size must be positive"),
+                                          ("0", "size must be positive"), ("-4M", "size must be positive"),
+                                          ("1.5", WHOLE), ("0.5", WHOLE), ("1.3K", WHOLE), ("1e-3", WHOLE),
+                                          ("1e30G", "size too large")])
+def test_bad_sizes(text, message):
+    with pytest.raises(Exception, match=message):
         cli._size(text)
 
 
@@ -242,7 +253,7 @@ class Calls:
 
 
 @pytest.fixture
-def calls(monkeypatch) -> Calls:
+def calls(monkeypatch) -> Iterator[Calls]:
     """The functions the commands run, replaced by recorders; two devices visible."""
     c = Calls()
     for name, fake in (("bench_reset_data", fake_reset_data), ("bench_stride", fake_stride),
@@ -272,7 +283,9 @@ def calls(monkeypatch) -> Calls:
     monkeypatch.setattr(l2ctl, "set_aside_granularity",
                         c.recorder("set_aside_granularity", l2ctl.set_aside_granularity, lambda d=None: 2 * MiB))
     monkeypatch.setattr(l2ctl, "set_aside_rounding", lambda d=None: "up")
-    return c
+    monkeypatch.setattr(bench_cmd, "frameworks_missing", lambda names: None)  # the fake gallery needs none
+    with _backend.use(_backend.current()):  # --simulate installs the simulator; put back what was there
+        yield c
 
 
 def main(*argv: str) -> int:
@@ -282,7 +295,11 @@ def main(*argv: str) -> int:
 # ------------------------------------------------------------------------------------ every option
 
 FILE = "file"  # the option writes a file
-# command -> [(option tokens, {function: {parameter: value}} or FILE)]; {tmp} is a temporary directory
+SIMULATED = "simulated"  # {SIMULATED: [names]}: the command ran on the simulator, with these GPUs
+# command -> [(option tokens, {function: {parameter: value}}, FILE or SIMULATED)]; {tmp} is a temporary directory
+H100, H200 = "NVIDIA H100 80GB HBM3 (simulated)", "NVIDIA H200 (simulated)"
+SIMULATE = [(["--simulate"], {SIMULATED: [H100]}), (["--simulate", "h200"], {SIMULATED: [H200]}),
+            (["--simulate", "H200,h100"], {SIMULATED: [H200, H100]})]
 COMMON = [
     (["--device", "1"], {"*": {"device": 1}}),
     (["--repeat", "5"], {"*": {"repeat": 5}}),
@@ -290,7 +307,7 @@ COMMON = [
     (["--quiet"], {"*": {"progress": False}}),
     (["--json", "{tmp}/out.json"], FILE),
     (["--csv", "{tmp}/out.csv"], FILE),
-]
+] + SIMULATE
 PLOT = [(["--plot", "{tmp}/out.png"], FILE)]
 WORKLOAD = [
     (["--lut-bytes", "8M"], {"ResetDataWorkload": {"lut_bytes": 8 * MiB}}),
@@ -301,7 +318,9 @@ SWEEP_DEVICE = (["--device", "1"], {"Stream": {"device": 1}, "ResetDataWorkload"
 CASES: dict[str, tuple[str, list[tuple[list[str], Any]]]] = {
     # command: (the function it runs, its cases)
     "info": ("device_info", [(["--device", "1"], {"device_info": {"device": 1}}),
-                             (["--probe"], {"set_aside_granularity": {"device": 1}})]),  # the last of both
+                             (["--probe"], {"set_aside_granularity": {"device": 1}}),  # the last of both
+                             (["--json", "{tmp}/out.json"], FILE), (["--csv", "{tmp}/out.csv"], FILE),
+                             (["--quiet"], {})] + SIMULATE),
     "bench reset-data": ("bench_reset_data", COMMON + PLOT + [
         (["--lut-sizes", "1M,2M"], {"*": {"lut_sizes": [MiB, 2 * MiB]}}),
         (["--out-bytes", "256M"], {"*": {"out_bytes": 256 * MiB}}),
@@ -353,16 +372,17 @@ def test_every_option_of_every_command_has_a_case():
     for words, (command, _) in COMMANDS.items():
         tested = {tokens[0] for tokens, _ in CASES[words][1]}
         assert tested == {o.flag for o in command.options}, words
+        assert {o.flag for o in options.EVERYWHERE} <= tested, words  # the README's promise
 
 
 def _placements(words: str, tokens: list[str]) -> list[list[str]]:
-    """The command line with the option after the command's name and, in a group, before it."""
+    """The command line with the option after the command's name, before it and, in a group, between."""
     head = words.split()
-    lines = [head + tokens]
+    lines = [head + tokens, tokens + head]
     if len(head) == 2:
         lines.append(head[:1] + tokens + head[1:])
         if words == "bench reset-data":
-            lines.append(head[:1] + tokens)  # bench with no name runs reset-data
+            lines += [head[:1] + tokens, tokens + head[:1]]  # bench with no name runs reset-data
     return lines
 
 
@@ -375,6 +395,7 @@ def test_every_option_is_passed_through(calls, capsys, tmp_path, words, tokens, 
         calls.log.clear()
         for f in tmp_path.iterdir():
             f.unlink()
+        _backend.install(_core)
         assert main(*argv) == cli.EXIT_OK, argv
         out = capsys.readouterr().out
         assert "Fake GPU" in out
@@ -382,7 +403,9 @@ def test_every_option_is_passed_through(calls, capsys, tmp_path, words, tokens, 
             written = tmp_path / os.path.basename(tokens[1])
             assert written.stat().st_size > 0, argv
             if tokens[0] == "--json":
-                assert json.loads(written.read_text())["records"]
+                assert json.loads(written.read_text())["devices" if words == "info" else "records"], argv
+        elif SIMULATED in expected:
+            assert [d.name for d in _backend.current().devices] == expected[SIMULATED], argv
         else:
             for name, params in expected.items():
                 got = calls.log[function if name == "*" else name][-1]
@@ -446,13 +469,129 @@ def test_tables(calls, capsys):
     assert "device 0: Fake GPU 0" in out and "device 1: Fake GPU 1" in out and "granularity" in out
 
 
+def test_info_writes_the_devices_as_json_and_csv(calls, capsys, tmp_path):
+    assert main("info", "--json", f"{tmp_path}/i.json", "--csv", f"{tmp_path}/i.csv") == 0
+    doc = json.loads((tmp_path / "i.json").read_text())
+    assert (doc["l2ctl_version"], doc["driver_version"], doc["runtime_version"]) == (l2ctl.__version__, 13000, 13000)
+    assert doc["simulated"] == _backend.simulated()
+    assert [(d["index"], d["name"], d["compute_capability"]) for d in doc["devices"]] == [(0, "Fake GPU 0", "9.0"),
+                                                                                          (1, "Fake GPU 1", "9.0")]
+    assert doc["devices"][1]["persisting_l2_cache_max_size"] == 30 * MiB and doc["devices"][1]["set_aside_limit"] == 0
+    with open(tmp_path / "i.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["name"], r["l2_cache_size"], r["supports_persistence"]) for r in rows] == [
+        ("Fake GPU 0", str(50 * MiB), "True"), ("Fake GPU 1", str(50 * MiB), "True")]
+    assert main("--json", f"{tmp_path}/one.json", "--device", "1", "info", "--probe") == 0
+    (one,) = json.loads((tmp_path / "one.json").read_text())["devices"]
+    assert (one["index"], one["set_aside_granularity"], one["set_aside_rounding"]) == (1, 2 * MiB, "up")
+    err = capsys.readouterr().err
+    assert err.count("wrote ") == 3
+
+
+def test_the_header_says_when_the_gpu_is_simulated():
+    from l2ctl.cli import output
+
+    real = output.header(Report("x", ENV, []))
+    assert "SIMULATED" not in real and "\n" not in real
+    simulated = output.header(Report("x", dict(ENV, simulated="simulated by a model"), []))
+    assert simulated == real + "\nSIMULATED, not a measurement of real hardware: simulated by a model"
+
+
+@pytest.fixture
+def restored() -> Iterator[None]:
+    """The backend in use put back after a test that runs the command line with --simulate."""
+    with _backend.use(_backend.current()):
+        yield
+
+
+BANNER = "SIMULATED, not a measurement of real hardware: simulated by l2ctl.testing, not a GPU ("
+QUICK = ["--repeat", "1", "--warmup", "0", "--quiet"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["--simulate", "info"], ["info", "--simulate", "h200", "--probe"], ["--simulate", "bench", "stride", *QUICK],
+    ["bench", "--simulate", "h200", "--lut-sizes", "1M", "--out-bytes", "32M", *QUICK],
+    ["bench", "overhead", "--rounds", "3", "--iterations", "10", "--simulate"],
+    ["sweep", "--simulate", "h200", "tax", *QUICK], ["sweep", "hit-ratio", "--out-bytes", "32M", "--simulate", *QUICK],
+    ["tune", "--out-bytes", "32M", "--rounds", "3", *QUICK, "--simulate", "h200"]], ids=" ".join)
+def test_every_command_on_the_simulator_says_so(restored, capsys, tmp_path, argv):
+    _backend.install(_core)
+    assert main(*argv, "--json", f"{tmp_path}/r.json") == cli.EXIT_OK
+    banner = capsys.readouterr().out.splitlines()[1]  # right under the first line
+    name = H200 if "h200" in argv else H100
+    assert banner.startswith(BANNER + name)
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc.get("environment", doc)["simulated"] == _backend.simulated() == banner.split(": ", 1)[1]
+
+
+def test_simulated_from_the_environment_and_options_anywhere_in_a_subprocess(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "l2ctl", "info"], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, L2CTL_SIMULATE="h200"))
+    assert r.returncode == 0 and r.stdout.splitlines()[1].startswith(BANNER + H200), r.stdout + r.stderr
+    r = run("--quiet", "--simulate", "h200", "bench", "stride", "--json", f"{tmp_path}/s.json", *QUICK[:4])
+    assert r.returncode == 0 and r.stdout.splitlines()[1].startswith(BANNER + H200), r.stdout + r.stderr
+    assert r.stderr == f"wrote {tmp_path}/s.json\n"  # --quiet before the command: no progress
+    assert json.loads((tmp_path / "s.json").read_text())["environment"]["simulated"].startswith("simulated by")
+    r = run("--device", "0", "--simulate", "info", "--csv", f"{tmp_path}/i.csv")
+    assert r.returncode == 0 and BANNER in r.stdout and "device 0: " + H100 in r.stdout
+    assert (tmp_path / "i.csv").read_text().startswith("index,name,simulated,")
+
+
+# ------------------------------------------------------------------------------------ bench workloads
+
+NO_FRAMEWORK = "l2ctl: bench workloads: nothing to measure here: "
+NEEDS_TORCH, NEEDS_CUPY = "needs PyTorch (pip install torch)", "needs CuPy (pip install cupy-cuda12x or cupy-cuda13x)"
+
+
+def test_bench_workloads_without_a_framework_exits_3(calls, capsys, monkeypatch):
+    monkeypatch.setattr(bench_cmd, "frameworks_missing", REAL_FRAMEWORKS_MISSING)
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    assert main("bench", "workloads") == cli.EXIT_UNSUPPORTED
+    assert capsys.readouterr() == ("", f"{NO_FRAMEWORK}{NEEDS_TORCH}; {NEEDS_CUPY}\n")
+    assert main("--simulate", "bench", "workloads", "--names", "spmv") == cli.EXIT_UNSUPPORTED
+    assert capsys.readouterr() == ("", f"{NO_FRAMEWORK}{NEEDS_CUPY}\n")
+    # PyTorch installed but no CUDA for it (the simulator is no GPU to PyTorch): said, and exit 3 too
+    no_cuda = SimpleNamespace(__version__="2.9.0+cpu", cuda=SimpleNamespace(is_available=lambda: False))
+    monkeypatch.setitem(sys.modules, "torch", no_cuda)
+    assert main("bench", "workloads", "--simulate", "--names", "broadcast,step") == cli.EXIT_UNSUPPORTED
+    assert capsys.readouterr().err == (f"{NO_FRAMEWORK}PyTorch 2.9.0+cpu sees no CUDA device (a CPU-only build, or no "
+                                       "driver)\n")
+    assert "bench_workloads" not in calls.log  # refused before any device work
+    monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(__version__="2.9.0", cuda=SimpleNamespace(
+        is_available=lambda: True)))
+    assert main("bench", "workloads") == cli.EXIT_OK  # one framework that can run: the gallery runs
+
+
+def test_bench_workloads_where_every_row_is_skipped_exits_3(calls, capsys, monkeypatch):
+    def all_skipped(*args: Any, **kwargs: Any) -> Report:
+        report = fake_workloads(*args, **kwargs)
+        report.summary["rows"] = []
+        return report
+
+    monkeypatch.setattr(benchmark_gallery, "bench_workloads", all_skipped)
+    assert main("bench", "workloads") == cli.EXIT_UNSUPPORTED
+    captured = capsys.readouterr()
+    assert "skipped: needs CuPy" in captured.out and "recipe:" not in captured.out
+    assert captured.err.splitlines()[-1] == ("l2ctl: bench workloads: nothing was measured: every workload was "
+                                             "skipped (the reasons above)")
+
+
+def test_bench_workloads_without_a_framework_in_a_subprocess():
+    """The real path, frameworks hidden from the import system, on the simulator."""
+    code = ("import sys; sys.modules['torch'] = sys.modules['cupy'] = None; from l2ctl.cli import main; "
+            "sys.exit(main(['--simulate', 'bench', 'workloads']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout, r.stderr) == (3, "", f"{NO_FRAMEWORK}{NEEDS_TORCH}; {NEEDS_CUPY}\n")
+
+
 # ------------------------------------------------------------------------------------ refusals
 
 SAMPLE = {"--lut-sizes": ["1M"], "--out-bytes": ["1M"], "--columns": ["baseline"], "--counters": [],
           "--plot": ["{tmp}/x.png"], "--device": ["1"], "--repeat": ["2"], "--warmup": ["1"],
           "--json": ["{tmp}/x.json"], "--csv": ["{tmp}/x.csv"], "--quiet": [], "--strides": ["8"],
           "--threads": ["64"], "--n": ["100"], "--rounds": ["3"], "--iterations": ["10"], "--lut-bytes": ["1M"], "--set-aside": ["1M"],
-          "--variant": ["plain"], "--names": ["broadcast"], "--runs": ["1"], "--probe": []}
+          "--variant": ["plain"], "--names": ["broadcast"], "--runs": ["1"], "--probe": [], "--simulate": []}
 
 
 def test_samples_cover_every_option():
@@ -492,8 +631,27 @@ BAD = [
     (["bench", "--lut-sizes", "4x"], "not a size"),
     (["bench", "--lut-sizes", "6"], "multiple of 4"),
     (["bench", "--lut-sizes", "0"], "size must be positive"),
-    (["bench", "--out-bytes", "-1M"], "unknown option -1M"),
-    (["bench", "graph", "--lut-bytes", "0.5"], "size must be positive"),
+    (["bench", "--out-bytes", "-1M"], "argument --out-bytes: size must be positive: '-1M'"),
+    (["bench", "graph", "--lut-bytes", "-4M"], "argument --lut-bytes: size must be positive: '-4M'"),
+    (["bench", "graph", "--lut-bytes=-4M"], "argument --lut-bytes: size must be positive: '-4M'"),
+    (["--lut-bytes", "-4M", "sweep", "tax"], "size must be positive: '-4M'"),  # checked before it is refused
+    (["tune", "--lut-sizes", "-4M,8M"], "size must be positive: '-4M'"),
+    (["bench", "concurrent", "--set-aside", "-1"], "size must be positive: '-1'"),
+    (["bench", "graph", "--lut-bytes", "0.5"], "size must be a whole number of bytes: '0.5' is 0.5 B"),
+    (["bench", "--out-bytes", "1.5"], "size must be a whole number of bytes: '1.5' is 1.5 B"),
+    (["bench", "--out-bytes", "1.3K"], "size must be a whole number of bytes: '1.3K' is 1331.2 B"),
+    (["bench", "--lut-sizes", "4M,,8M"], "empty item in '4M,,8M'"),
+    (["bench", "--lut-sizes", "4M,"], "empty item in '4M,'"),
+    (["bench", "stride", "--strides", "4,,8"], "empty item in '4,,8'"),
+    (["bench", "--columns", ",baseline"], "empty item in ',baseline'"),
+    (["bench", "workloads", "--names", "broadcast,,spmv"], "empty item"),
+    (["--simulate", "h900", "info"], "argument --simulate: no simulated GPU 'h900'; choose from h100, h200"),
+    (["bench", "--simulate=h100,,h200"], "argument --simulate: empty item"),
+    (["tune", "--simulate="], "argument --simulate: no GPU given"),
+    (["info", "--json", "/nonexistent/dir/x.json"], "does not exist"),
+    (["--csv", "{tmp}", "info"], "is a directory"),
+    (["info", "--json"], "expected one argument"),
+    (["--quiet", "--simulate", "--json", "info"], "required"),  # "info" taken for the file: no command
     (["bench", "concurrent", "--set-aside", "0"], "size must be positive"),
     (["bench", "--columns", "baseline,nope"], "unknown column(s) 'nope'"),
     (["sweep", "surface", "--variant", "fast"], "unknown variant 'fast'"),
@@ -525,7 +683,9 @@ def test_bad_arguments_exit_2_with_one_line(calls, capsys, tmp_path, argv, messa
                                   ["sweep", "--lut-bytes", "4M", "tax"], ["bench", "--lut-sizes", "4M", "stride"],
                                   ["bench", "stride", "--strides", "5"], ["sweep", "set-aside", "--variant", "x"],
                                   ["tune", "--warmup", "-2"], ["bench", "--columns", "x"],
-                                  ["bench", "--plot", "/nonexistent/x.png", "graph"]])
+                                  ["bench", "--plot", "/nonexistent/x.png", "graph"],
+                                  ["bench", "graph", "--lut-bytes", "-4M"], ["--quiet", "bench", "--out-bytes", "1.5"],
+                                  ["--simulate", "bench", "--lut-sizes", "4M,,8M"], ["info", "--simulate", "nope"]])
 def test_no_traceback_from_the_command_line(argv):
     r = run(*argv)
     assert r.returncode == 2 and r.stdout == ""
@@ -628,4 +788,4 @@ def test_cli_on_the_simulator(sim, capsys):
     assert cli.main(["sweep", "tax", "--repeat", "2", "--warmup", "1", "--quiet"]) == 0
     assert cli.main(["tune", "--lut-sizes", "4M", "--out-bytes", "64M", "--quiet"]) == 0
     out = capsys.readouterr().out
-    assert "Fake H100" in out and "right_sized" in out and "set-aside" in out
+    assert "H100" in out and "right_sized" in out and "set-aside" in out

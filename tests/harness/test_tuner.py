@@ -143,6 +143,21 @@ def test_single_buffer_form_still_works_and_its_policy_applies_without_warnings(
         assert "persist buffer" in str(tuned)
 
 
+def test_the_report_prints_readably_and_writes_as_every_report(sim, tmp_path):
+    fake, s = sim
+    with ResetDataWorkload(4 * MiB, 64 * MiB) as w:
+        tuned = l2ctl.tune(w, s, {"lut": w.buf, "out": w.out})
+    report = tuned.report()
+    assert isinstance(report, bench.Report) and len(str(report)) < 3000 < len(repr(report))
+    assert str(report).splitlines()[2].startswith("lut ") and str(report).splitlines()[3].startswith("out ")
+    report.to_json(str(tmp_path / "t.json"))
+    report.to_csv(str(tmp_path / "t.csv"))
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert doc["benchmark"] == "tune" and doc["summary"]["buffer"] == tuned.buffer_name and "text" not in doc
+    assert len(doc["records"]) == len(tuned.table) and doc["environment"]["simulated"]
+    assert (tmp_path / "t.csv").read_text().count("\n") == len(tuned.table) + 1
+
+
 def test_it_picks_the_buffer_that_pays_in_a_mixed_step(sim):
     fake, s = sim
     with ModeledWorkload.mixed_step() as w:
@@ -155,6 +170,17 @@ def test_it_picks_the_buffer_that_pays_in_a_mixed_step(sim):
         _no_oversubscription(tuned)
         with tuned.persist(s):
             w.enqueue(s)
+    # printed: the choice, a row per candidate, the chosen one's points, the grid's best; not the records
+    text = str(tuned.report())
+    lines = text.splitlines()
+    assert lines[0] == str(tuned) and repr(tuned) == f"<TunedPolicy: {tuned}>" and "Record(" not in text
+    assert lines[1].split()[:3] == ["candidate", "window", "points"]
+    rows = {line.split()[0]: line for line in lines[2:6]}
+    assert set(rows) == {"x", "bias", "table", "acc"}
+    best = tuned.candidates["acc"].best
+    assert f"{best.speedup:.3f}x [{best.ci[0]:.3f}, {best.ci[1]:.3f}]" in rows["acc"]
+    assert lines[6] == "points on acc (speedup, 95% CI):" and lines[-1].startswith("grid best: ")
+    assert len(lines) == 8 + len(tuned.candidates["acc"].points) and text.count("<- chosen") == 1
 
 
 def test_where_nothing_pays_the_answer_is_no_persistence(sim):
@@ -163,6 +189,9 @@ def test_where_nothing_pays_the_answer_is_no_persistence(sim):
         tuned = l2ctl.tune(w, s, w.candidates())
         assert not tuned.persists and tuned.buffer_name is None and tuned.speedup == 1.0
         assert "no point was faster" in tuned.reason and "no persistence" in str(tuned)
+        text = str(tuned.report())
+        assert text.startswith(str(tuned) + "\n") and "<- chosen" not in text
+        assert f"points on {tuned.grid_best.point.candidate} " in text  # what "no" was decided from
         assert tuned.grid_best is not None and tuned.grid_best_tax.set_aside == tuned.grid_best.point.set_aside
         before = fake.state()
         with tuned.persist(s) as p:

@@ -1,6 +1,6 @@
 """What the build produced, checked without a GPU: the cache operators each kernel variant promises are
-in the extension's PTX, and the public header compiles on every architecture (falling back where the
-L2 policy instructions do not exist)."""
+in the extension's PTX, its fatbinary runs on Blackwell, and the public header compiles on every
+architecture (falling back where the L2 policy instructions do not exist)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import os
 import re
 import shutil
 import subprocess
+import struct
 import sys
+from typing import Optional
 
 import pytest
 
@@ -18,9 +20,14 @@ from l2ctl import _core
 CUDA_BIN = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin")
 
 
-def _tool(name: str) -> str:
+def _find_tool(name: str) -> Optional[str]:
     path = shutil.which(name) or os.path.join(CUDA_BIN, name)
-    if not os.path.exists(path):
+    return path if os.path.exists(path) else None
+
+
+def _tool(name: str) -> str:
+    path = _find_tool(name)
+    if path is None:
         pytest.skip(f"{name} not found (needs the CUDA toolkit on PATH or in $CUDA_HOME/bin)")
     return path
 
@@ -86,6 +93,86 @@ def test_vector_paths_use_16_byte_accesses(ptx_functions):
     body = "".join(_bodies(ptx_functions, "reset_data_plain_kernel"))
     assert re.search(r"st\.global(\.\w+)*\.v4\.(u|b|s)32", body)
     assert re.search(r"ld\.global(\.\w+)*\.v4\.(u|b|s)32", body)
+
+
+# ---- the fatbinary: can a Blackwell GPU run the build? ---------------------------------------------------
+
+Codes = dict[str, set[str]]  # "sass"/"ptx" -> {"90", "90a", "100f", ...}
+
+
+def _cuobjdump_codes(tool: str) -> Codes:
+    codes: Codes = {"sass": set(), "ptx": set()}
+    for kind, flag in (("sass", "--list-elf"), ("ptx", "--list-ptx")):
+        out = subprocess.run([tool, flag, _core.__file__], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0 or "does not contain" in out.stderr, out.stderr
+        codes[kind] = set(re.findall(r"\.sm_(\d+[a-z]?)\.(?:cubin|ptx)$", out.stdout, re.M))
+    return codes
+
+
+def _fatbin_codes() -> Codes:
+    """The entries of the fatbinaries in the extension, from their headers: what cuobjdump lists, for a toolkit
+    without it. NVIDIA does not document the layout; as nvcc 13 writes it: a container header (magic
+    0xBA55ED50, version 1, header size 16, payload size), then entries (kind 1 PTX, 2 ELF; header size;
+    payload size; the arch at byte 28; flags at byte 40, 0x100000 for "a" targets, 0x200000 for "f" ones).
+    test_the_fatbin_reader_agrees_with_cuobjdump keeps it honest where the toolkit has cuobjdump."""
+    with open(_core.__file__, "rb") as f:
+        data = f.read()
+    codes: Codes = {"sass": set(), "ptx": set()}
+    pos = data.find(b"\x50\xed\x55\xba")
+    while pos >= 0:
+        _, version, header, size = struct.unpack_from("<IHHQ", data, pos)
+        if version == 1 and header == 16:
+            entry, end = pos + header, pos + header + size
+            while entry < end:
+                kind, _, entry_header, payload = struct.unpack_from("<HHIQ", data, entry)
+                (arch,), (flags,) = struct.unpack_from("<I", data, entry + 28), struct.unpack_from("<I", data, entry + 40)
+                suffix = "a" if flags & 0x100000 else "f" if flags & 0x200000 else ""
+                codes["ptx" if kind == 1 else "sass"].add(f"{arch}{suffix}")
+                entry += entry_header + payload
+            pos = end
+        pos = data.find(b"\x50\xed\x55\xba", pos + 4)
+    return codes
+
+
+@pytest.fixture(scope="module")
+def fatbin() -> Codes:
+    tool = _find_tool("cuobjdump")
+    codes = _cuobjdump_codes(tool) if tool else _fatbin_codes()
+    if not codes["sass"] | codes["ptx"]:
+        pytest.skip("no fatbinary found in the extension (and no cuobjdump to list it)")
+    return codes
+
+
+def _arches(codes: Codes) -> dict[str, set[int]]:
+    return {kind: {int(c.rstrip("af")) for c in found} for kind, found in codes.items()}
+
+
+def _runs_on(code: str, target: int, ptx: bool) -> bool:
+    """Whether SASS (or PTX, JIT-compiled) for ``code`` runs on sm_<target>: SASS on its major version from its
+    minor up, plain PTX on every later arch, "f" code on its family from its minor up, "a" code on its arch only."""
+    arch, suffix = int(code.rstrip("af")), code[-1:] if code[-1].isalpha() else ""
+    if suffix == "a":
+        return arch == target
+    if suffix == "f" or not ptx:
+        return arch // 10 == target // 10 and arch <= target
+    return arch <= target
+
+
+@pytest.mark.parametrize("target", [100, 120], ids=["sm_100", "sm_120"])
+def test_blackwell_can_run_the_build(fatbin, target):
+    """Blackwell (B200: sm_100, RTX 50 / RTX PRO: sm_120) runs SASS built for it, or JIT-compiles the PTX of
+    an earlier arch (the local CUDAARCHS=90 build carries compute_90 PTX; the default build adds Blackwell
+    SASS)."""
+    sass = [c for c in fatbin["sass"] if _runs_on(c, target, ptx=False)]
+    ptx = [c for c in fatbin["ptx"] if _runs_on(c, target, ptx=True)]
+    assert sass or ptx, f"nothing in {fatbin} runs on sm_{target}: add {target}-real to CUDAARCHS, or keep PTX"
+    highest = max(max(found, default=0) for found in _arches(fatbin).values())
+    assert sass or highest in _arches(fatbin)["ptx"], f"the highest arch, {highest}, has no PTX: {fatbin}"
+
+
+def test_the_fatbin_reader_agrees_with_cuobjdump():
+    tool = _tool("cuobjdump")
+    assert _arches(_fatbin_codes()) == _arches(_cuobjdump_codes(tool))  # cuobjdump calls "f" SASS plain
 
 
 HEADER_USER = r"""

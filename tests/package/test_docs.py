@@ -36,3 +36,46 @@ def test_links_between_the_documents_resolve():
 def test_the_readme_is_a_five_minute_read():
     words = len((ROOT / "README.md").read_text().split())
     assert words < 1600, f"README.md has {words} words; move details to docs/"
+
+
+# The README's numbers outside the generated blocks and the code: each is a constant of the code or of a
+# requirement, not a measurement (measurements are generated from the records above). A new number in the
+# prose fails here until it is generated or listed with where it comes from.
+README_CONSTANTS = {
+    "3.10": "requires-python", "12.8": "the oldest CUDA toolkit the build accepts", "13.0": "the CUDA runtime linked",
+    "580.65.06": "test_the_readme_names_the_built_extensions_driver", "8.0": "the oldest compute capability",
+    "2.9": "torch's first keep_graph release", "2%": "tune's tax_gain default", "95%": "tune's confidence default",
+    "05": "a notebook's number", "01": "a notebook's number", "03": "a notebook's number", "04": "a notebook's number",
+    "1-5": "a step's duration, for scale", "1.5G": "a size, as the CLI takes it", "8M": "a size, as the CLI takes it",
+    "4M,16M": "a size list, as the CLI takes it", "16": "the Quick start's bias, MiB", "1": "one GiB streaming past",
+    "32": "the graph example's accumulator, MiB", "4": "the controls example's LUT, MiB", "75%": "the textbook recipe",
+}
+
+
+def _prose(text: str) -> str:
+    text = re.sub(r"<!-- generated:([\w-]+) -->.*?<!-- end:\1 -->", "", text, flags=re.S)
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    return "\n".join(line for line in text.splitlines() if not line.startswith("    "))
+
+
+def test_the_readmes_numbers_come_from_records_or_constants():
+    prose = _prose((ROOT / "README.md").read_text())
+    found = set(re.findall(r"(?<![\w.`-])(\d[\d.,-]*\d%?|\d%?)( ?(?:x|us|ms|MiB|GiB|GB/s|s)\b)?", prose))
+    # bare one- or two-digit counts ("two GPUs" written as digits, "step 3") are not claims; a number with a
+    # unit or a ratio, or with a fraction, is
+    stray = {n + u.strip() for n, u in found if n not in README_CONSTANTS and (u or not re.fullmatch(r"\d\d?", n))}
+    assert not stray, f"numbers in README.md that no record or constant backs: {sorted(stray)}"
+
+
+def test_the_readmes_constants_hold():
+    import inspect
+
+    import l2ctl
+    from l2ctl import _core
+
+    text = " ".join((ROOT / "README.md").read_text().split())
+    tune = inspect.signature(l2ctl.tune).parameters
+    assert f"{tune['tax_gain'].default:.0%}" == "2%" and f"{tune['confidence'].default:.0%}" == "95%"
+    assert 'requires-python = ">=3.10"' in (ROOT / "pyproject.toml").read_text()
+    runtime = _core.runtime_version()  # the extension as built: its static CUDA runtime sets the driver it needs
+    assert f"(CUDA {runtime // 1000}.{runtime % 1000 // 10}): **driver {l2ctl.minimum_driver(runtime)} or newer**" in text

@@ -1,17 +1,37 @@
-"""The notebooks: structure and compiling code without a GPU; executed in a real Jupyter kernel
-(nbclient) on the GPU. Set L2CTL_NOTEBOOK_OUT=dir to keep the executed copies (they are committed)."""
+"""The notebooks: structure and compiling code without a GPU; every notebook's code run to the end on the
+simulated H100 (L2CTL_SIMULATE, no Jupyter needed); executed in a real Jupyter kernel (nbclient) on the GPU.
+Set L2CTL_NOTEBOOK_OUT=dir to keep the executed copies (they are committed)."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
 nbformat = pytest.importorskip("nbformat")
 
-NOTEBOOKS = sorted((pathlib.Path(__file__).parents[2] / "notebooks").glob("*.ipynb"))
+ROOT = pathlib.Path(__file__).parents[2]
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+#: Cells (indices in the notebook) whose code scripts/make_notebooks.py has changed since the committed copy was
+#: executed on a GPU. Regenerate those notebooks, execute them on a GPU (see the test at the end), commit them and
+#: empty their entry.
+AWAITING_GPU_RUN: dict[str, tuple[int, ...]] = {}
+
+
+def _generated() -> dict[str, object]:
+    spec = importlib.util.spec_from_file_location("make_notebooks", ROOT / "scripts" / "make_notebooks.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return dict(module.BOOKS)
+
+
+GENERATED = _generated()
 
 
 def _code(cell) -> str:
@@ -43,6 +63,65 @@ def test_committed_with_gpu_outputs(path):
     assert not [o for o in outputs if o.output_type == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs), "no plot in the outputs"
     assert book.metadata.get("l2ctl", {}).get("executed_on"), "metadata does not say which GPU produced the outputs"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_committed_code_is_the_generators(path):
+    """The committed notebooks carry the generator's cells, except the ones listed as awaiting a GPU run."""
+    book, made = nbformat.read(path, as_version=4), GENERATED[path.name]
+    assert [c.cell_type for c in book.cells] == [c.cell_type for c in made.cells]
+    changed = tuple(i for i, (a, b) in enumerate(zip(book.cells, made.cells)) if a.source != b.source)
+    assert changed == AWAITING_GPU_RUN.get(path.name, ()), (
+        "the generator and the committed notebook differ in other cells than AWAITING_GPU_RUN says: regenerate "
+        "the notebook, execute it on a GPU and commit it (or update the list, if a GPU run is planned)")
+
+
+# Runs a notebook's code cells in order in one namespace, as a kernel would: magics are no-ops (the only one is
+# %matplotlib inline; Agg draws instead), each cell's stdout kept; then the simulated machine's state.
+RUNNER = r"""
+import contextlib, io, json, sys
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+cells, namespace, outputs = json.load(open(sys.argv[1])), {"__name__": "__main__"}, []
+for i, source in enumerate(cells):
+    lines = [line[:len(line) - len(line.lstrip())] + "pass" if line.lstrip().startswith(("%", "!")) else line
+             for line in source.splitlines()]
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            exec(compile("\n".join(lines), f"code cell {i}", "exec"), namespace)
+    finally:
+        print(f"--- code cell {i}\n{buf.getvalue()}", end="")
+    outputs.append(buf.getvalue())
+from l2ctl import _backend
+machine = _backend.current()
+device = machine.device(0)
+json.dump({"outputs": outputs, "figures": len(plt.get_fignums()), "simulated": _backend.simulated(),
+           "restored": device.limit == device.initial_limit and not machine.windows}, open(sys.argv[2], "w"))
+"""
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_runs_on_the_simulator(path, tmp_path):
+    """The one switch (L2CTL_SIMULATE) runs each notebook to its end without a GPU or Jupyter, in a subprocess
+    (the switch is process-wide), and its first output says the device is simulated. The code run is the
+    generator's (the committed copy's, but for the cells AWAITING_GPU_RUN)."""
+    cells = [c.source for c in GENERATED[path.name].cells if c.cell_type == "code"]
+    (tmp_path / "cells.json").write_text(json.dumps(cells))
+    out = subprocess.run([sys.executable, "-c", RUNNER, str(tmp_path / "cells.json"), str(tmp_path / "out.json")],
+                         env={**os.environ, "L2CTL_SIMULATE": "h100", "MPLBACKEND": "Agg"}, cwd=path.parent,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
+    result = json.loads((tmp_path / "out.json").read_text())
+    outputs = result["outputs"]
+    assert len(outputs) == len(cells) and "H100 80GB HBM3 (simulated):" in outputs[0]
+    assert result["simulated"].startswith("simulated by l2ctl.testing") and result["restored"]
+    if "import torch" in "".join(cells):  # PyTorch needs a real GPU: every torch cell says it skipped
+        assert "the cells below are skipped" in outputs[0]
+        assert all(o.startswith("skipped: PyTorch needs a CUDA GPU (this one is simulated)") for o in outputs[1:])
+    else:
+        assert result["figures"] > 0 and not any("skipped" in o for o in outputs)
 
 
 @pytest.mark.gpu

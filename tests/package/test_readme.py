@@ -65,7 +65,7 @@ def _python_path() -> str:
 
 
 def test_examples_pass_mypy_strict(example_files):
-    pytest.importorskip("mypy", reason="mypy is installed by the [test] extra")
+    pytest.importorskip("mypy", reason="mypy is installed by the [dev] extra")
     out = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--config-file", str(ROOT / "pyproject.toml"),
                           *map(str, example_files)], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -74,7 +74,7 @@ def test_examples_pass_mypy_strict(example_files):
 def test_examples_pass_pyright(example_files, tmp_path):
     pyright = shutil.which("pyright")
     if pyright is None:
-        pytest.skip("pyright is installed by the [test] extra")
+        pytest.skip("pyright is installed by the [dev] extra")
     config = tmp_path / "pyrightconfig.json"
     config.write_text('{"typeCheckingMode": "standard", "reportMissingImports": "none", '
                       '"reportMissingModuleSource": "none", "extraPaths": ["%s"]}' % _python_path())
@@ -84,7 +84,7 @@ def test_examples_pass_pyright(example_files, tmp_path):
 
 
 def test_the_package_passes_mypy_strict():
-    pytest.importorskip("mypy", reason="mypy is installed by the [test] extra")
+    pytest.importorskip("mypy", reason="mypy is installed by the [dev] extra")
     out = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), "-p", "l2ctl"],
                          capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr

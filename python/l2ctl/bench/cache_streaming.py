@@ -8,7 +8,7 @@ import numpy as np
 
 from .. import kernels
 from .._device import resolve_device
-from .._memory import DeviceBuffer
+from .._memory import DeviceBuffer, StreamLike
 from .._plan import check_count
 from .progress import Progress
 from .records import Record, Report, environment
@@ -22,7 +22,7 @@ __all__ = ["bench_cache_streaming"]
 def bench_cache_streaming(
     n: int = 10_000_000,
     *,
-    stream: object = None,
+    stream: StreamLike = None,
     device: object = None,
     warmup: int = 3,
     repeat: int = 15,

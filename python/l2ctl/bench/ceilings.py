@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from .. import kernels
 from .._interop import resolve_stream
-from .._memory import DeviceBuffer
+from .._memory import DeviceBuffer, StreamLike
 from .._plan import check_nbytes, round_up
 from .._device import stream_device
 from .timing import check_repeats, time_gpu
@@ -28,7 +28,7 @@ class Ceilings:
     read_ms: float
 
 
-def measure_ceilings(stream: object = None, nbytes: int = 1 << 30, *, warmup: int = 3, repeat: int = 15) -> Ceilings:
+def measure_ceilings(stream: StreamLike = None, nbytes: int = 1 << 30, *, warmup: int = 3, repeat: int = 15) -> Ceilings:
     """Write-only, copy and read bandwidth of ``nbytes`` buffers with l2ctl's 16-byte kernels, each verified.
     Run inside clean_state() to measure with a given set-aside (the set-aside lowers these)."""
     warmup, repeat = check_repeats(warmup, repeat)
@@ -44,7 +44,7 @@ def measure_ceilings(stream: object = None, nbytes: int = 1 << 30, *, warmup: in
         check(kernels.count_mismatches(a, b, stream) == 0, "copy_words left wrong words")
         blocks = [0]
 
-        def read(s: object) -> None:
+        def read(s: StreamLike) -> None:
             blocks[0] = kernels.read_sum(a, partials, s)
 
         rd = time_gpu(read, stream, warmup=warmup, repeat=repeat)

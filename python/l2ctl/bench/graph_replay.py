@@ -13,7 +13,7 @@ from .. import _backend, kernels
 from .. import graph as graphs
 from .._device import require_persistence
 from .._limit import set_aside_granularity
-from .._memory import DeviceBuffer
+from .._memory import DeviceBuffer, StreamLike
 from .._persist import persist
 from .._interop import resolve_stream
 from .._plan import check_count, check_nbytes, round_up
@@ -31,7 +31,7 @@ def bench_graph(
     *,
     out_bytes: int = 1 << 30,
     kernels_per_graph: int = 4,
-    stream: object = None,
+    stream: StreamLike = None,
     device: object = None,
     warmup: int = 3,
     repeat: int = 15,

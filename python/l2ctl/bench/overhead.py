@@ -15,6 +15,7 @@ import time
 from contextlib import ExitStack
 from typing import Any, Callable, Optional, Sequence
 
+from .. import _backend
 from .. import graph as graphs
 from .. import kernels
 from .._device import require_persistence
@@ -183,8 +184,9 @@ def bench_overhead(
             persist_lean, persist_lean_reused, persist_default, persist_exact, persist_policy, persist_graph_1,
             persist_graph_32, set_aside_scope, set_clear_window)}
         ops["reset_persisting_lines"] = lambda: reset_persisting_lines(index)
-        ops.update(_raw_bindings(s.handle, buf, index, up, limit_before) or {})
-        torch_objects = _torch_objects(index)
+        simulated = bool(_backend.simulated())  # the raw CUDA calls and torch's objects need the real GPU
+        ops.update({} if simulated else _raw_bindings(s.handle, buf, index, up, limit_before) or {})
+        torch_objects = None if simulated else _torch_objects(index)
         if torch_objects is not None:
             t_stream, t_tensor = torch_objects
 
@@ -196,7 +198,8 @@ def bench_overhead(
         measured = []
         for name in names:
             if name not in ops:
-                reason = "cuda-python is not installed" if name.startswith("raw_") else "torch is not installed"
+                reason = ("the GPU is simulated" if simulated else "cuda-python is not installed"
+                          if name.startswith("raw_") else "torch with a CUDA device is not installed")
                 records.append(Record("overhead", name, {"operation": OVERHEAD_VARIANTS[name], "skipped": reason},
                                       float("nan"), float("nan"), float("nan"), 0.0, 0, False, {}))
                 bar.step(f"{name}: skipped")

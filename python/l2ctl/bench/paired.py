@@ -20,6 +20,7 @@ from typing import Any, Callable, ContextManager, Optional, Sequence
 
 import numpy as np
 
+from .._memory import StreamLike
 from .._plan import check_count, check_nbytes
 from ..workloads import enqueue_of, verifier_of
 from .progress import Progress
@@ -120,7 +121,7 @@ def bootstrap_speedup(baseline: np.ndarray, arm: np.ndarray, confidence: float =
     return estimate, (float(min(low, estimate)), float(max(high, estimate)))
 
 
-def compare(workload: Any, stream: object, arms: Sequence[Arm], *, rounds: int = 5, repeat: int = 5,
+def compare(workload: Any, stream: StreamLike, arms: Sequence[Arm], *, rounds: int = 5, repeat: int = 5,
             warmup: int = 1, confidence: float = 0.95, seed: int = 0, benchmark: str = "compare",
             progress: Optional[Progress] = None) -> tuple[Comparison, list[Comparison]]:
     """Measure a baseline and ``arms`` in ``rounds`` shuffled rounds; returns (baseline, one Comparison per

@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from .._backend import simulated
 from .._device import versions
 from .._limit import device_info
 from .ceilings import Ceilings
@@ -66,6 +67,7 @@ def environment(device: object = None) -> dict[str, Any]:
             "pci_bus_id": info.pci_bus_id,
             "uuid": info.uuid,
         },
+        "simulated": simulated(),  # "" on a GPU; what the model is, on the simulator
         "driver_version": v["driver"],
         "runtime_version": v["runtime"],
         "l2ctl_version": __version__,

@@ -11,7 +11,7 @@ import numpy as np
 from .. import kernels
 from .._device import DeviceProperties, require_persistence
 from .._limit import set_aside_granularity
-from .._memory import DeviceBuffer
+from .._memory import DeviceBuffer, StreamLike
 from .._plan import check_nbytes, round_up
 from .progress import Progress
 from .records import Record, Report, environment
@@ -73,7 +73,7 @@ def bench_reset_data(
     *,
     out_bytes: int = 1 << 30,
     columns: Optional[Sequence[str]] = None,
-    stream: object = None,
+    stream: StreamLike = None,
     device: object = None,
     warmup: int = 3,
     repeat: int = 15,
@@ -122,13 +122,13 @@ def bench_reset_data(
     return report
 
 
-def _measure_reset(stream: object, out: DeviceBuffer, lut: DeviceBuffer, lut_bytes: int, column: str, request: int,
+def _measure_reset(stream: StreamLike, out: DeviceBuffer, lut: DeviceBuffer, lut_bytes: int, column: str, request: int,
                    hit_ratio: Optional[float], variant: str, warmup: int, repeat: int,
                    counters: bool = False) -> Record:
     shape: list[kernels.LaunchShape] = []
     collected: dict[str, float] = {}
 
-    def run(st: object) -> None:
+    def run(st: StreamLike) -> None:
         shape[:] = [kernels.reset_data(out, lut, st, variant=variant)]
 
     def measure() -> Timing:

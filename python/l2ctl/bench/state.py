@@ -18,10 +18,10 @@ from .._errors import L2BudgetWarning
 from .._interop import resolve_stream
 from .._limit import get_set_aside, reset_persisting_lines
 from .._limit import set_aside as set_limit
-from .._memory import DeviceBuffer, Stream, synchronize_stream
+from .._memory import BufferLike, DeviceBuffer, Stream, StreamLike, synchronize_stream
 from .._persist import persist
 from .._plan import check_set_aside_request
-from .._targets import ScopedWindow
+from .._targets import ScopedWindow, Target
 from .._window import AccessPolicyWindow
 
 __all__ = ["flush_l2", "clean_state", "owned_stream", "in_window"]
@@ -34,7 +34,7 @@ _scratch: "weakref.WeakKeyDictionary[Any, dict[int, tuple[DeviceBuffer, DeviceBu
 
 
 @contextmanager
-def owned_stream(stream: object, device: object = None) -> Iterator[object]:
+def owned_stream(stream: StreamLike, device: object = None) -> Iterator[StreamLike]:
     """``stream`` itself, or (when it is None) a new l2ctl.Stream on ``device``, closed afterwards."""
     if stream is not None:
         yield stream
@@ -43,7 +43,7 @@ def owned_stream(stream: object, device: object = None) -> Iterator[object]:
         yield own
 
 
-def flush_l2(stream: object = None, *, persisting: bool = True) -> None:
+def flush_l2(stream: StreamLike = None, *, persisting: bool = True) -> None:
     """Evict L2 (queued on ``stream``): write a scratch region twice the L2 size, then read a different
     one of the same size, so L2 ends holding clean lines and no write-back of earlier data lands in the
     next measurement (reading lines just written would leave them dirty). With ``persisting``, first
@@ -63,7 +63,7 @@ def flush_l2(stream: object = None, *, persisting: bool = True) -> None:
 
 
 @contextmanager
-def clean_state(stream: object = None, *, set_aside: Optional[int] = 0, flush: bool = True) -> Iterator[int]:
+def clean_state(stream: StreamLike = None, *, set_aside: Optional[int] = 0, flush: bool = True) -> Iterator[int]:
     """A declared starting state for measuring work on ``stream``: no window on the stream, the limit
     set to ``set_aside`` bytes (None: unchanged), persisting lines reset, L2 flushed. Yields the limit in
     force. Both are scopes of l2ctl's registry, ended when the block ends (lines reset again), whatever
@@ -89,7 +89,7 @@ def clean_state(stream: object = None, *, set_aside: Optional[int] = 0, flush: b
         yield granted
 
 
-def in_window(stream: object, buf: object, hit_ratio: Optional[float],
+def in_window(stream: Target, buf: BufferLike, hit_ratio: Optional[float],
               measure: Callable[[], T]) -> tuple[T, Optional[float]]:
     """``measure()`` with no window (``hit_ratio`` None) or inside ``persist(stream, buf, hit_ratio,
     set_aside=None)`` with budget warnings silenced (some points oversubscribe on purpose); returns its

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 from .. import kernels
 from .._device import resolve_device
-from .._memory import DeviceBuffer
+from .._memory import DeviceBuffer, StreamLike
 from .._plan import check_count, round_up
 from .progress import Progress
 from .records import Record, Report, environment
@@ -33,7 +33,7 @@ def bench_stride(
     strides: Sequence[int] = (4, 8, 16, 32, 64, 128),
     *,
     threads: int = 1 << 25,
-    stream: object = None,
+    stream: StreamLike = None,
     device: object = None,
     warmup: int = 3,
     repeat: int = 15,
@@ -57,7 +57,7 @@ def bench_stride(
         words = nbytes // 4
         nblocks = [0]
 
-        def read(st_: object) -> None:
+        def read(st_: StreamLike) -> None:
             nblocks[0] = kernels.read_sum(buf, partials, st_)
 
         rd = time_gpu(read, s, warmup=warmup, repeat=repeat)
@@ -67,7 +67,7 @@ def bench_stride(
         for stride in strides:
             sw = stride // 4
 
-            def run(st_: object, sw: int = sw) -> None:
+            def run(st_: StreamLike, sw: int = sw) -> None:
                 nblocks[0] = kernels.stride_read(buf, sw * 4, partials, st_, threads=threads)
 
             timing = time_gpu(run, s, warmup=warmup, repeat=repeat)

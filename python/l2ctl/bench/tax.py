@@ -9,6 +9,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
+from .._memory import StreamLike
 from .. import _backend
 from .._device import properties, stream_device
 from .._interop import resolve_stream
@@ -37,11 +38,11 @@ class Tax:
 
     @property
     def copy_gbps_without(self) -> float:
-        return 2 * self.copy_bytes / self.copy_ms_without / 1e6
+        return 2 * self.copy_bytes / self.copy_ms_without / 1e6 if self.copy_bytes else 0.0  # nothing measured
 
     @property
     def copy_gbps_with(self) -> float:
-        return 2 * self.copy_bytes / self.copy_ms_with / 1e6
+        return 2 * self.copy_bytes / self.copy_ms_with / 1e6 if self.copy_bytes else 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return {"set_aside": self.set_aside, "copy_slowdown": self.copy_slowdown, "copy_slowdown_ci": list(self.ci),
@@ -49,7 +50,7 @@ class Tax:
                 "copy_gbps_with": self.copy_gbps_with}
 
 
-def measure_tax(stream: object, set_aside: int, *, rounds: int = 3, repeat: int = 5) -> Tax:
+def measure_tax(stream: StreamLike, set_aside: int, *, rounds: int = 3, repeat: int = 5) -> Tax:
     """The tax of ``set_aside`` bytes (rounded up to the driver's granularity) on a copy of 8x the L2
     size. 0 bytes costs nothing and is not measured."""
     set_aside = check_nbytes(set_aside, "set_aside", allow_zero=True)

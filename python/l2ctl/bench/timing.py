@@ -6,6 +6,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from .._memory import StreamLike
 from .. import _backend
 from .._device import stream_device
 from .._interop import resolve_stream
@@ -57,7 +58,7 @@ class Timing:
 
 def time_gpu(
     enqueue: Callable[[Any], Any],
-    stream: object = None,
+    stream: StreamLike = None,
     *,
     warmup: int = 3,
     repeat: int = 15,
@@ -96,7 +97,7 @@ class Timer:
     >>> t.elapsed_ms   # waits for the stop event
     """
 
-    def __init__(self, stream: object = None) -> None:
+    def __init__(self, stream: StreamLike = None) -> None:
         self._stream = resolve_stream(stream)
         backend = _backend.current()
         device = stream_device(self._stream)

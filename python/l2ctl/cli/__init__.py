@@ -1,16 +1,18 @@
 """``l2ctl`` / ``python -m l2ctl``: device info, the benchmarks, the sweeps and the tuner.
 
     l2ctl info [--probe]
-    l2ctl bench [reset-data|stride|cache-streaming|graph|concurrent] [options]
+    l2ctl bench [reset-data|stride|cache-streaming|graph|concurrent|overhead|workloads] [options]
     l2ctl sweep hit-ratio|set-aside|surface|tax [options]
     l2ctl tune [options]
 
-Every argument is checked before anything runs (bad values, output files that cannot be written, a
---plot without matplotlib: one line on stderr, exit 2). Tables go to stdout; progress and "wrote PATH"
-to stderr.
+Every command takes --device N, --json PATH, --csv PATH, --quiet and --simulate [GPU] (the simulated GPUs
+of l2ctl.testing; every output then says so); options go before or after the command. Every argument is
+checked before anything runs (bad values, output files that cannot be written, a --plot without
+matplotlib: one line on stderr, exit 2). Tables go to stdout; progress and "wrote PATH" to stderr.
 
-Exit codes: 0 success; 1 a CUDA error; 2 bad arguments; 3 no GPU, or a GPU that cannot persist L2; 4 a
-benchmark's output failed verification (no numbers are printed for it); 130 interrupted.
+Exit codes: 0 success; 1 a CUDA error; 2 bad arguments; 3 no GPU, a GPU that cannot persist L2, or
+nothing here to measure (bench workloads without PyTorch or CuPy); 4 a benchmark's output failed
+verification (no numbers are printed for it); 130 interrupted.
 
 Layout: ``options`` (argument types, shared options), ``parsing`` (commands to parsers, defaults,
 refusals), ``output`` (formatting, files), one ``*_cmd`` module per command family (info, bench,
@@ -44,7 +46,7 @@ from .exitcodes import (
     EXIT_VERIFY,
 )
 from .output import OutputError
-from .parsing import Entry, Parser, add_entries, check_flags, finish
+from .parsing import Entry, Parser, add_entries, finish, normalize, simulate
 from .tune_cmd import cmd_tune
 
 __all__ = [
@@ -97,9 +99,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 def parse_args(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> argparse.Namespace:
     """The chosen command's options (given or default), ``func`` and ``command``; SystemExit(2) with one
     line on stderr for anything wrong, SystemExit(0) after --help."""
-    args = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(prog)
-    check_flags(parser, args, COMMANDS)
+    args = normalize(parser, sys.argv[1:] if argv is None else argv, COMMANDS)
+    simulate(parser, args)
     return finish(parser.parse_args(args))
 
 

@@ -7,17 +7,19 @@ added to ``BENCHMARKS``.
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from ..bench import Report
 from .options import (COLUMN_NAMES, COMMON, CSV, DEVICE, GALLERY_NAMES, JSON, LUT_BYTES, LUT_SIZES, OUT_BYTES, PLOT,
-                      QUIET, REPEAT, ROUNDS, SET_ASIDE, WARMUP, Option, columns, count, gallery_names, strides)
-from .output import done, fmt_bytes, header, measure
+                      QUIET, REPEAT, ROUNDS, SET_ASIDE, SIMULATE, WARMUP, Option, columns, count, gallery_names,
+                      strides)
+from .exitcodes import EXIT_UNSUPPORTED
+from .output import done, fmt_bytes, header, measure, note
 from .parsing import Command, Group
 
 __all__ = ["cmd_bench_reset", "cmd_bench_stride", "cmd_bench_cs", "cmd_bench_graph", "cmd_bench_concurrent",
-           "cmd_bench_overhead", "cmd_bench_workloads", "WORKLOADS", "RESET_DATA", "STRIDE", "CACHE_STREAMING", "GRAPH", "CONCURRENT", "OVERHEAD",
-           "BENCHMARKS", "BENCH"]
+           "cmd_bench_overhead", "cmd_bench_workloads", "frameworks_missing", "WORKLOADS", "RESET_DATA", "STRIDE",
+           "CACHE_STREAMING", "GRAPH", "CONCURRENT", "OVERHEAD", "BENCHMARKS", "BENCH"]
 
 
 def _measured(args: argparse.Namespace, run: Callable[..., Report], *given: Any, **options: Any) -> Report:
@@ -139,9 +141,25 @@ def cmd_bench_overhead(args: argparse.Namespace) -> int:
     return done(args, report)
 
 
+def frameworks_missing(names: Optional[list[str]]) -> Optional[str]:
+    """Why none of the gallery workloads ``names`` (None: all) can run here, when no framework they need can
+    (one line, with how to install it); None when one can."""
+    from ..workloads import _frameworks, gallery
+
+    needed = dict.fromkeys(gallery.entry(n).framework for n in (names or gallery.names()))
+    reasons = [(_frameworks.torch_missing if f == "torch" else _frameworks.cupy_missing)() for f in needed]
+    if any(r is None for r in reasons):
+        return None
+    return "nothing to measure here: " + "; ".join(map(str, reasons))
+
+
 def cmd_bench_workloads(args: argparse.Namespace) -> int:
     from .. import benchmark_gallery
+    from .._errors import NotSupportedError
 
+    missing = frameworks_missing(args.names)
+    if missing:  # before any device work: a clear line and exit 3, not a table of skipped rows
+        raise NotSupportedError(f"bench workloads: {missing}")
     report = _measured(args, benchmark_gallery.bench_workloads, names=args.names, runs=args.runs, rounds=args.rounds)
     s = report.summary
     print(f"framework workloads, paired rounds against the baseline ({s['rounds']} rounds x {s['repeat']} runs per "
@@ -167,6 +185,10 @@ def cmd_bench_workloads(args: argparse.Namespace) -> int:
                   f"{r['tune_reason']}")
     for name, reason in s["skipped"].items():
         print(f"{name:<14} skipped: {reason}")
+    if not s["rows"]:
+        note("l2ctl: bench workloads: nothing was measured: every workload was skipped (the reasons above)")
+        done(args, report)
+        return EXIT_UNSUPPORTED
     print("recipe: the obvious buffer with set-aside min(0.75 x L2, max); hit 1.0: persist(s, buffer, 1.0) with the "
           "defaults; tuned: l2ctl.tune over every candidate, re-measured; copy: how much slower a plain copy runs "
           "under that set-aside")
@@ -213,7 +235,7 @@ OVERHEAD = Command(
     (ROUNDS.but(help="rounds; the median is reported (3 to 1000)", default=7),
      Option("--iterations", "operations per round (1 to 1,000,000)", 2000, type=count(1, 1_000_000, "iterations"),
             metavar="N"),
-     DEVICE, JSON, CSV, QUIET),
+     DEVICE, JSON, CSV, QUIET, SIMULATE),
     cmd_bench_overhead,
     "Host microseconds per operation: persist enter+exit (lean and default settings, on a stream and on\n"
     "graphs of 1 and 32 kernel nodes), set/clear of a window, a set_aside scope, a reset of persisting\n"
@@ -225,7 +247,7 @@ WORKLOADS = Command(
             gallery_names, "NAMES"),
      Option("--runs", "separate paired re-measures of the tuned choice (1 to 100)", 3, type=count(1, 100, "runs"),
             metavar="N"),
-     ROUNDS, REPEAT.but(default=5), WARMUP.but(default=1), DEVICE, JSON, CSV, QUIET),
+     ROUNDS, REPEAT.but(default=5), WARMUP.but(default=1), DEVICE, JSON, CSV, QUIET, SIMULATE),
     cmd_bench_workloads,
     "The gallery of real framework workloads (l2ctl.workloads.gallery), each measured side by side with\n"
     "its baseline: the textbook recipe, persist(..., 1.0) with l2ctl's defaults, and l2ctl.tune's choice\n"

@@ -8,10 +8,10 @@ __all__ = ["EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_UNSUPPORTED", "EXIT_VERI
 EXIT_OK = 0  #: success
 EXIT_ERROR = 1  #: a CUDA error
 EXIT_USAGE = 2  #: bad arguments, an output file that cannot be written, a missing optional dependency
-EXIT_UNSUPPORTED = 3  #: no GPU, or a GPU (or process) that cannot persist L2
+EXIT_UNSUPPORTED = 3  #: no GPU, a GPU (or process) that cannot persist L2, or nothing here to measure
 EXIT_VERIFY = 4  #: a benchmark's output failed verification (no numbers are printed for it)
 EXIT_INTERRUPTED = 130  #: Ctrl-C (the device state is restored first)
 
 EXIT_CODES_HELP = ("exit codes: 0 ok, 1 CUDA error, 2 bad arguments (or an output file that cannot be\n"
-                   "written), 3 no GPU or one that cannot persist L2, 4 a benchmark output failed\n"
-                   "verification, 130 interrupted")
+                   "written), 3 no GPU, one that cannot persist L2, or nothing to measure (no framework\n"
+                   "for bench workloads), 4 a benchmark output failed verification, 130 interrupted")

@@ -9,15 +9,16 @@ earlier on the line), and the command's defaults are filled in after parsing (``
 from __future__ import annotations
 
 import argparse
-import math
 import os
 from dataclasses import dataclass, replace
+from decimal import Decimal, InvalidOperation
 from typing import Any, Callable, Optional
 
 import l2ctl
 
 from ..bench import MAX_REPEAT, RESET_COLUMNS
 from ..kernels import ResetVariant, check_variant
+from ..testing import SIMULATE_HELP, FakeDevice
 from ..workloads import gallery
 
 __all__ = [
@@ -25,6 +26,8 @@ __all__ = [
     "COLUMN_NAMES",
     "VARIANT_NAMES",
     "parse_size",
+    "items",
+    "simulated_gpus",
     "lut_size",
     "lut_sizes",
     "count",
@@ -45,6 +48,8 @@ __all__ = [
     "CSV",
     "PLOT",
     "QUIET",
+    "SIMULATE",
+    "EVERYWHERE",
     "COMMON",
     "LUT_SIZES",
     "LUT_BYTES",
@@ -67,7 +72,8 @@ def _bad(message: str) -> argparse.ArgumentTypeError:
 
 
 def parse_size(text: str) -> int:
-    """A byte size: 4096, 4K, 8M, 1.5MiB, 1G (powers of 1024; a fraction of a byte is dropped)."""
+    """A whole number of bytes: 4096, 4K, 8M, 1.5MiB (1,572,864), 1G (powers of 1024); computed exactly
+    (Decimal), so a fraction of a byte (1.5, 1.3K) is refused rather than dropped."""
     t = text.strip().upper().replace("IB", "").replace("B", "")
     scale = 1
     for suffix, factor in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
@@ -75,11 +81,15 @@ def parse_size(text: str) -> int:
             t, scale = t[:-1], factor
             break
     try:
-        value = float(t) * scale
-    except ValueError:
-        raise _bad(f"not a size: {text!r} (use e.g. 4096, 8M, 1.5MiB, 1G)") from None
-    if not math.isfinite(value) or int(value) < 1:
+        value = Decimal(t) * scale
+    except InvalidOperation:
+        value = Decimal("nan")
+    if not value.is_finite():
+        raise _bad(f"not a size: {text!r} ({SIZE_HELP})")
+    if value <= 0:
         raise _bad(f"size must be positive: {text!r}")
+    if value != value.to_integral_value():
+        raise _bad(f"size must be a whole number of bytes: {text!r} is {value.normalize():f} B")
     if value > MAX_BYTES:
         raise _bad(f"size too large: {text!r}")
     return int(value)
@@ -93,12 +103,19 @@ def lut_size(text: str) -> int:
     return value
 
 
+def items(text: str, what: str, example: str) -> list[str]:
+    """The items of a comma-separated list; an empty one (4M,,8M, a trailing comma) is refused, not skipped."""
+    parts = [part.strip() for part in text.split(",")]
+    if not any(parts):
+        raise _bad(f"no {what} given: {text!r} (use e.g. {example})")
+    if not all(parts):
+        raise _bad(f"empty item in {text!r}: separate the {what}s by single commas (e.g. {example})")
+    return parts
+
+
 def lut_sizes(text: str) -> list[int]:
     """Comma-separated LUT sizes: 1M,4M,8M."""
-    values = [lut_size(part) for part in text.split(",") if part.strip()]
-    if not values:
-        raise _bad(f"no size given: {text!r} (use e.g. 1M,4M,8M)")
-    return values
+    return [lut_size(part) for part in items(text, "size", "1M,4M,8M")]
 
 
 def count(minimum: int, maximum: Optional[int] = None, what: str = "count") -> Callable[[str], int]:
@@ -127,7 +144,7 @@ def strides(text: str) -> list[int]:
     """Comma-separated strides in bytes, each a positive multiple of 4 up to 1 MiB."""
     parse = count(4, 1 << 20, "stride")
     values = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
+    for part in items(text, "stride", "4,8,16"):
         try:
             value = parse(part)
         except argparse.ArgumentTypeError as exc:
@@ -135,16 +152,12 @@ def strides(text: str) -> list[int]:
         if value % 4:
             raise _bad(f"strides must be positive multiples of 4 bytes, got {value}")
         values.append(value)
-    if not values:
-        raise _bad(f"no stride given: {text!r} (use e.g. 4,8,16)")
     return values
 
 
 def columns(text: str) -> list[str]:
     """Comma-separated reset-data columns, names from l2ctl.bench.RESET_COLUMNS."""
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    if not names:
-        raise _bad(f"no column given: {text!r}; choose from {', '.join(COLUMN_NAMES)}")
+    names = items(text, "column", "baseline,hints")
     unknown = [n for n in names if n not in COLUMN_NAMES]
     if unknown:
         raise _bad(f"unknown column(s) {', '.join(map(repr, unknown))}; choose from {', '.join(COLUMN_NAMES)}")
@@ -153,10 +166,10 @@ def columns(text: str) -> list[str]:
 
 def gallery_names(text: str) -> list[str]:
     """Comma-separated gallery workload names (l2ctl.workloads.gallery)."""
-    names = [part.strip() for part in text.split(",") if part.strip()]
+    names = items(text, "workload", "broadcast,spmv")
     unknown = [n for n in names if n not in GALLERY_NAMES]
-    if not names or unknown:
-        raise _bad(f"unknown workload {', '.join(unknown) or repr(text)}; choose from {', '.join(GALLERY_NAMES)}")
+    if unknown:
+        raise _bad(f"unknown workload {', '.join(unknown)}; choose from {', '.join(GALLERY_NAMES)}")
     return names
 
 
@@ -179,6 +192,16 @@ def device_index(text: str) -> int:
     if visible and value >= visible:
         raise _bad(f"device {value} does not exist; {visible} device(s) are visible (0 to {visible - 1})")
     return value
+
+
+def simulated_gpus(text: str) -> str:
+    """--simulate's value: simulated GPU presets, comma-separated (l2ctl.testing.simulate)."""
+    for name in items(text, "GPU", "h100,h200"):
+        try:
+            FakeDevice.named(name)
+        except ValueError as exc:
+            raise _bad(str(exc)) from None
+    return text
 
 
 def output_path(text: str) -> str:
@@ -211,6 +234,7 @@ class Option:
     type: Callable[[str], Any] = str  #: parses and checks the value (ArgumentTypeError: exit 2)
     metavar: Optional[str] = None
     switch: bool = False  #: a flag without a value (store_true)
+    const: Optional[str] = None  #: the value of the flag given without one (--simulate); see parsing.normalize
 
     @property
     def dest(self) -> str:
@@ -247,9 +271,13 @@ CSV = Option("--csv", "write one CSV row per measurement", type=output_path, met
 PLOT = Option("--plot", "save a plot, format by extension (.png, .svg, .pdf); needs matplotlib",
               type=output_path, metavar="PATH")
 QUIET = Option("--quiet", "no progress on stderr", False, switch=True)
+SIMULATE = Option("--simulate", SIMULATE_HELP + "; alone: h100", None, "off: the real GPUs, unless $L2CTL_SIMULATE",
+                  simulated_gpus, "[GPU]", const="h100")
 
+#: What every command takes, before or after its name (the README promises it).
+EVERYWHERE = (DEVICE, JSON, CSV, QUIET, SIMULATE)
 #: What every benchmark, sweep and the tuner takes.
-COMMON = (DEVICE, REPEAT, WARMUP, JSON, CSV, QUIET)
+COMMON = (DEVICE, REPEAT, WARMUP, JSON, CSV, QUIET, SIMULATE)
 
 SIZE_HELP = "e.g. 4096, 8M, 1.5MiB, 1G"
 LUT_SIZES = Option("--lut-sizes", f"LUT sizes, comma-separated ({SIZE_HELP}; multiples of 4)", None,

@@ -4,7 +4,9 @@ CSV reports and the plots (files; "wrote PATH" on stderr)."""
 from __future__ import annotations
 
 import argparse
+import csv
 import importlib
+import json
 import os
 import sys
 from typing import Any, Callable, Optional
@@ -12,7 +14,8 @@ from typing import Any, Callable, Optional
 from ..bench import Report
 from .exitcodes import EXIT_OK
 
-__all__ = ["MiB", "OutputError", "fmt_bytes", "header", "note", "write_report", "save_plot", "plot_problem",
+__all__ = ["MiB", "OutputError", "fmt_bytes", "simulated_line", "header", "note", "write_report", "write_table",
+           "save_plot", "plot_problem",
            "numbered_path", "measure", "done"]
 
 MiB = 1 << 20
@@ -26,13 +29,20 @@ def fmt_bytes(n: int) -> str:
     return f"{n / MiB:.2f} MiB" if n >= MiB else f"{n / 1024:.1f} KiB"
 
 
+def simulated_line(provenance: str) -> str:
+    """The line under a header when the numbers come from the simulator ("" on a GPU): a simulated number
+    must never pass for a measured one."""
+    return f"\nSIMULATED, not a measurement of real hardware: {provenance}" if provenance else ""
+
+
 def header(report: Report) -> str:
-    """One line naming the GPU, its L2 and the CUDA versions a report was measured with."""
+    """One line naming the GPU, its L2 and the CUDA versions a report was measured with (and one more
+    when the GPU was simulated)."""
     env = report.environment
     d = env["device"]
     return (f"{d['name']} (cc {d['compute_capability']}, L2 {fmt_bytes(d['l2_cache_size'])}, persisting max "
             f"{fmt_bytes(d['persisting_l2_cache_max_size'])}), driver {env['driver_version']}, runtime "
-            f"{env['runtime_version']}")
+            f"{env['runtime_version']}{simulated_line(env.get('simulated', ''))}")
 
 
 def note(message: str) -> None:
@@ -54,6 +64,25 @@ def write_report(report: Report, json_path: Optional[str], csv_path: Optional[st
         _writing(json_path, report.to_json)
     if csv_path:
         _writing(csv_path, report.to_csv)
+
+
+def write_table(json_path: Optional[str], csv_path: Optional[str], document: dict[str, Any],
+                rows: list[dict[str, Any]]) -> None:
+    """What is not a benchmark report (info): ``document`` as JSON and ``rows`` as CSV, where asked."""
+    def json_file(path: str) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(document, f, indent=2)
+            f.write("\n")
+
+    def csv_file(path: str) -> None:
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
+            writer.writeheader()
+            writer.writerows(rows)
+
+    for path, write in ((json_path, json_file), (csv_path, csv_file)):
+        if path:
+            _writing(path, write)
 
 
 def numbered_path(path: str, nbytes: int) -> str:

@@ -3,10 +3,13 @@
 A :class:`Command` declares its options (``options.Option``) and the function that runs it. A
 :class:`Group` (``bench``, ``sweep``) holds several; the options it shows may be given before the
 command's name as well as after it, and reach the command either way (only what was typed lands in the
-namespace: ``options``). Every parser also knows, hidden, the options of every other command, so that
-:func:`finish` can refuse one by name ("--lut-sizes does not apply to 'bench stride'") instead of
-argparse taking its value for a command name; :func:`finish` then fills in the chosen command's own
-defaults and checks optional dependencies (--plot), all before anything runs.
+namespace: ``options``). The top-level parser takes every option before the command too (``l2ctl --quiet
+bench``; those every command takes, EVERYWHERE, shown in its help). Every parser also knows, hidden, the
+options of every other command, so that :func:`finish` can refuse one by name ("--lut-sizes does not
+apply to 'bench stride'") instead of argparse taking its value for a command name; :func:`finish` then
+fills in the chosen command's own defaults and checks optional dependencies (--plot), all before anything
+runs. Before argparse sees the line, :func:`normalize` joins each option to its value and
+:func:`simulate` installs --simulate's GPUs.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, NoReturn, Optional, Sequence, Union
 
 from .exitcodes import EXIT_USAGE
-from .options import Option
+from .options import EVERYWHERE, SIMULATE, Option
 from .output import plot_problem
 
-__all__ = ["Parser", "Command", "Group", "Entry", "add_entries", "known_options", "check_flags", "finish"]
+__all__ = ["Parser", "Command", "Group", "Entry", "add_entries", "known_options", "command_words", "normalize",
+           "simulate", "finish"]
 
 Run = Callable[[argparse.Namespace], int]
 _NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse's negative numbers: values, not flags
@@ -118,24 +122,68 @@ def known_options(entries: Sequence[Entry]) -> tuple[Option, ...]:
 
 
 def add_entries(parser: argparse.ArgumentParser, entries: Sequence[Entry]) -> None:
-    """The commands (and groups of commands) under ``parser``."""
+    """The commands (and groups of commands) under ``parser``; every option may also come before the
+    command (those every command takes shown, the rest hidden and refused by ``finish`` where they do not
+    apply)."""
     known = known_options(entries)
+    everywhere = {o.flag for o in EVERYWHERE}
+    for option in EVERYWHERE + tuple(o for o in known if o.flag not in everywhere):
+        option.add_to(parser, hidden=option.flag not in everywhere)
     names = ",".join(e.name for e in entries)
     sub = parser.add_subparsers(title="commands", metavar=f"{{{names}}}", required=True)
     for entry in entries:
         entry.add_to(sub, known)
 
 
-def check_flags(parser: argparse.ArgumentParser, argv: Sequence[str], entries: Sequence[Entry]) -> None:
-    """Refuse a flag no command has (exit 2, one line) before argparse takes its value for a command name."""
-    known = {o.flag for o in known_options(entries)} | {"-h", "--help", "--version"}
-    for token in argv:
+def command_words(entries: Sequence[Entry]) -> set[str]:
+    """The words that name commands (info, bench, stride, ...)."""
+    return {e.name for e in entries} | {c.name for e in entries if isinstance(e, Group) for c in e.commands}
+
+
+def normalize(parser: argparse.ArgumentParser, argv: Sequence[str], entries: Sequence[Entry]) -> list[str]:
+    """``argv`` with each option's value joined to it (``--lut-bytes -4M`` -> ``--lut-bytes=-4M``: argparse
+    would take -4M for a flag) and an optional value made explicit (``--simulate info`` ->
+    ``--simulate=h100 info``); a flag no command has is refused (exit 2, one line) before argparse takes
+    its value for a command name."""
+    options = {o.flag: o for o in known_options(entries)}
+    known = set(options) | {"-h", "--help", "--version"}
+    words = command_words(entries)
+    out: list[str] = []
+    rest = list(argv)
+    while rest:
+        token = rest.pop(0)
         if token == "--":
-            break
-        flag = token.split("=", 1)[0]
-        if flag.startswith("-") and len(flag) > 1 and not _NUMBER.match(flag) and flag not in known:
-            close = difflib.get_close_matches(flag, sorted(known), n=1)
-            parser.error(f"unknown option {flag}" + (f"; did you mean {close[0]}?" if close else ""))
+            return out + [token] + rest
+        option = options.get(token)
+        after = rest[0] if rest else None
+        if option is not None and option.const is not None:
+            takes = after is not None and not after.startswith("-") and after not in words
+            token = f"{token}={rest.pop(0) if takes else option.const}"
+        elif option is not None and not option.switch:
+            if after is not None and after.split("=", 1)[0] not in known:  # a missing value stays missing
+                token = f"{token}={rest.pop(0)}"
+        else:
+            flag = token.split("=", 1)[0]
+            if flag.startswith("-") and len(flag) > 1 and not _NUMBER.match(flag) and flag not in known:
+                close = difflib.get_close_matches(flag, sorted(known), n=1)
+                parser.error(f"unknown option {flag}" + (f"; did you mean {close[0]}?" if close else ""))
+        out.append(token)
+    return out
+
+
+def simulate(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """The last ``--simulate=GPU`` of a normalized ``argv`` put into effect (l2ctl.testing.simulate) before
+    the line is parsed, so that --device is checked against the simulated GPUs."""
+    given = [t.split("=", 1)[1] for t in argv[:argv.index("--") if "--" in argv else len(argv)]
+             if t.startswith(SIMULATE.flag + "=")]
+    if given:
+        try:
+            gpus = SIMULATE.type(given[-1])
+        except argparse.ArgumentTypeError as exc:
+            parser.error(f"argument {SIMULATE.flag}: {exc}")
+        from ..testing import simulate as use_simulator
+
+        use_simulator(gpus)
 
 
 def finish(ns: argparse.Namespace) -> argparse.Namespace:

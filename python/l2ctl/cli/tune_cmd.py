@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from .exitcodes import EXIT_OK
-from .options import CSV, DEVICE, JSON, LUT_SIZES, OUT_BYTES, QUIET, REPEAT, ROUNDS, VARIANT, WARMUP
+from .options import CSV, DEVICE, JSON, LUT_SIZES, OUT_BYTES, QUIET, REPEAT, ROUNDS, SIMULATE, VARIANT, WARMUP
 from .output import fmt_bytes, header, measure, numbered_path, write_report
 from .parsing import Command
 
@@ -20,7 +19,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     sizes: list[int] = args.lut_sizes
     many = len(sizes) > 1
-    rows: list[tuple[int, Any]] = []
+    rows: list[tuple[int, tuner.TunedPolicy]] = []
     with l2ctl.Stream(args.device) as s:
         for lut in sizes:
             with sweep.ResetDataWorkload(lut, args.out_bytes, variant=args.variant, device=args.device) as w:
@@ -32,27 +31,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     print(header(rows[0][1].report()))
     for lut, tuned in rows:
         print(f"reset-data ({args.variant}) LUT {fmt_bytes(lut)}: {tuned}")
-        for line in grid_lines(tuned):
+        for line in tuned.candidate_table():
             print("  " + line)
     return EXIT_OK
-
-
-def grid_lines(tuned: Any) -> list[str]:
-    """The points measured on the chosen candidate (or the best one), by set-aside: what the choice was
-    made from, beside the grid's best and its tax."""
-    name = tuned.buffer_name or (tuned.grid_best.point.candidate if tuned.grid_best else None)
-    if name is None:
-        return []
-    lines = [f"points on {name} (speedup, {tuned.confidence:.0%} CI):"]
-    for p in sorted(tuned.candidates[name].points, key=lambda p: (p.point.set_aside, p.point.hit_ratio)):
-        mark = " <- chosen" if tuned.persists and p.stage == "confirm" else ""
-        lines.append(f"  {p.stage:7s} set-aside {fmt_bytes(p.point.set_aside):>9s} hit {p.point.hit_ratio:.3f} over "
-                     f"{fmt_bytes(p.point.num_bytes)}: {p.speedup:.3f}x [{p.ci[0]:.3f}, {p.ci[1]:.3f}]{mark}")
-    if tuned.grid_best is not None:
-        g, t = tuned.grid_best, tuned.grid_best_tax
-        lines.append(f"grid best: {g.point.describe()} {g.speedup:.3f}x; its set-aside slows a plain copy "
-                     f"{t.copy_slowdown:.2f}x (chosen: {tuned.tax.copy_slowdown:.2f}x)")
-    return lines
 
 
 PER_SIZE = "; with several LUT sizes, one file per size: PATH_<bytes>.ext"
@@ -61,7 +42,7 @@ TUNE = Command(
     "tune", "find the best set-aside and hit ratio for reset-data, or that persistence does not pay",
     (LUT_SIZES.but(default=[4 << 20], shown_default="4M"), OUT_BYTES, VARIANT,
      DEVICE, ROUNDS, REPEAT.but(default=5), WARMUP.but(default=1),
-     JSON.but(help=JSON.help + PER_SIZE), CSV.but(help=CSV.help + PER_SIZE), QUIET),
+     JSON.but(help=JSON.help + PER_SIZE), CSV.but(help=CSV.help + PER_SIZE), QUIET, SIMULATE),
     cmd_tune,
     "The tuner (l2ctl.tune) on reset-data, one LUT size at a time: paired rounds against the baseline;\n"
     "a point wins only when faster beyond the noise at 95% confidence, and the smallest set-aside within\n"

@@ -30,10 +30,26 @@ profiler (CUPTI), backend (the contract).
 
 from __future__ import annotations
 
+from .. import _backend
 from .backend import FakeBackend, FakeDeviceMemory, FakeEvent, FakeGraph, FakeGraphExec, FakeStream, LaunchRecord
 from .devices import FakeDevice
 from .model import DeviceModel, Estimate, Traffic
 from .profiler import FakeRangeProfiler
 
 __all__ = ["FakeBackend", "FakeDevice", "FakeStream", "FakeEvent", "FakeDeviceMemory", "FakeGraph", "FakeGraphExec",
-           "FakeRangeProfiler", "LaunchRecord", "DeviceModel", "Estimate", "Traffic"]
+           "FakeRangeProfiler", "LaunchRecord", "DeviceModel", "Estimate", "Traffic", "simulate", "SIMULATE_HELP"]
+
+SIMULATE_HELP = (f"a simulated GPU instead of the real one ({', '.join(FakeDevice.PROFILES)}; several: "
+                 "h100,h200); every output says it is simulated")
+
+
+def simulate(gpus: str = "h100") -> FakeBackend:
+    """Make l2ctl use simulated GPUs from now on, process-wide (``L2CTL_SIMULATE=h100`` or ``python -m l2ctl
+    --simulate h100`` do this): the GPU-less try-out. ``gpus``: a preset name, or several, comma-separated;
+    "1" or "yes" mean the H100. Returns the machine (its state is readable as in tests)."""
+    names = [n for n in gpus.split(",") if n.strip()]
+    if not names or all(n.strip().lower() in ("1", "yes", "true", "on") for n in names):
+        names = ["h100"]
+    machine = FakeBackend(*(FakeDevice.named(n) for n in names))
+    _backend.install(machine)
+    return machine

@@ -468,6 +468,12 @@ class FakeBackend:
         with _backend.use(self):
             yield self
 
+    @property
+    def provenance(self) -> str:
+        """What this machine is, as every output that reports a device says it (l2ctl._backend.simulated)."""
+        kinds = dict.fromkeys(f"{d.name}: {d.provenance}" for d in self.devices)
+        return "simulated by l2ctl.testing, not a GPU (" + "; ".join(kinds) + ")"
+
     # ---- helpers for tests ----------------------------------------------------------------------------
     def device(self, index: int) -> FakeDevice:
         return self.devices[index]

@@ -25,7 +25,7 @@ a profiler pass; every other hot line must be loaded once per launch.
 **Time.** DRAM bytes = S + missed hot reads + first loads. With x_r the read fraction, a byte takes
 x_r / B_read + (1 - x_r) / B_write + k 4 x_r (1 - x_r) (k: bus turnaround, from the copy ceiling), all
 divided by the *tax*: the measured slowdown of streaming traffic as the set-aside grows (none up to 30%
-of the persisting max, 2.3-2.5x at the max), interpolated between the write-only and the copy curve
+of the persisting max, the measured curve up to the max), interpolated between the write-only and the copy curve
 by the read fraction. L2 traffic (streams + hot reads) runs at the device's L2 bandwidth, taxed more
 steeply (tax^1.3: what makes the textbook recipe 2.5-3x slower although its LUT stays in L2). Then
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import kernels
-from .._memory import DeviceBuffer
+from .._memory import DeviceBuffer, StreamLike
 from .._plan import check_nbytes, round_up
 from ._base import Closing
 
@@ -21,16 +21,16 @@ class CopyWorkload(Closing):
         self.dst = DeviceBuffer(nbytes, self.src.device)
         self._filled = False
 
-    def enqueue(self, stream: object) -> None:
+    def enqueue(self, stream: StreamLike) -> None:
         if not self._filled:
             kernels.write_index(self.src, stream)
             self._filled = True
         kernels.copy_words(self.dst, self.src, stream)
 
-    def poison(self, stream: object) -> None:
+    def poison(self, stream: StreamLike) -> None:
         self.dst.fill_bytes(0xFF, stream)
 
-    def verify(self, stream: object) -> bool:
+    def verify(self, stream: StreamLike) -> bool:
         return kernels.count_index_mismatches(self.dst, stream) == 0
 
     def describe(self) -> dict[str, Any]:

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from .. import kernels
-from .._memory import DeviceBuffer
+from .._memory import DeviceBuffer, StreamLike
 from .._plan import check_nbytes, round_up
 from ._base import Closing
 
@@ -28,13 +28,13 @@ class ResetDataWorkload(Closing):
         self.buf = DeviceBuffer.from_numpy(rng.integers(0, 2**31 - 1, size=lut_bytes // 4, dtype=np.int32), device)
         self.out = DeviceBuffer(round_up(out_bytes, 16), self.buf.device)
 
-    def enqueue(self, stream: object) -> None:
+    def enqueue(self, stream: StreamLike) -> None:
         kernels.reset_data(self.out, self.buf, stream, variant=self.variant)
 
-    def poison(self, stream: object) -> None:
+    def poison(self, stream: StreamLike) -> None:
         self.out.fill_bytes(0xFF, stream)
 
-    def verify(self, stream: object) -> bool:
+    def verify(self, stream: StreamLike) -> bool:
         return kernels.verify_reset_data(self.out, self.buf, stream) == 0
 
     def describe(self) -> dict[str, Any]:
