@@ -28,6 +28,7 @@ measured and reported; it is cached per set-aside for the process.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -176,7 +177,7 @@ class TunedPolicy:
         return (f"persist {self.buffer_name}{span}: set-aside {p.set_aside / MiB:.2f} MiB, hit ratio {p.hit_ratio:.3f}: "
                 f"{self.best_ms:.3f} ms vs {self.baseline_ms:.3f} ms ({self.speedup:.2f}x, {self.confidence:.0%} CI "
                 f"{self.ci[0]:.2f}-{self.ci[1]:.2f}); a plain copy elsewhere runs {self.tax.copy_slowdown:.2f}x slower "
-                f"meanwhile; {n} points in {self.seconds:.1f} s")
+                f"meanwhile; {n} points in {self.seconds:.1f} s{_DDP_ADVICE if p.set_aside > self.cap and _ranks() > 1 else ''}")
 
     def __repr__(self) -> str:  # the dataclass's would spell out every record of the search
         return f"<TunedPolicy: {self}>"
@@ -229,6 +230,20 @@ class TuneReport(Report):
 
     def __str__(self) -> str:
         return self.text
+
+
+#: The rule for DDP (docs/DESIGN.md, "Multi-GPU"): NCCL's kernels run beside the step and pay the tax too.
+_DDP_ADVICE = ("; in this distributed job a set-aside above the driver's default also taxes NCCL's collectives: "
+               "measure it with torchrun ... -m l2ctl bench collectives, or keep set_aside at the default")
+
+
+def _ranks() -> int:
+    """The processes of the torch.distributed job this process is in (1 outside one); never imports torch."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return int(dist.get_world_size()) if dist is not None and dist.is_available() and dist.is_initialized() else 1
+    except (RuntimeError, ValueError):
+        return 1
 
 
 def _mib(nbytes: int) -> str:

@@ -20,6 +20,7 @@ from l2ctl import _backend, _core, bench, benchmark_gallery, cli, plot, sweep, t
 from l2ctl._errors import CudaError, NotSupportedError
 from l2ctl.bench import Ceilings, Record, Report, VerificationError
 from l2ctl.cli import bench_cmd, options, parsing
+from l2ctl.bench import collectives as bench_collectives_module
 
 NO_GPU = _core.device_count() == 0
 REAL_FRAMEWORKS_MISSING = bench_cmd.frameworks_missing
@@ -143,6 +144,12 @@ def fake_graph(lut_bytes=None, **_):
     return Report("graph", ENV, records)
 
 
+def fake_collectives(sizes=None, **_):
+    # rank 0's report (the one that prints); the table itself is bench.collectives', tested in tests/harness
+    return Report("collectives", dict(ENV, distributed={"rank": 0, "ranks": 2, "backend": "nccl"}),
+                  [_rec("collectives", "all_reduce", {"bytes": size, "set_aside": 0}, 1.0) for size in sizes or [MiB]])
+
+
 def fake_concurrent(*, set_aside=None, **_):
     records = [_rec("concurrent", v, {"set_aside_granted": set_aside or 6 * MiB, "lut_bytes_each": 6 * MiB,
                                       "hit_ratios": hr}, 2.0, kernel1_median_ms=1.0, kernel2_median_ms=1.0)
@@ -258,8 +265,10 @@ def calls(monkeypatch) -> Iterator[Calls]:
     c = Calls()
     for name, fake in (("bench_reset_data", fake_reset_data), ("bench_stride", fake_stride),
                        ("bench_cache_streaming", fake_cache_streaming), ("bench_graph", fake_graph),
-                       ("bench_concurrent", fake_concurrent), ("bench_overhead", fake_overhead)):
+                       ("bench_concurrent", fake_concurrent), ("bench_overhead", fake_overhead),
+                       ("bench_collectives", fake_collectives)):
         monkeypatch.setattr(bench, name, c.recorder(name, getattr(bench, name), fake))
+    monkeypatch.setattr(bench_collectives_module, "collectives_table", lambda report: [f"{len(report.records)} rows"])
     monkeypatch.setattr(benchmark_gallery, "bench_workloads",
                         c.recorder("bench_workloads", benchmark_gallery.bench_workloads, fake_workloads))
     for name in ("sweep_hit_ratio", "sweep_set_aside", "sweep_surface"):
@@ -337,6 +346,9 @@ CASES: dict[str, tuple[str, list[tuple[list[str], Any]]]] = {
     "bench overhead": ("bench_overhead", [c for c in COMMON if c[0][0] not in ("--repeat", "--warmup")] + [
         (["--rounds", "3"], {"*": {"rounds": 3}}),
         (["--iterations", "50"], {"*": {"iterations": 50}})]),
+    "bench collectives": ("bench_collectives", COMMON + [
+        (["--sizes", "64M,1G"], {"*": {"sizes": [64 * MiB, 1 << 30]}}),
+        (["--rounds", "4"], {"*": {"rounds": 4}})]),
     "sweep hit-ratio": ("sweep_hit_ratio", COMMON[1:] + [SWEEP_DEVICE] + PLOT + WORKLOAD + [
         (["--set-aside", "8M"], {"*": {"set_aside": 8 * MiB}})]),
     "sweep set-aside": ("sweep_set_aside", COMMON[1:] + [SWEEP_DEVICE] + PLOT + WORKLOAD),
@@ -591,7 +603,8 @@ SAMPLE = {"--lut-sizes": ["1M"], "--out-bytes": ["1M"], "--columns": ["baseline"
           "--plot": ["{tmp}/x.png"], "--device": ["1"], "--repeat": ["2"], "--warmup": ["1"],
           "--json": ["{tmp}/x.json"], "--csv": ["{tmp}/x.csv"], "--quiet": [], "--strides": ["8"],
           "--threads": ["64"], "--n": ["100"], "--rounds": ["3"], "--iterations": ["10"], "--lut-bytes": ["1M"], "--set-aside": ["1M"],
-          "--variant": ["plain"], "--names": ["broadcast"], "--runs": ["1"], "--probe": [], "--simulate": []}
+          "--variant": ["plain"], "--names": ["broadcast"], "--runs": ["1"], "--probe": [], "--simulate": [],
+          "--sizes": ["1M"]}
 
 
 def test_samples_cover_every_option():

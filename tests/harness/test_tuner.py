@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+import types
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -223,6 +226,26 @@ def test_the_choice_is_the_smallest_within_noise_and_above_the_cap_only_for_more
         best_below = max(p.speedup for p in tuned.candidates["lut"].points if p.point.set_aside <= cap)
         assert tuned.speedup >= 1.02 * best_below * 0.99
         assert tuned.tax.set_aside == tuned.policy.set_aside and tuned.tax.copy_slowdown > 1.01  # the price, reported
+        assert "NCCL" not in str(tuned)  # one process: no word of collectives
+        with _in_a_distributed_job(2):  # the DDP rule: above the default, the collectives pay too
+            assert "taxes NCCL's collectives" in str(tuned)
+        with _in_a_distributed_job(1):
+            assert "NCCL" not in str(tuned)
+
+
+@contextlib.contextmanager
+def _in_a_distributed_job(ranks: int) -> Iterator[None]:
+    """torch.distributed as tune sees it (sys.modules only; it never imports torch), in a job of ``ranks``."""
+    fake = types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True, get_world_size=lambda: ranks)
+    saved = sys.modules.get("torch.distributed")
+    sys.modules["torch.distributed"] = fake  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        if saved is None:
+            del sys.modules["torch.distributed"]
+        else:
+            sys.modules["torch.distributed"] = saved
 
 
 def test_window_range_policies_apply(sim):

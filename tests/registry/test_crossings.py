@@ -89,6 +89,9 @@ def test_freed_and_closed_objects_are_still_refused(fake):
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+# JAX, when an earlier test imported it, warns at every fork from its own at-fork hook; the child here runs no
+# JAX and exits at once
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning", "ignore::pytest.PytestUnraisableExceptionWarning")
 def test_a_forked_child_forgets_the_parents_view(fake):
     s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(MiB)
     l2ctl.device_info()

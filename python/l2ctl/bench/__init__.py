@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from .cache_streaming import bench_cache_streaming
 from .ceilings import Ceilings, measure_ceilings
+from .collectives import bench_collectives
 from .concurrent import bench_concurrent
 from .graph_replay import bench_graph
 from .overhead import OVERHEAD_VARIANTS, bench_overhead
@@ -27,4 +28,4 @@ __all__ = ["VerificationError", "check", "Timing", "Timer", "time_gpu", "MAX_REP
            "clean_state", "owned_stream", "Progress", "Ceilings", "measure_ceilings", "Record", "Report", "environment",
            "bench_reset_data", "bench_stride", "bench_cache_streaming", "default_lut_sizes", "RESET_COLUMNS",
            "bench_graph", "bench_concurrent", "bench_overhead", "OVERHEAD_VARIANTS", "Arm", "Comparison", "compare",
-           "bootstrap_speedup", "Tax", "measure_tax", "forget_taxes"]
+           "bootstrap_speedup", "Tax", "measure_tax", "forget_taxes", "bench_collectives"]

@@ -11,14 +11,14 @@ from typing import Any, Callable, Optional
 
 from ..bench import Report
 from .options import (COLUMN_NAMES, COMMON, CSV, DEVICE, GALLERY_NAMES, JSON, LUT_BYTES, LUT_SIZES, OUT_BYTES, PLOT,
-                      QUIET, REPEAT, ROUNDS, SET_ASIDE, SIMULATE, WARMUP, Option, columns, count, gallery_names,
-                      strides)
-from .exitcodes import EXIT_UNSUPPORTED
+                      QUIET, REPEAT, ROUNDS, SET_ASIDE, SIMULATE, SIZE_HELP, WARMUP, Option, columns, count,
+                      gallery_names, items, parse_size, strides)
+from .exitcodes import EXIT_OK, EXIT_UNSUPPORTED, EXIT_USAGE
 from .output import done, fmt_bytes, header, measure, note
 from .parsing import Command, Group
 
 __all__ = ["cmd_bench_reset", "cmd_bench_stride", "cmd_bench_cs", "cmd_bench_graph", "cmd_bench_concurrent",
-           "cmd_bench_overhead", "cmd_bench_workloads", "frameworks_missing", "WORKLOADS", "RESET_DATA", "STRIDE",
+           "cmd_bench_overhead", "cmd_bench_workloads", "cmd_bench_collectives", "COLLECTIVES", "frameworks_missing", "WORKLOADS", "RESET_DATA", "STRIDE",
            "CACHE_STREAMING", "GRAPH", "CONCURRENT", "OVERHEAD", "BENCHMARKS", "BENCH"]
 
 
@@ -141,6 +141,24 @@ def cmd_bench_overhead(args: argparse.Namespace) -> int:
     return done(args, report)
 
 
+def cmd_bench_collectives(args: argparse.Namespace) -> int:
+    from .. import bench
+    from ..bench.collectives import collectives_table
+
+    try:
+        report = bench.bench_collectives(args.sizes, device=args.device, rounds=args.rounds, **measure(args))
+    except RuntimeError as error:
+        if "torchrun" not in str(error):
+            raise
+        note(f"bench collectives: {error}")
+        return EXIT_USAGE
+    if report.environment["distributed"]["rank"] != 0:
+        return EXIT_OK  # every rank measured; rank 0 prints and writes
+    print(header(report))
+    print("\n".join(collectives_table(report)))
+    return done(args, report)
+
+
 def frameworks_missing(names: Optional[list[str]]) -> Optional[str]:
     """Why none of the gallery workloads ``names`` (None: all) can run here, when no framework they need can
     (one line, with how to install it); None when one can."""
@@ -253,8 +271,21 @@ WORKLOADS = Command(
     "its baseline: the textbook recipe, persist(..., 1.0) with l2ctl's defaults, and l2ctl.tune's choice\n"
     "over all of the workload's tensors; a workload whose framework is missing is skipped with the reason.")
 
+COLLECTIVES = Command(
+    "collectives", "NCCL all-reduce and all-gather bus bandwidth at each set-aside (run it under torchrun)",
+    (Option("--sizes", f"message sizes, comma-separated ({SIZE_HELP})", None,
+            "64M,128M,256M,512M,1G (simulated: 64K,256K)", lambda t: [parse_size(p) for p in items(t, "size", "64M,1G")],
+            "SIZES"),
+     ROUNDS.but(default=3), REPEAT.but(default=5), WARMUP.but(default=2),
+     DEVICE.but(help="this rank's CUDA device", shown_default="LOCAL_RANK"), JSON, CSV, QUIET, SIMULATE),
+    cmd_bench_collectives,
+    "The set-aside's tax on NCCL's collectives: bus bandwidth (as nccl-tests computes it) of all-reduce and\n"
+    "all-gather per message size, at each set-aside from 0 to the max, interleaved with no set-aside. Launch\n"
+    "it on every GPU: torchrun --standalone --nproc-per-node N -m l2ctl bench collectives --json c.json")
+
 #: The benchmarks, in the order ``bench --help`` lists them.
-BENCHMARKS: tuple[Command, ...] = (RESET_DATA, STRIDE, CACHE_STREAMING, GRAPH, CONCURRENT, OVERHEAD, WORKLOADS)
+BENCHMARKS: tuple[Command, ...] = (RESET_DATA, STRIDE, CACHE_STREAMING, GRAPH, CONCURRENT, OVERHEAD, WORKLOADS,
+                                   COLLECTIVES)
 
 BENCH = Group(
     "bench", "benchmarks (no name: reset-data, the main job)", BENCHMARKS, RESET_DATA.options, RESET_DATA,
