@@ -176,6 +176,23 @@ def readme_findings() -> str:
     ])
 
 
+def readme_multigpu() -> str:
+    """The multi-GPU paragraph's numbers: the DDP example and bench collectives as far as they ran (records
+    named by their rank count); the two-GPU targets stay open until a two-GPU record exists."""
+    ddp, coll = load("h100", "ddp_step_1rank"), load("h100", "collectives_1rank")
+    if ddp is None or coll is None:
+        return ""
+    r = ddp["summary"]["per_rank"][0]
+    gather = [x for x in coll["summary"]["table"] if x["op"] == "all_gather"]
+    at = lambda n: [x["ratio"] for x in gather if x["set_aside_granted"] == n]  # noqa: E731
+    d, m = at(coll["summary"]["default_limit"]), at(coll["summary"]["max_set_aside"])
+    return (f"On one H100 under `torchrun` with one rank (two-GPU figures: not measured yet), the "
+            f"example's step gained {r['single_gain']:.2f}x alone and {r['ddp_gain']:.2f}x under DDP "
+            f"({r['ddp_fraction_of_single_gain']:.0%} of the gain), the device left as found; NCCL's one-rank "
+            f"all-gather (a copy) kept {min(d):.0%}-{max(d):.0%} of its bandwidth at the default limit and "
+            f"{min(m):.0%}-{max(m):.0%} at the max.")
+
+
 GRAPH_ROWS = {"broadcast": "`x + bias`", "scatter-add": "`acc.index_add_`"}
 GRAPH_MODES = (("eager", ""), ("graphed", "-graphed"), ("compiled", "-compiled"))
 
@@ -390,7 +407,8 @@ def ncu(gpu: str) -> str:
 
 GENERATORS: dict[str, Callable[[], str]] = {"readme-gallery": readme_gallery, "readme-graphs": readme_graphs,
                                              "readme-cost": readme_cost,
-                                             "readme-findings": readme_findings}
+                                             "readme-findings": readme_findings,
+                                             "readme-multigpu": readme_multigpu}
 for _gpu in GPUS:
     for _name, _fn in (("tax", tax), ("gallery", gallery), ("overhead", overhead), ("overhead-forms", overhead_forms), ("reset-data", reset_data),
                        ("tuner", tuner), ("stride", stride), ("micro", micro), ("ncu", ncu)):
