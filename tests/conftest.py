@@ -1,10 +1,12 @@
 """Shared fixtures and helpers. GPU tests carry the ``gpu`` marker and skip, with the reason, where no GPU
 that can persist L2 is present; every GPU test is checked afterwards for leaving the device as it found it.
 ``crossings`` counts the calls l2ctl makes into the backend; ``hostile`` is the table of hostile inputs to
-every public call (run on the simulator by tests/api and on a GPU by tests/gpu)."""
+every public call (run on the simulator by tests/api and on a GPU by tests/gpu); ``run_threads`` runs a
+worker in threads and re-raises what they raised."""
 
 from __future__ import annotations
 
+import threading
 import types
 from typing import Any, Callable
 
@@ -46,6 +48,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture
+def run_threads() -> Callable[..., None]:
+    """``run_threads(worker, args, timeout=60)``: ``worker(*a)`` in a thread per ``a`` in ``args``, all started
+    together and joined; the first exception a thread raised is raised here. Filter the warnings a worker may
+    raise on the test (``pytest.mark.filterwarnings``), not in the threads: warnings.catch_warnings is not
+    thread-safe."""
+
+    def run(worker: Callable[..., None], args: list[tuple[Any, ...]], timeout: float = 60) -> None:
+        errors: list[BaseException] = []
+
+        def guarded(*a: Any) -> None:
+            try:
+                worker(*a)
+            except BaseException as exc:  # re-raised below, in the test's thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=guarded, args=a) for a in args]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout)
+        assert not any(t.is_alive() for t in threads), "a worker thread did not finish"
+        if errors:
+            raise errors[0]
+
+    return run
+
+
+@pytest.fixture
 def fake() -> FakeBackend:
     """A simulated H100 in place of the CUDA extension."""
     with FakeBackend.installed(FakeDevice.h100()) as backend:
@@ -75,6 +105,14 @@ def gpu_state():
         if getattr(stream, "closed", False):
             continue
         assert l2ctl.get_window(stream) == window, "the test left a stream window changed"
+
+
+@pytest.fixture
+def stream(gpu_state):
+    """A new l2ctl stream on the GPU, current in the test, watched for the state it leaves."""
+    with l2ctl.Stream() as s:
+        gpu_state.watch(s)
+        yield s
 
 
 @pytest.fixture(autouse=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import threading
-import warnings
 
 import numpy as np
 import pytest
@@ -315,33 +314,22 @@ def test_cuda_error_carries_call_and_numbers():
     assert (again.call, again.code, again.name, again.details) == (err.call, 1, err.name, err.details)
 
 
-def test_threads_share_the_registry(fake):
+# how many scopes overlap depends on the threads' timing: five or more ask for more than the tax-free
+# set-aside, and "auto" says so
+@pytest.mark.filterwarnings("ignore::l2ctl.L2BudgetWarning", "ignore::l2ctl.SetAsideTaxWarning")
+def test_threads_share_the_registry(fake, run_threads):
     lut = l2ctl.DeviceBuffer(4 * MiB)
-    errors = []
     barrier = threading.Barrier(8)
 
     def worker():
-        try:
-            s = l2ctl.Stream()
-            barrier.wait()
-            for _ in range(50):
-                with warnings.catch_warnings():
-                    # how many scopes overlap depends on the threads' timing: five or more ask for more
-                    # than the tax-free set-aside, and "auto" says so
-                    warnings.simplefilter("ignore", l2ctl.L2BudgetWarning)
-                    warnings.simplefilter("ignore", l2ctl.SetAsideTaxWarning)
-                    with l2ctl.persist(s, lut, 0.5):
-                        assert l2ctl.get_window(s).hit_ratio == 0.5
-            s.close()
-        except BaseException as exc:
-            errors.append(exc)
+        s = l2ctl.Stream()
+        barrier.wait()
+        for _ in range(50):
+            with l2ctl.persist(s, lut, 0.5):
+                assert l2ctl.get_window(s).hit_ratio == 0.5
+        s.close()
 
-    threads = [threading.Thread(target=worker) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    run_threads(worker, [()] * 8)
     assert fake.device(0).limit == 9_830_400 and not fake.windows
     assert l2ctl.budget().scopes == ()
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import warnings
 
 import numpy as np
 import pytest
@@ -13,13 +12,6 @@ from l2ctl import AccessPolicyWindow, AccessProperty, kernels
 
 pytestmark = pytest.mark.gpu
 MiB = 1 << 20
-
-
-@pytest.fixture
-def stream(gpu_state):
-    with l2ctl.Stream() as s:
-        gpu_state.watch(s)
-        yield s
 
 
 @pytest.fixture
@@ -270,33 +262,23 @@ def test_timer_measures_gpu_work(stream):
         assert 0.0 < t.elapsed_ms < 1000.0
 
 
-def test_threads_with_separate_streams(gpu_state):
+@pytest.mark.filterwarnings("ignore::l2ctl.L2BudgetWarning")
+def test_threads_with_separate_streams(gpu_state, run_threads):
     before = l2ctl.get_set_aside()
-    errors: list[BaseException] = []
     lut_host = np.arange(1, 1 + (1 << 18), dtype=np.int32)
     barrier = threading.Barrier(8)
 
     def worker(i: int) -> None:
-        try:
-            with l2ctl.Stream() as s, l2ctl.DeviceBuffer.from_numpy(lut_host) as lut, \
-                    l2ctl.DeviceBuffer(4 * (1 << 22) + 4 * i) as out:
-                barrier.wait()
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", l2ctl.L2BudgetWarning)
-                    with l2ctl.persist(s, lut, 0.5):
-                        for _ in range(5):
-                            kernels.reset_data(out, lut, s)
-                        assert kernels.verify_reset_data(out, lut, s) == 0
-                assert l2ctl.get_window(s).empty
-        except BaseException as exc:  # collected and re-raised in the main thread
-            errors.append(exc)
+        with l2ctl.Stream() as s, l2ctl.DeviceBuffer.from_numpy(lut_host) as lut, \
+                l2ctl.DeviceBuffer(4 * (1 << 22) + 4 * i) as out:
+            barrier.wait()
+            with l2ctl.persist(s, lut, 0.5):
+                for _ in range(5):
+                    kernels.reset_data(out, lut, s)
+                assert kernels.verify_reset_data(out, lut, s) == 0
+            assert l2ctl.get_window(s).empty
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    run_threads(worker, [(i,) for i in range(8)])
     assert l2ctl.get_set_aside() == before
     assert l2ctl.budget().scopes == ()
 

@@ -16,13 +16,6 @@ pytestmark = pytest.mark.gpu
 MiB = 1 << 20
 
 
-@pytest.fixture
-def stream(gpu_state):
-    with l2ctl.Stream() as s:
-        gpu_state.watch(s)
-        yield s
-
-
 def _state(s: l2ctl.Stream, g: graph.Graph) -> tuple:
     return (l2ctl.get_set_aside(), l2ctl.get_window(s), tuple(k.window for k in g.kernel_nodes()))
 

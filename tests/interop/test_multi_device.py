@@ -7,7 +7,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import warnings
 
 import numpy as np
 import pytest
@@ -131,32 +130,22 @@ def test_graph_captured_on_device_1(pair):
     assert _limits() == before
 
 
-def test_threads_on_both_devices(pair):
+@pytest.mark.filterwarnings("ignore::l2ctl.L2BudgetWarning")
+def test_threads_on_both_devices(pair, run_threads):
     before = _limits()
-    errors: list[BaseException] = []
     barrier = threading.Barrier(4)
 
     def worker(device: int) -> None:
-        try:
-            with l2ctl.Stream(device=device) as s, l2ctl.DeviceBuffer(2 * MiB, device=device) as lut, \
-                    l2ctl.DeviceBuffer(8 * MiB, device=device) as out:
-                lut.fill_bytes(1, s)
-                barrier.wait()
-                for _ in range(10):
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore", l2ctl.L2BudgetWarning)
-                        with l2ctl.persist(s, lut, 0.5):
-                            kernels.reset_data(out, lut, s)
-                    assert kernels.verify_reset_data(out, lut, s) == 0
-        except BaseException as exc:  # re-raised by the main thread
-            errors.append(exc)
+        with l2ctl.Stream(device=device) as s, l2ctl.DeviceBuffer(2 * MiB, device=device) as lut, \
+                l2ctl.DeviceBuffer(8 * MiB, device=device) as out:
+            lut.fill_bytes(1, s)
+            barrier.wait()
+            for _ in range(10):
+                with l2ctl.persist(s, lut, 0.5):
+                    kernels.reset_data(out, lut, s)
+                assert kernels.verify_reset_data(out, lut, s) == 0
 
-    threads = [threading.Thread(target=worker, args=(d,)) for d in (0, 1, 0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
+    run_threads(worker, [(d,) for d in (0, 1, 0, 1)], timeout=120)
     assert _limits() == before and l2ctl.budget(0).scopes == () and l2ctl.budget(1).scopes == ()
 
 

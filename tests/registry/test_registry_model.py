@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
@@ -315,46 +314,37 @@ TestRegistryModel = RegistryMachine.TestCase
 
 @pytest.mark.filterwarnings("ignore::l2ctl.L2BudgetWarning", "ignore::l2ctl.SetAsideTaxWarning",
                             "ignore::l2ctl.WindowClippedWarning")
-def test_many_threads_end_where_they_started():
+def test_many_threads_end_where_they_started(run_threads):
     """Threads with their own streams (and one shared stream) enter and exit scopes in random orders;
     when all are done the device is as it was. (The warnings the scopes raise are filtered for the whole
     test: warnings.catch_warnings is not thread-safe.)"""
     with FakeBackend.installed(FakeDevice.h100()) as fake:
         shared = l2ctl.Stream()
         bufs = [l2ctl.DeviceBuffer(size) for size in (MiB, 4 * MiB, 12 * MiB)]
-        errors: list[BaseException] = []
         rounds = int(os.environ.get("L2CTL_MODEL_THREAD_ROUNDS", "40"))
 
         def worker(seed: int) -> None:
             rng = np.random.default_rng(seed)
-            try:
-                own = l2ctl.Stream()
-                for _ in range(rounds):
-                    open_: list[Any] = []
-                    for _ in range(int(rng.integers(1, 4))):
-                        stream = shared if rng.random() < 0.3 else own
-                        kind = rng.integers(0, 3)
-                        if kind == 0:
-                            scope: Any = l2ctl.set_aside(int(rng.integers(0, 11)) * G)
-                        else:
-                            scope = l2ctl.persist(stream, bufs[int(rng.integers(0, 3))],
-                                                  [None, 0.5, 1.0][int(rng.integers(0, 3))],
-                                                  set_aside=["auto", None][int(rng.integers(0, 2))],
-                                                  share=bool(rng.integers(0, 2)))
-                        scope.__enter__()
-                        open_.append(scope)
-                    for k in rng.permutation(len(open_)):
-                        open_[k].__exit__(None, None, None)
-                own.close()
-            except BaseException as exc:  # re-raised by the main thread
-                errors.append(exc)
+            own = l2ctl.Stream()
+            for _ in range(rounds):
+                open_: list[Any] = []
+                for _ in range(int(rng.integers(1, 4))):
+                    stream = shared if rng.random() < 0.3 else own
+                    kind = rng.integers(0, 3)
+                    if kind == 0:
+                        scope: Any = l2ctl.set_aside(int(rng.integers(0, 11)) * G)
+                    else:
+                        scope = l2ctl.persist(stream, bufs[int(rng.integers(0, 3))],
+                                              [None, 0.5, 1.0][int(rng.integers(0, 3))],
+                                              set_aside=["auto", None][int(rng.integers(0, 2))],
+                                              share=bool(rng.integers(0, 2)))
+                    scope.__enter__()
+                    open_.append(scope)
+                for k in rng.permutation(len(open_)):
+                    open_[k].__exit__(None, None, None)
+            own.close()
 
-        threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(60)
-        assert not errors, errors
+        run_threads(worker, [(seed,) for seed in range(8)])
         assert fake.device(0).limit == fake.device(0).initial_limit
         assert not fake.windows
         assert l2ctl.budget().scopes == ()

@@ -3,10 +3,8 @@ profiler, the timing model's shape on the H100 and H200 presets, its documented 
 
 from __future__ import annotations
 
-import threading
 import time
 import tracemalloc
-import warnings
 
 import numpy as np
 import pytest
@@ -625,29 +623,20 @@ def test_modeled_kernels(sim):
         sim.launch_modeled_kernel(s, streamed_bytes=1, hot=(hot.ptr, 16 * MiB), hot_reads=1)
 
 
-def test_threads_launch_concurrently(sim):
+@pytest.mark.filterwarnings("ignore::l2ctl.L2BudgetWarning")
+def test_threads_launch_concurrently(sim, run_threads):
     lut = l2ctl.DeviceBuffer.from_numpy(np.arange(MiB // 4, dtype=np.int32))
-    errors = []
 
     def worker():
-        try:
-            out = l2ctl.DeviceBuffer(4 * MiB)
-            with l2ctl.Stream() as s:
-                for _ in range(20):
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore", l2ctl.L2BudgetWarning)
-                        with l2ctl.persist(s, lut, 0.5):
-                            kernels.reset_data(out, lut, s)
-                assert kernels.verify_reset_data(out, lut, s) == 0
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+        out = l2ctl.DeviceBuffer(4 * MiB)
+        with l2ctl.Stream() as s:
+            for _ in range(20):
+                with l2ctl.persist(s, lut, 0.5):
+                    kernels.reset_data(out, lut, s)
+            assert kernels.verify_reset_data(out, lut, s) == 0
 
-    threads = [threading.Thread(target=worker) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors and sim.device(0).limit == 9_830_400 and not sim.windows
+    run_threads(worker, [()] * 8)
+    assert sim.device(0).limit == 9_830_400 and not sim.windows
 
 
 # ---- the profiler ---------------------------------------------------------------------------------
