@@ -62,8 +62,7 @@ def main() -> None:
         _registry.enter(scope, 32768000)
         _registry.exit(scope)
 
-    form = "compiled" if _registry.COMPILED else "interpreted"
-    rows.append((f"registry enter+exit ({form})", best(registry_scope)))
+    rows.append(("registry enter+exit (the C++ planner)", best(registry_scope)))
     rows.append(("properties(0)", best(lambda: _device.properties(0))))
     rows.append(("resolve_stream(l2ctl.Stream)", best(lambda: _interop.resolve_stream(s))))
     try:

@@ -22,6 +22,10 @@
 namespace py = pybind11;
 using namespace pybind11::literals;
 
+namespace l2ctl_bindings {
+void bind_planner(py::module_& m);  // planner_bindings.cpp
+}
+
 namespace {
 
 // f() with the GIL released; its result is converted to Python after the GIL is back.
@@ -330,6 +334,9 @@ PYBIND11_MODULE(_core, m) {
       },
       "device"_a, "limit"_a, "at_least"_a, "stream_windows"_a, "node_windows"_a, "reset_lines"_a,
       "read_previous"_a, "journal"_a = py::none());
+
+  // The planner: the registry of device state (planner_bindings.cpp).
+  l2ctl_bindings::bind_planner(m);
 
   // Hardware counters (CUPTI, loaded on first use).
   m.def("cupti_load", &l2ctl::cupti_load, "path"_a, release());

@@ -17,17 +17,6 @@ import importlib
 import os as _os
 from typing import TYPE_CHECKING, Any
 
-if _os.environ.get("L2CTL_INTERPRETED"):
-    # The registry from its Python source even where the build compiled it (tests hold both forms to the
-    # same behaviour; a debugger can step through it).
-    import importlib.util as _util
-    import sys as _sys
-
-    _spec = _util.spec_from_file_location(f"{__name__}._registry", _os.path.join(_os.path.dirname(__file__), "_registry.py"))
-    assert _spec is not None and _spec.loader is not None
-    _sys.modules[_spec.name] = _util.module_from_spec(_spec)
-    _spec.loader.exec_module(_sys.modules[_spec.name])
-
 from . import _core, graph, kernels
 from ._counters import DEFAULT_METRICS, SECTOR_METRICS, KernelCounters, collect, counters
 from ._device import device_count, minimum_driver, versions

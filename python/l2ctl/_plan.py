@@ -1,12 +1,17 @@
-"""Planning arithmetic for set-asides and windows: pure functions, no CUDA, property-tested."""
+"""Arguments of set-asides and windows checked and normalised (pure, no CUDA, property-tested), and the names of
+the planner's arithmetic ("auto", the tax-free limit, sharing), which lives once, in C++ (src/l2ctl/planner.cpp)."""
 
 from __future__ import annotations
 
 import math
 import numbers
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
+
+from . import _core
+
+_native: Any = getattr(_core, "_planner")  # the planner's arithmetic (src/l2ctl/planner.cpp)
 
 __all__ = [
     "HIT_RATIO_TOLERANCE",
@@ -101,9 +106,7 @@ def check_count(value: object, name: str, *, minimum: int = 0, maximum: int | No
 
 def round_up(nbytes: int, granularity: int) -> int:
     """Smallest multiple of ``granularity`` that is >= nbytes."""
-    if granularity <= 0:
-        raise ValueError(f"granularity must be positive, got {granularity}")
-    return -(-int(nbytes) // granularity) * granularity
+    return int(_native.plan_round_up(int(nbytes), int(granularity)))
 
 
 def round_down(nbytes: int, granularity: int) -> int:
@@ -155,30 +158,25 @@ def parse_set_aside_request(value: object, maximum: int) -> int:
 
 #: The limit a fresh process gets from the driver, as a fraction of persistingL2CacheMaxSize: 9,830,400 of
 #: 32,768,000 B on the H100 and 11,796,480 of 39,321,600 B on the H200 (driver 580). Up to it, the measured
-#: set-aside tax on other kernels is nil (README, "the set-aside tax"); "auto" stops there.
-DEFAULT_LIMIT_FRACTION = 0.3
+#: set-aside tax on other kernels is nil (README, "the set-aside tax"); "auto" stops there (the planner's constant).
+DEFAULT_LIMIT_FRACTION: float = _native.plan_default_limit_fraction
 
 
 def tax_free_limit(maximum: int, granularity: int) -> int:
     """Where ``set_aside="auto"`` stops growing the limit: the driver's default limit, DEFAULT_LIMIT_FRACTION
     of the max rounded up to the granularity. More costs every other kernel; ask for it explicitly."""
-    return min(int(maximum), round_up(math.ceil(DEFAULT_LIMIT_FRACTION * maximum), max(1, int(granularity))))
+    return int(_native.plan_tax_free_limit(int(maximum), int(granularity)))
 
 
 def auto_set_aside(demand: float, current: int, granularity: int, maximum: int) -> int:
     """The limit the ``"auto"`` policy asks for: the demand rounded up to the granularity, capped at the
     max, and never below the current limit (auto only grows, so it never starves other users)."""
-    if demand <= 0:
-        return int(current)
-    need = min(int(maximum), round_up(math.ceil(demand), max(1, int(granularity))))
-    return max(int(current), need)
+    return int(_native.plan_auto_set_aside(float(demand), int(current), int(granularity), int(maximum)))
 
 
 def default_hit_ratio(granted: int, window_bytes: int) -> float:
     """``hit_ratio=None``: the share of the window the granted set-aside can hold, min(1, granted / window)."""
-    if window_bytes <= 0:
-        raise ValueError(f"window must cover at least one byte, got {window_bytes}")
-    return normalize_hit_ratio(min(1.0, granted / window_bytes))
+    return float(_native.plan_default_hit_ratio(int(granted), int(window_bytes)))
 
 
 def clip_window(offset: int, num_bytes: int | None, buffer_nbytes: int, max_window: int) -> tuple[int, bool]:
@@ -210,8 +208,5 @@ def shared_hit_ratios(requests: Sequence[tuple[float, int]], set_aside: int) -> 
     ratio is multiplied by set_aside / demand (two 16 KiB windows at 1.0 on a 16 KiB set-aside get 0.5
     each, the source documents' example).
     """
-    demand = sum(hr * nb for hr, nb in requests)
-    if demand <= set_aside or demand <= 0:
-        return [normalize_hit_ratio(hr) for hr, _ in requests]
-    scale = max(0, set_aside) / demand
-    return [normalize_hit_ratio(min(1.0, hr * scale)) for hr, _ in requests]
+    checked = [(normalize_hit_ratio(hr), int(nb)) for hr, nb in requests]
+    return list(_native.plan_shared_hit_ratios(checked, int(set_aside)))

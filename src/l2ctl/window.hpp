@@ -8,18 +8,13 @@
 #include <cstdint>
 #include <string>
 
+#include "l2ctl/window_value.hpp"
+
 namespace l2ctl {
 
-struct Window {
-  std::uintptr_t base = 0;
-  std::size_t num_bytes = 0;
-  float hit_ratio = 0.0f;
-  int hit_prop = cudaAccessPropertyNormal;
-  int miss_prop = cudaAccessPropertyNormal;
-};
-
-// What holds a window: a cudaStream_t or a cudaGraphNode_t (kernel node), both passed as handles.
-enum class WindowHolder { stream, kernel_node };
+static_assert(access_normal == cudaAccessPropertyNormal && access_streaming == cudaAccessPropertyStreaming &&
+                  access_persisting == cudaAccessPropertyPersisting,
+              "window_value.hpp's AccessProperty must be CUDA's values");
 
 Window get_window(WindowHolder holder, std::uintptr_t handle);
 void set_window(WindowHolder holder, std::uintptr_t handle, const Window& window);

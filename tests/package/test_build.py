@@ -222,30 +222,3 @@ def test_stub_matches_the_extension():
     actual = {n for n in dir(_core) if not n.startswith("_")} | {"__version__"}
     declared.add("__version__")
     assert declared == actual, (sorted(actual - declared), sorted(declared - actual))
-
-
-def test_the_registry_is_compiled_where_the_build_had_cython():
-    """CI builds with Cython (a build requirement) and says so through L2CTL_EXPECT_COMPILED; elsewhere the
-    form in use is reported. Either way the compiled module is the .py source, typed by the .pxd."""
-    from l2ctl import _registry
-
-    if os.environ.get("L2CTL_EXPECT_COMPILED") and not os.environ.get("L2CTL_INTERPRETED"):
-        assert _registry.COMPILED, f"the registry runs interpreted ({_registry.__file__})"
-    source = os.path.join(os.path.dirname(l2ctl.__file__), "_registry.py")
-    assert os.path.exists(source), "the wheel carries the registry's source (L2CTL_INTERPRETED=1 runs it)"
-
-
-def test_the_interpreted_registry_behaves_as_the_compiled_one():
-    """The registry's and the API's tests again, with the registry run from its Python source: one source,
-    two forms, one behaviour (interrupts and finalizers land in more places interpreted)."""
-    from l2ctl import _registry
-
-    if not _registry.COMPILED:
-        pytest.skip("the registry already runs interpreted in this suite")
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.join(root, "tests", "registry"),
-         os.path.join(root, "tests", "api"), "-c", os.path.join(root, "pyproject.toml"), "--rootdir", root],
-        env={**os.environ, "L2CTL_INTERPRETED": "1"}, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    assert " passed" in run.stdout.splitlines()[-1]

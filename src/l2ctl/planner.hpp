@@ -1,0 +1,251 @@
+// The planner: the one copy of the rules of a device's L2 state (docs/DESIGN.md, "The registry").
+//
+// Scopes record what they ask for (a window on some slots, a limit request); what every slot and the limit
+// should hold is planned from the live scopes after every change, and one batch writes what differs. Plain
+// C++: no Python, no CUDA. The device is reached through `Calls` (the CUDA runtime directly, or the simulator
+// through a trampoline in the bindings), so the simulator tests this very code.
+//
+// Interrupts: no code of the caller runs between a device change and its bookkeeping here; a backend call
+// cut short (an exception that is not a failed call) leaves the marks that the next call settles: `dirty`
+// (the device may be off the plan), a scope's `ending`, the batch's journal (what the call read).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "l2ctl/window_value.hpp"
+
+namespace l2ctl::planner {
+
+enum SlotKind : int { stream_slot = 0, node_slot = 1 };
+
+// A holder of a window: (kind, handle, generation). The generation changes when l2ctl learns a handle died,
+// so a later object that gets the same handle is another slot.
+struct Slot {
+  int kind = stream_slot;
+  std::uintptr_t handle = 0;
+  std::uint64_t generation = 0;
+  bool operator<(const Slot& o) const {
+    return kind != o.kind ? kind < o.kind : handle != o.handle ? handle < o.handle : generation < o.generation;
+  }
+  bool operator==(const Slot& o) const { return kind == o.kind && handle == o.handle && generation == o.generation; }
+};
+
+// A window as the planner plans with it: the hit ratio in double precision, as the caller gave it.
+struct Plan_window {
+  std::uintptr_t base = 0;
+  std::size_t num_bytes = 0;
+  double hit_ratio = 0.0;
+  int hit_prop = access_normal;
+  int miss_prop = access_normal;
+  double demand() const { return hit_prop == access_persisting ? hit_ratio * static_cast<double>(num_bytes) : 0.0; }
+  bool operator==(const Plan_window& o) const {
+    return base == o.base && num_bytes == o.num_bytes && hit_ratio == o.hit_ratio && hit_prop == o.hit_prop &&
+           miss_prop == o.miss_prop;
+  }
+  bool operator!=(const Plan_window& o) const { return !(*this == o); }
+};
+
+enum class Request { none, exact, automatic };
+
+struct Scope {
+  std::uint64_t id = 0;
+  int device = 0;
+  std::vector<Slot> slots;
+  bool has_window = false;
+  Plan_window window;     // as asked; the hit ratio resolved at entry when fit_hit_ratio
+  Plan_window effective;  // in force (the hit ratio after sharing)
+  Request request = Request::none;
+  long long request_bytes = 0;
+  bool share = false;
+  bool reset_on_exit = false;
+  bool fit_hit_ratio = false;  // the hit ratio is what the set-aside holds next to the other windows
+  bool standing = false;       // a plain set_aside(n): lives until restored
+  bool orphaned = false;       // a standing request nobody can restore any more
+  // Set from finalizers and other threads without the lock: atomics. `ending`: its end began (first, so an end
+  // cut short is finished by the next call); `holder_gone`: the object that could end it was freed while live.
+  std::atomic<bool> ending{false};
+  std::atomic<bool> holder_gone{false};
+  // What the caller ties to the scope while it is registered (the bindings: its Python object). Released
+  // after the registry's lock, never under it (a finalizer it runs could call the registry).
+  std::shared_ptr<void> anchor;
+};
+using Scope_ptr = std::shared_ptr<Scope>;
+
+// Thrown by a backend for a call that failed and changed nothing it did not put back (cudaError_t). `cause`:
+// the original exception, rethrown by the bindings. `cuda`: false for any other error of the backend's
+// (the simulator's own), which the planner treats as a call cut short.
+struct Call_failed : std::runtime_error {
+  Call_failed(std::string what, std::string call, std::string name, bool cuda, std::exception_ptr cause)
+      : std::runtime_error(std::move(what)), call(std::move(call)), name(std::move(name)), cuda(cuda),
+        cause(std::move(cause)) {}
+  std::string call, name;
+  bool cuda;
+  std::exception_ptr cause;
+};
+
+// A limit the process may not set (MPS client, not permitted): raised in place of the Call_failed `cause`.
+struct Limit_refused : std::runtime_error {
+  Limit_refused(std::string what, std::exception_ptr cause) : std::runtime_error(std::move(what)), cause(std::move(cause)) {}
+  std::exception_ptr cause;
+};
+
+extern const char* const mps_hint;
+
+struct Batch_result {
+  long long previous_limit = -1;
+  long long granted_limit = -1;
+  std::vector<Plan_window> previous;  // what each holder held before, in the batch's order, when asked for
+};
+
+// One batch of changes: the limit (-1: none; `at_least`: raised only), windows in order, a reset of lines.
+// `uniform`: every change is one window on one kind of holder (the cheapest call: apply_window).
+struct Batch {
+  int device = 0;
+  long long limit = -1;
+  bool at_least = false;
+  bool reset_lines = false;
+  bool read_previous = false;
+  bool uniform = true;
+  std::vector<std::pair<Slot, Plan_window>> changes;
+};
+
+// The device, as the planner reaches it. Errors: Call_failed (a failed call), anything else: cut short.
+class Calls {
+ public:
+  virtual ~Calls() = default;
+  virtual long long get_limit(int device) = 0;
+  virtual long long set_limit(int device, long long nbytes) = 0;  // the grant, read back
+  virtual Plan_window get_window(const Slot& slot) = 0;
+  virtual void reset_lines(int device) = 0;
+  // Applies `batch`; writes its result to `*journal` (when given) before returning, so that an interrupt as the
+  // call returns cannot lose what it read. On a failed call it puts back what it had read, and throws.
+  virtual Batch_result apply(const Batch& batch, std::optional<Batch_result>* journal) = 0;
+};
+
+struct Device_state {
+  int device = 0;
+  long long maximum = 0;
+  std::map<std::uint64_t, Scope_ptr> scopes;  // by id: entry order
+  std::optional<long long> base_limit, applied_request, applied_limit, observed_limit;
+  std::map<Slot, Plan_window> base_windows, applied_windows;
+  double in_force_demand = 0.0;
+  bool auto_capped = false;
+  std::optional<std::pair<long long, long long>> auto_bounds;  // (granularity, tax-free cap)
+  bool dirty = false;
+  int shared = 0;
+  // The batch under way, until what it did is recorded: its order, changes, request and journal.
+  struct Pending {
+    std::vector<Slot> order;
+    std::map<Slot, Plan_window> changes;
+    long long request = -1;
+    bool at_least = false;
+    std::optional<Batch_result> journal;
+  };
+  std::optional<Pending> batch;
+};
+
+struct Plan {
+  std::optional<long long> limit;
+  bool at_least = false;
+  std::map<Slot, Scope*> top;
+  std::vector<Scope*> in_force;  // in entry order
+  bool capped = false;
+};
+
+struct Entered {
+  long long limit = 0;
+  double demand = 0.0;
+  bool capped = false;
+};
+
+struct Snapshot {
+  long long limit = 0;
+  double demand = 0.0;  // of the windows in force
+  std::vector<std::pair<Scope_ptr, Plan_window>> in_force;
+};
+
+// The rules of one backend's devices. Not locked: the caller holds the registry's lock (`Lock`).
+class Registry {
+ public:
+  explicit Registry(std::unique_ptr<Calls> calls) : calls_(std::move(calls)) {}
+
+  Slot slot(int kind, std::uintptr_t handle) const;
+  Device_state* lookup(int device);
+  Device_state& state(int device, long long maximum);
+
+  // Registers `scope` and makes the device match (atomic: on an exception nothing stays registered).
+  Entered enter(const Scope_ptr& scope, long long maximum);
+  // Ends `scope` (marked ending first) and makes the device match what is left.
+  void exit(Scope& scope);
+  void set_base_window(const std::vector<Slot>& slots, int device, long long maximum, const Plan_window& window);
+  void forget_slots(int kind, const std::vector<std::uintptr_t>& handles);
+  std::optional<long long> known_limit(int device);
+  long long observed_limit(int device, long long maximum);
+  Snapshot snapshot(int device, long long maximum);
+  std::vector<Scope_ptr> live_scopes(int device);
+  void reset_lines(int device);
+  std::pair<long long, std::string> granularity(int device, long long maximum);
+  std::optional<long long> known_granularity(int device) const;
+  void restore_all();  // every live scope ended; errors swallowed (the process is ending)
+  const std::map<int, Device_state>& states() const { return states_; }
+
+  // Anchors of scopes that left the registry: the caller releases them after the lock.
+  std::vector<std::shared_ptr<void>> take_released() { return std::exchange(released_, {}); }
+
+  Plan plan(Device_state& state);
+
+ private:
+  bool alive(const Slot& slot) const;
+  std::pair<long long, long long> auto_bounds(Device_state& state);
+  void sync(Device_state& state, bool reset = false, bool removed = false);
+  void apply(Device_state& state, std::map<Slot, Plan_window>& changes, std::optional<long long> limit, bool at_least,
+             bool reset);
+  void record_batch(Device_state& state);
+  void resync(Device_state& state, const std::vector<Slot>& slots);
+  void forget_idle(Device_state& state);
+  void settle(Device_state& state, bool quiet = false);
+  void register_scope(Device_state& state, const Scope_ptr& scope);
+  void unregister(Device_state& state, Scope& scope);
+  void learn_base_limit(Device_state& state);
+  long long seen_limit(Device_state& state);
+  std::pair<long long, std::string> granularity_locked(int device, long long maximum);
+  [[noreturn]] void rethrow_translated(const Call_failed& failure, int device);
+
+  std::unique_ptr<Calls> calls_;
+  std::map<int, Device_state> states_;
+  std::map<std::pair<int, std::uintptr_t>, std::uint64_t> generations_;
+  std::map<int, std::pair<long long, std::string>> granularity_;
+  std::vector<std::shared_ptr<void>> released_;
+};
+
+// The limit a fresh process gets from the driver, as a fraction of the max: "auto" stops there (up to it the
+// measured set-aside tax on other kernels is nil: README, "the set-aside tax").
+constexpr double default_limit_fraction = 0.3;
+
+// The arithmetic of "auto" and sharing (pure).
+double normalize_hit_ratio(double ratio);  // a ratio in [0, 1 + tolerance] as CUDA takes it (never above 1.0f)
+long long round_up(long long nbytes, long long granularity);
+long long tax_free_limit(long long maximum, long long granularity);
+long long auto_set_aside(double demand, long long current, long long granularity, long long maximum);
+double default_hit_ratio(long long granted, long long window_bytes);
+std::vector<double> shared_hit_ratios(const std::vector<std::pair<double, long long>>& requests, long long set_aside);
+// (granularity, direction) of the driver's rounding, from a few requests; `ask(n)` sets the limit, returns the grant.
+std::pair<long long, std::string> probe_rounding(const std::function<long long(long long)>& ask, long long maximum);
+
+// The registry's lock: one for every backend. Entry points refuse a call from the thread that holds it (a
+// finalizer or signal handler running inside l2ctl) instead of planning over a half-made change.
+extern const char* const reentry_hint;
+
+std::uint64_t next_scope_id();
+
+}  // namespace l2ctl::planner

@@ -1,0 +1,675 @@
+// The planner's bindings: the registry's lock, the scope type, one registry per backend, and the backends the
+// planner calls: the CUDA runtime directly (CudaCalls), or a Python backend (the simulator) through a trampoline
+// (PythonCalls), so the simulator tests the very planner the GPU runs.
+//
+// The GIL is held throughout a registry call except while waiting for the lock and around CUDA calls that take
+// time (a limit, a reset, a batch of many holders). Between a device change and its bookkeeping no Python code
+// runs on the CUDA backend; the trampoline runs the simulator's Python, which may raise anywhere: an exception
+// that is not a failed call is a call cut short, and its journal says what it did. References a call drops
+// (a scope leaving the registry) are dropped after the lock is released, so a finalizer they run is served.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <pthread.h>
+
+#include <chrono>
+#include <mutex>
+#include <thread>
+
+#include "l2ctl/device.hpp"
+#include "l2ctl/error.hpp"
+#include "l2ctl/planner.hpp"
+#include "l2ctl/state.hpp"
+#include "l2ctl/window.hpp"
+
+namespace py = pybind11;
+using namespace pybind11::literals;
+namespace pl = l2ctl::planner;
+
+namespace l2ctl_bindings {
+
+namespace {
+
+// ---- the lock -------------------------------------------------------------------------------------------------
+
+// One lock for every backend, as a Python object too (`_registry.lock`: acquire/release/with, reentrant for its
+// owner). Entry points refuse the thread that holds it. Waiting happens with the GIL released: the holder may
+// need the GIL to finish (the simulator's calls).
+struct Registry_lock {
+  std::timed_mutex mutex;
+  std::atomic<std::thread::id> owner{};
+  int depth = 0;
+
+  bool owned() const { return owner.load() == std::this_thread::get_id(); }
+
+  bool acquire(bool blocking, double timeout) {
+    if (owned()) {
+      ++depth;
+      return true;
+    }
+    bool got = mutex.try_lock();
+    if (!got && blocking) {
+      py::gil_scoped_release released;
+      if (timeout < 0) {
+        mutex.lock();
+        got = true;
+      } else {
+        got = mutex.try_lock_for(std::chrono::duration<double>(timeout));
+      }
+    }
+    if (got) {
+      owner = std::this_thread::get_id();
+      depth = 1;
+    }
+    return got;
+  }
+
+  void release() {
+    if (!owned()) throw py::value_error("cannot release the registry's lock: this thread does not hold it");
+    if (--depth == 0) {
+      owner = std::thread::id();
+      mutex.unlock();
+    }
+  }
+};
+
+Registry_lock* lock_instance = nullptr;  // never freed: the at-fork hook and atexit may use it late
+std::atomic<std::uint64_t> fork_epoch{0};
+
+void after_fork_in_child() {
+  // A forked child starts with a lock nobody holds (another thread of the parent may have held it) and an epoch
+  // that makes the parent's registries unreachable (the facade makes new ones).
+  new (lock_instance) Registry_lock();
+  ++fork_epoch;
+}
+
+// ---- Python objects the planner hands back --------------------------------------------------------------------
+
+struct Python_names {
+  py::object window_type, property_type, cuda_error, not_supported, namespace_type, weakref_type;
+};
+Python_names& names() {
+  static Python_names* n = [] {
+    auto* out = new Python_names;
+    py::module_ window = py::module_::import("l2ctl._window");
+    out->window_type = window.attr("AccessPolicyWindow");
+    out->property_type = window.attr("AccessProperty");
+    py::module_ errors = py::module_::import("l2ctl._errors");
+    out->cuda_error = errors.attr("CudaError");
+    out->not_supported = errors.attr("NotSupportedError");
+    out->namespace_type = py::module_::import("types").attr("SimpleNamespace");
+    out->weakref_type = py::module_::import("weakref").attr("ref");
+    return out;
+  }();
+  return *n;
+}
+
+pl::Plan_window to_window(py::handle w) {
+  py::tuple t = py::reinterpret_borrow<py::tuple>(w);
+  if (t.size() != 5) throw py::type_error("a window is (base, num_bytes, hit_ratio, hit_prop, miss_prop)");
+  pl::Plan_window out;
+  out.base = t[0].cast<std::uintptr_t>();
+  out.num_bytes = t[1].cast<std::size_t>();
+  out.hit_ratio = t[2].cast<double>();
+  out.hit_prop = t[3].cast<int>();
+  out.miss_prop = t[4].cast<int>();
+  return out;
+}
+
+py::tuple window_tuple(const pl::Plan_window& w) {
+  return py::make_tuple(w.base, w.num_bytes, w.hit_ratio, w.hit_prop, w.miss_prop);
+}
+
+py::object window_object(const pl::Plan_window& w) {
+  const Python_names& n = names();
+  return n.window_type(w.base, w.num_bytes, w.hit_ratio, n.property_type(w.hit_prop), n.property_type(w.miss_prop));
+}
+
+py::tuple slot_tuple(const pl::Slot& s) { return py::make_tuple(s.kind, s.handle, s.generation); }
+
+pl::Slot to_slot(py::handle h) {
+  py::tuple t = py::reinterpret_borrow<py::tuple>(h);
+  return pl::Slot{t[0].cast<int>(), t[1].cast<std::uintptr_t>(), t[2].cast<std::uint64_t>()};
+}
+
+// ---- the backends -----------------------------------------------------------------------------------------------
+
+pl::Call_failed cuda_failure(const l2ctl::CudaError& e) {
+  return pl::Call_failed(e.what(), e.call(), e.name(), true, std::current_exception());
+}
+
+// The CUDA runtime, called directly.
+class Cuda_calls final : public pl::Calls {
+ public:
+  long long get_limit(int device) override {
+    try {
+      py::gil_scoped_release released;
+      return static_cast<long long>(l2ctl::get_persisting_limit(device));
+    } catch (const l2ctl::CudaError& e) {
+      throw cuda_failure(e);
+    }
+  }
+  long long set_limit(int device, long long nbytes) override {
+    try {
+      py::gil_scoped_release released;
+      return static_cast<long long>(l2ctl::set_persisting_limit(device, static_cast<std::size_t>(nbytes)));
+    } catch (const l2ctl::CudaError& e) {
+      throw cuda_failure(e);
+    }
+  }
+  pl::Plan_window get_window(const pl::Slot& slot) override {
+    try {
+      return from_window(l2ctl::get_window(holder(slot.kind), slot.handle));
+    } catch (const l2ctl::CudaError& e) {
+      throw cuda_failure(e);
+    }
+  }
+  void reset_lines(int device) override {
+    try {
+      py::gil_scoped_release released;
+      l2ctl::reset_persisting_lines(device);
+    } catch (const l2ctl::CudaError& e) {
+      throw cuda_failure(e);
+    }
+  }
+  pl::Batch_result apply(const pl::Batch& batch, std::optional<pl::Batch_result>* journal) override {
+    std::vector<l2ctl::WindowChange> changes;
+    changes.reserve(batch.changes.size());
+    for (const auto& [slot, w] : batch.changes) {
+      l2ctl::Window window;
+      window.base = w.base;
+      window.num_bytes = w.num_bytes;
+      window.hit_ratio = static_cast<float>(w.hit_ratio);
+      window.hit_prop = w.hit_prop;
+      window.miss_prop = w.miss_prop;
+      changes.push_back({holder(slot.kind), slot.handle, window});
+    }
+    l2ctl::StateResult r;
+    try {
+      // A stream attribute alone returns in well under a microsecond: the GIL is released only for slow calls.
+      if (batch.limit >= 0 || batch.reset_lines || changes.size() > 1) {
+        py::gil_scoped_release released;
+        r = l2ctl::apply_state(batch.device, batch.limit, batch.at_least, changes, batch.reset_lines,
+                               batch.read_previous);
+      } else {
+        r = l2ctl::apply_state(batch.device, batch.limit, batch.at_least, changes, false, batch.read_previous);
+      }
+    } catch (const l2ctl::CudaError& e) {
+      throw cuda_failure(e);
+    }
+    pl::Batch_result out;
+    out.previous_limit = r.previous_limit;
+    out.granted_limit = r.granted_limit;
+    out.previous.reserve(r.previous.size());
+    for (const l2ctl::Window& w : r.previous) out.previous.push_back(from_window(w));
+    if (journal != nullptr) *journal = out;
+    return out;
+  }
+
+  static l2ctl::WindowHolder holder(int kind) {
+    return kind == pl::stream_slot ? l2ctl::WindowHolder::stream : l2ctl::WindowHolder::kernel_node;
+  }
+  static pl::Plan_window from_window(const l2ctl::Window& w) {
+    return pl::Plan_window{w.base, w.num_bytes, static_cast<double>(w.hit_ratio), w.hit_prop, w.miss_prop};
+  }
+};
+
+// A Python backend (the simulator) through its `Backend` methods, looked up at every call (a test may replace
+// one on the instance). A Python exception becomes a failed call when it is an Exception (CudaError: `cuda`),
+// and stays what it is otherwise (KeyboardInterrupt: a call cut short).
+class Python_calls final : public pl::Calls {
+ public:
+  explicit Python_calls(py::handle backend) : backend_(backend.ptr()) {}  // borrowed: the registry lives with it
+
+  long long get_limit(int device) override {
+    return call([&] { return backend().attr("get_persisting_limit")(device).cast<long long>(); });
+  }
+  long long set_limit(int device, long long nbytes) override {
+    return call([&] { return backend().attr("set_persisting_limit")(device, nbytes).cast<long long>(); });
+  }
+  pl::Plan_window get_window(const pl::Slot& slot) override {
+    return call([&] {
+      return to_window(py::tuple(backend().attr(slot.kind == pl::stream_slot ? "get_stream_window" : "get_node_window")(
+          slot.handle)));
+    });
+  }
+  void reset_lines(int device) override {
+    call([&] {
+      backend().attr("reset_persisting_lines")(device);
+      return 0;
+    });
+  }
+  pl::Batch_result apply(const pl::Batch& batch, std::optional<pl::Batch_result>* journal) override {
+    py::list entries;
+    try {
+      call([&] {
+        if (batch.uniform) {
+          const pl::Plan_window& w = batch.changes.empty() ? pl::Plan_window{} : batch.changes.front().second;
+          py::list handles;
+          for (const auto& change : batch.changes) handles.append(change.first.handle);
+          const int kind = batch.changes.empty() ? 0 : batch.changes.front().first.kind;
+          py::object apply_window = backend().attr("apply_window");
+          if (journal != nullptr)
+            apply_window(batch.device, kind, handles, w.base, w.num_bytes, w.hit_ratio, w.hit_prop, w.miss_prop,
+                         batch.read_previous, batch.limit, batch.at_least, batch.reset_lines, entries);
+          else
+            apply_window(batch.device, kind, handles, w.base, w.num_bytes, w.hit_ratio, w.hit_prop, w.miss_prop,
+                         batch.read_previous, batch.limit, batch.at_least, batch.reset_lines);
+        } else {
+          py::list streams, nodes;
+          for (const auto& [slot, w] : batch.changes)
+            (slot.kind == pl::stream_slot ? streams : nodes).append(py::make_tuple(slot.handle, window_tuple(w)));
+          backend().attr("apply_state")(batch.device, batch.limit, batch.at_least, streams, nodes, batch.reset_lines,
+                                        batch.read_previous, journal != nullptr ? py::object(entries) : py::none());
+        }
+        return 0;
+      });
+    } catch (...) {
+      record(entries, journal);  // the call may have run before it was cut short: its journal says so
+      throw;
+    }
+    record(entries, journal);
+    return journal != nullptr && *journal ? **journal : pl::Batch_result{};
+  }
+
+ private:
+  py::handle backend() const { return backend_; }
+
+  static void record(const py::list& entries, std::optional<pl::Batch_result>* journal) {
+    if (journal == nullptr || entries.empty()) return;
+    py::tuple result = py::reinterpret_borrow<py::tuple>(entries[0]);
+    pl::Batch_result out;
+    out.previous_limit = result[0].cast<long long>();
+    out.granted_limit = result[1].cast<long long>();
+    for (py::handle w : py::reinterpret_borrow<py::iterable>(result[2])) out.previous.push_back(to_window(w));
+    *journal = std::move(out);
+  }
+
+  template <typename F>
+  auto call(F&& f) -> decltype(f()) {
+    try {
+      return f();
+    } catch (py::error_already_set& e) {
+      if (e.matches(names().cuda_error)) {
+        py::object value = e.value();
+        throw pl::Call_failed(py::str(value), py::str(value.attr("call")), py::str(value.attr("name")), true,
+                              std::current_exception());
+      }
+      if (e.matches(PyExc_Exception))
+        throw pl::Call_failed(e.what(), "", "", false, std::current_exception());
+      throw;  // an interrupt: the call was cut short
+    }
+  }
+
+  py::handle backend_;
+};
+
+// ---- scopes and registries ----------------------------------------------------------------------------------------
+
+struct Registry_object;
+
+// `_registry.Scope`: what one scope asks of its device (the planner's Scope), and what Python ties to it.
+struct Scope_object {
+  pl::Scope_ptr core = std::make_shared<pl::Scope>();
+  py::object slots = py::tuple();
+  py::object window = py::none();
+  py::object limit = py::none();
+  py::object owner = py::none();
+  py::object backend = py::none();
+  py::object holder = py::none();  // a weak reference to the object whose `_scope` names this one while live
+  std::shared_ptr<Registry_object> registry;
+};
+
+struct Registry_object {
+  explicit Registry_object(py::handle backend, bool cuda)
+      : planner(cuda ? std::unique_ptr<pl::Calls>(new Cuda_calls) : std::unique_ptr<pl::Calls>(new Python_calls(backend))),
+        epoch(fork_epoch.load()) {}
+  pl::Registry planner;
+  std::uint64_t epoch;
+};
+
+const char* const already_active = "this scope is already active (entered in another thread?); create a new one";
+
+py::object scope_object_of(const pl::Scope& scope) { return *static_cast<py::object*>(scope.anchor.get()); }
+
+// The lock for one call into a registry: the reentry check, the wait (GIL released), and at the end, after the
+// lock is released, the references the call dropped.
+class Locked {
+ public:
+  explicit Locked(Registry_object* registry) : registry_(registry) {
+    if (lock_instance->owned()) throw std::runtime_error(pl::reentry_hint);
+    lock_instance->acquire(true, -1);
+  }
+  ~Locked() {
+    std::vector<std::shared_ptr<void>> released =
+        registry_ != nullptr ? registry_->planner.take_released() : std::vector<std::shared_ptr<void>>{};
+    lock_instance->release();
+    if (released.empty()) return;
+    // A scope that left the registry: its holder no longer names it. Then the references go, lock released.
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);  // an error on its way out stays the one to see
+    for (const auto& anchor : released) {
+      try {
+        py::object scope = *static_cast<py::object*>(anchor.get());
+        py::object weak = scope.attr("holder");
+        if (weak.is_none()) continue;
+        py::object holder = weak();
+        if (!holder.is_none() && py::hasattr(holder, "_scope") && py::object(holder.attr("_scope")).is(scope))
+          holder.attr("_scope") = py::none();
+      } catch (py::error_already_set&) {
+      }
+    }
+    released.clear();
+    PyErr_Restore(type, value, traceback);
+  }
+  Locked(const Locked&) = delete;
+  Locked& operator=(const Locked&) = delete;
+
+ private:
+  Registry_object* registry_;
+};
+
+// Planner errors as Python exceptions: a failed call as the backend raised it; a refused limit as
+// NotSupportedError from the CUDA error.
+py::object exception_object(const std::exception_ptr& cause) {
+  try {
+    std::rethrow_exception(cause);
+  } catch (py::error_already_set& e) {
+    return e.value();
+  } catch (const l2ctl::CudaError& e) {
+    return names().cuda_error(e.call(), e.code(), e.name(), e.description(), e.details());
+  } catch (...) {
+    return py::none();
+  }
+}
+
+template <typename F>
+auto translated(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const pl::Call_failed& failure) {
+    std::rethrow_exception(failure.cause);
+  } catch (const pl::Limit_refused& refused) {
+    py::object cause = exception_object(refused.cause);
+    py::object error = names().not_supported(refused.what());
+    error.attr("__cause__") = cause;
+    PyErr_SetObject(names().not_supported.ptr(), error.ptr());
+    throw py::error_already_set();
+  }
+}
+
+pl::Request request_of(py::handle limit, long long* bytes) {
+  if (limit.is_none()) return pl::Request::none;
+  if (py::isinstance<py::str>(limit)) {
+    if (limit.cast<std::string>() != "auto") throw py::value_error("a limit request is bytes, 'auto' or None");
+    return pl::Request::automatic;
+  }
+  *bytes = limit.cast<long long>();
+  return pl::Request::exact;
+}
+
+py::object optional_int(const std::optional<long long>& v) { return v ? py::object(py::int_(*v)) : py::none(); }
+
+py::object device_state(Registry_object& registry, int device) {
+  pl::Device_state* st = registry.planner.lookup(device);
+  if (st == nullptr) return py::none();
+  py::dict scopes, bases, applied;
+  for (const auto& [id, scope] : st->scopes) scopes[py::int_(id)] = scope_object_of(*scope);
+  for (const auto& [slot, w] : st->base_windows) bases[slot_tuple(slot)] = window_tuple(w);
+  for (const auto& [slot, w] : st->applied_windows) applied[slot_tuple(slot)] = window_tuple(w);
+  py::object bounds = st->auto_bounds ? py::object(py::make_tuple(st->auto_bounds->first, st->auto_bounds->second))
+                                      : py::none();
+  return names().namespace_type(
+      "device"_a = st->device, "maximum"_a = st->maximum, "scopes"_a = scopes, "base_limit"_a = optional_int(st->base_limit),
+      "applied_request"_a = optional_int(st->applied_request), "applied_limit"_a = optional_int(st->applied_limit),
+      "base_windows"_a = bases, "applied_windows"_a = applied, "observed_limit"_a = optional_int(st->observed_limit),
+      "in_force_demand"_a = st->in_force_demand, "auto_capped"_a = st->auto_capped, "auto_bounds"_a = bounds,
+      "dirty"_a = st->dirty, "shared"_a = st->shared,
+      "batch"_a = st->batch ? py::object(py::str("cut short")) : py::none());
+}
+
+std::vector<pl::Slot> slots_of(py::handle slots) {
+  std::vector<pl::Slot> out;
+  for (py::handle slot : py::reinterpret_borrow<py::iterable>(slots)) out.push_back(to_slot(slot));
+  return out;
+}
+
+}  // namespace
+
+void bind_planner(py::module_& core) {
+  // A submodule, not backend functions: the backend contract (tests/simulator/test_backend_contract.py) holds
+  // every public name of _core to the simulator, and the planner is what calls the backend.
+  py::module_ m = core.def_submodule("_planner", "the planner: the registry of device state (planner.hpp)");
+  static Registry_lock* lock = new Registry_lock;
+  lock_instance = lock;
+  pthread_atfork(nullptr, nullptr, after_fork_in_child);
+
+  py::class_<Registry_lock, std::unique_ptr<Registry_lock, py::nodelete>>(m, "RegistryLock")
+      .def("acquire", &Registry_lock::acquire, "blocking"_a = true, "timeout"_a = -1.0)
+      .def("release", &Registry_lock::release)
+      .def("_is_owned", &Registry_lock::owned)
+      .def("__enter__", [](Registry_lock& self) { self.acquire(true, -1); })
+      .def("__exit__", [](Registry_lock& self, py::args) { self.release(); });
+  m.attr("registry_lock") = py::cast(lock, py::return_value_policy::reference);
+  m.attr("REENTRY_HINT") = pl::reentry_hint;
+  m.attr("MPS_HINT") = pl::mps_hint;
+
+  py::class_<Scope_object, std::shared_ptr<Scope_object>>(m, "Scope")
+      .def(py::init([](int device, py::tuple slots, py::object window, py::object limit, bool share, bool reset_on_exit,
+                       bool fit_hit_ratio, bool standing, bool orphaned, py::object owner) {
+             auto s = std::make_shared<Scope_object>();
+             pl::Scope& c = *s->core;
+             c.device = device;
+             c.slots = slots_of(slots);
+             c.has_window = !window.is_none();
+             if (c.has_window) c.window = c.effective = to_window(window);
+             c.request = request_of(limit, &c.request_bytes);
+             c.share = share;
+             c.reset_on_exit = reset_on_exit;
+             c.fit_hit_ratio = fit_hit_ratio;
+             c.standing = standing;
+             c.orphaned = orphaned;
+             s->slots = slots;
+             s->window = window;
+             s->limit = limit;
+             s->owner = owner;
+             return s;
+           }),
+           "device"_a, "slots"_a = py::tuple(), "window"_a = py::none(), "limit"_a = py::none(), "share"_a = false,
+           "reset_on_exit"_a = false, "fit_hit_ratio"_a = false, "standing"_a = false, "orphaned"_a = false,
+           "owner"_a = py::none())
+      .def_property_readonly("device", [](const Scope_object& s) { return s.core->device; })
+      .def_property_readonly("slots", [](const Scope_object& s) { return s.slots; })
+      .def_property_readonly("window", [](const Scope_object& s) { return s.window; })
+      .def_property_readonly("limit", [](const Scope_object& s) { return s.limit; })
+      .def_property_readonly("share", [](const Scope_object& s) { return s.core->share; })
+      .def_property_readonly("reset_on_exit", [](const Scope_object& s) { return s.core->reset_on_exit; })
+      .def_property_readonly("fit_hit_ratio", [](const Scope_object& s) { return s.core->fit_hit_ratio; })
+      .def_property(
+          "standing", [](const Scope_object& s) { return s.core->standing; },
+          [](Scope_object& s, bool v) { s.core->standing = v; })
+      .def_property(
+          "orphaned", [](const Scope_object& s) { return s.core->orphaned; },
+          [](Scope_object& s, bool v) { s.core->orphaned = v; })
+      .def_property(
+          "ending", [](const Scope_object& s) { return s.core->ending.load(); },
+          [](Scope_object& s, bool v) { s.core->ending = v; })
+      .def_property_readonly("owner", [](const Scope_object& s) { return s.owner; })
+      .def_property_readonly("id", [](const Scope_object& s) { return s.core->id; })
+      .def_property_readonly("backend", [](const Scope_object& s) { return s.backend; })
+      .def_property_readonly("holder", [](const Scope_object& s) { return s.holder; })
+      .def_property_readonly("effective",
+                             [](const Scope_object& s) {
+                               return s.core->has_window ? window_object(s.core->effective) : py::object(py::none());
+                             })
+      .def("__repr__", [](const Scope_object& s) {
+        return py::str("Scope(id={}, device={}, slots={}, window={}, limit={!r}, standing={}, ending={})")
+            .format(s.core->id, s.core->device, s.core->slots.size(), s.window, s.limit, s.core->standing,
+                    s.core->ending.load());
+      });
+
+  py::class_<Registry_object, std::shared_ptr<Registry_object>>(m, "Registry")
+      .def(py::init([](py::object backend) {
+             const bool cuda = backend.ptr() == py::module_::import("l2ctl._core").ptr();
+             return std::make_shared<Registry_object>(backend, cuda);
+           }),
+           "backend"_a)
+      .def("stream_slot", [](Registry_object& r, std::uintptr_t handle) { return slot_tuple(r.planner.slot(0, handle)); })
+      .def("node_slots",
+           [](Registry_object& r, py::iterable handles) {
+             std::vector<py::object> out;
+             for (py::handle h : handles) out.push_back(slot_tuple(r.planner.slot(1, h.cast<std::uintptr_t>())));
+             return py::tuple(py::cast(out));
+           })
+      .def("enter",
+           [](const std::shared_ptr<Registry_object>& r, py::object scope_obj, long long maximum, py::object holder,
+              py::object backend) {
+             Scope_object& scope = scope_obj.cast<Scope_object&>();
+             scope.backend = backend;
+             try {
+               return translated([&] {
+                 Locked locked(r.get());
+                 if (!holder.is_none()) {
+                   if (!holder.attr("_scope").is_none()) throw std::runtime_error(already_active);
+                   // A holder freed while live ends its scope at the next call (its __exit__ was cut short).
+                   std::weak_ptr<pl::Scope> core = scope.core;
+                   py::cpp_function gone([core](py::handle) {
+                     if (auto c = core.lock()) c->holder_gone = true;
+                   });
+                   scope.holder = names().weakref_type(holder, gone);
+                 }
+                 scope.registry = r;
+                 scope.core->anchor = std::shared_ptr<void>(new py::object(scope_obj), [](void* p) {
+                   delete static_cast<py::object*>(p);
+                 });
+                 pl::Entered entered;
+                 try {
+                   entered = r->planner.enter(scope.core, maximum);
+                 } catch (...) {
+                   scope.core->anchor.reset();
+                   throw;
+                 }
+                 if (!holder.is_none()) holder.attr("_scope") = scope_obj;
+                 if (scope.core->fit_hit_ratio && scope.core->has_window)
+                   scope.window = scope.window.attr("_replace")("hit_ratio"_a = scope.core->window.hit_ratio);
+                 return py::make_tuple(entered.limit, entered.demand, entered.capped);
+               });
+             } catch (...) {
+               scope.core->ending = true;  // registered and cut short: the next call ends it
+               throw;
+             }
+           },
+           "scope"_a, "maximum"_a, "holder"_a = py::none(), "backend"_a = py::none())
+      .def("set_base_window",
+           [](Registry_object& r, py::iterable slots, int device, long long maximum, py::tuple window) {
+             translated([&] {
+               Locked locked(&r);
+               r.planner.set_base_window(slots_of(slots), device, maximum, to_window(window));
+             });
+           })
+      .def("forget_slots",
+           [](Registry_object& r, int kind, py::iterable handles) {
+             std::vector<std::uintptr_t> out;
+             for (py::handle h : handles) out.push_back(h.cast<std::uintptr_t>());
+             translated([&] {
+               Locked locked(&r);
+               r.planner.forget_slots(kind, out);
+             });
+           })
+      .def("known_limit",
+           [](Registry_object& r, int device) {
+             return translated([&] {
+               Locked locked(&r);
+               return optional_int(r.planner.known_limit(device));
+             });
+           })
+      .def("observed_limit",
+           [](Registry_object& r, int device, long long maximum) {
+             return translated([&] {
+               Locked locked(&r);
+               return r.planner.observed_limit(device, maximum);
+             });
+           })
+      .def("snapshot",
+           [](Registry_object& r, int device, long long maximum) {
+             return translated([&] {
+               Locked locked(&r);
+               pl::Snapshot snap = r.planner.snapshot(device, maximum);
+               py::list in_force;
+               for (const auto& [scope, w] : snap.in_force)
+                 in_force.append(py::make_tuple(scope_object_of(*scope), window_object(w)));
+               return py::make_tuple(snap.limit, in_force, snap.demand);
+             });
+           })
+      .def("live_scopes",
+           [](Registry_object& r, int device) {
+             return translated([&] {
+               Locked locked(&r);
+               py::list out;
+               for (const pl::Scope_ptr& scope : r.planner.live_scopes(device)) out.append(scope_object_of(*scope));
+               return out;
+             });
+           })
+      .def("reset_lines",
+           [](Registry_object& r, int device) {
+             translated([&] {
+               Locked locked(&r);
+               r.planner.reset_lines(device);
+             });
+           })
+      .def("granularity",
+           [](Registry_object& r, int device, long long maximum) {
+             return translated([&] {
+               Locked locked(&r);
+               return r.planner.granularity(device, maximum);
+             });
+           })
+      .def("known_granularity",
+           [](Registry_object& r, int device) {
+             Locked locked(&r);
+             return optional_int(r.planner.known_granularity(device));
+           })
+      .def("restore_all",
+           [](Registry_object& r) {
+             // At interpreter exit: taken like a plain lock (the exit may run on a thread that holds it).
+             const bool owned = lock_instance->owned();
+             if (!owned) lock_instance->acquire(true, -1);
+             r.planner.restore_all();
+             auto released = r.planner.take_released();
+             if (!owned) lock_instance->release();
+             released.clear();
+           })
+      .def("device_state", [](Registry_object& r, int device) { return device_state(r, device); })
+      .def("devices",
+           [](Registry_object& r) {
+             std::vector<int> out;
+             for (const auto& [device, st] : r.planner.states()) out.push_back(device);
+             return out;
+           })
+      .def_property_readonly("stale", [](const Registry_object& r) { return r.epoch != fork_epoch.load(); });
+
+  // A scope's end: marked ending first; ended on the registry it was entered with (nothing if never entered,
+  // or entered before a fork).
+  m.def("exit_scope", [](Scope_object& scope) {
+    scope.core->ending = true;
+    const std::shared_ptr<Registry_object> r = scope.registry;
+    if (!r || r->epoch != fork_epoch.load()) return;
+    translated([&] {
+      Locked locked(r.get());
+      r->planner.exit(*scope.core);
+    });
+  });
+
+  // The arithmetic of "auto" and sharing (_plan.py's names call these: one copy of the rules).
+  m.attr("plan_default_limit_fraction") = pl::default_limit_fraction;
+  m.def("plan_round_up", &pl::round_up, "nbytes"_a, "granularity"_a);
+  m.def("plan_tax_free_limit", &pl::tax_free_limit, "maximum"_a, "granularity"_a);
+  m.def("plan_auto_set_aside", &pl::auto_set_aside, "demand"_a, "current"_a, "granularity"_a, "maximum"_a);
+  m.def("plan_default_hit_ratio", &pl::default_hit_ratio, "granted"_a, "window_bytes"_a);
+  m.def("plan_shared_hit_ratios", &pl::shared_hit_ratios, "requests"_a, "set_aside"_a);
+  m.def("plan_probe_rounding", [](py::function ask, long long maximum) {
+    return pl::probe_rounding([&](long long n) { return ask(n).cast<long long>(); }, maximum);
+  });
+}
+
+}  // namespace l2ctl_bindings
