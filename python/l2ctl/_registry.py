@@ -36,7 +36,7 @@ from ._plan import auto_set_aside, default_hit_ratio, round_up, shared_hit_ratio
 from ._window import AccessPolicyWindow, AccessProperty
 
 __all__ = ["COMPILED", "lock", "STREAM", "NODE", "Slot", "Target", "Scope", "DeviceState", "Snapshot", "stream_slot", "node_slots",
-           "enter", "exit", "set_base_window", "forget_slots", "known_limit", "observed_limit", "snapshot",
+           "enter", "exit", "add_slots", "set_base_window", "forget_slots", "known_limit", "observed_limit", "snapshot",
            "reset_lines", "granularity", "known_granularity", "probe_rounding", "live_scopes", "device_state",
            "restore_all", "MPS_HINT", "REENTRY_HINT"]
 
@@ -73,13 +73,13 @@ class Target(NamedTuple):
     keep alive, and what to call (outside the lock) after the slots' windows changed, at entry and at end.
     ``admit(window)``, when given, is called before anything changes with the window the scope asks for:
     it raises to refuse the scope (its window would not reach what launches) and returns one more thing to
-    call after each change."""
+    call, with the scope, after each change."""
 
     device: int
     slots: tuple[Slot, ...]
     owner: Any = None
     changed: Optional[Callable[[], None]] = None
-    admit: Optional[Callable[[AccessPolicyWindow], Callable[[], None]]] = None
+    admit: Optional[Callable[[AccessPolicyWindow], Callable[["Scope"], None]]] = None
 
 
 class Scope:
@@ -662,6 +662,31 @@ def exit(scope: Scope) -> None:
         state = _lookup(backend, scope.device)
         if state is not None:
             _settle(backend, state)
+
+
+def add_slots(scope: Scope, slots: Iterable[Slot], owner: Any = None) -> bool:
+    """More slots for a live scope: its window goes there too, planned like the ones it entered with (a
+    stream made current inside a ``graph.torch_captures()`` scope, where eager kernels then launch). Its
+    demand on the limit is unchanged: one window, on more holders. ``owner`` is kept alive with the scope.
+    False when the scope is no longer live (nothing changes)."""
+    backend = scope.backend
+    if backend is None or scope.ending:
+        return False
+    with _locked():
+        state = _lookup(backend, scope.device)
+        if state is None:
+            return False
+        _settle(backend, state)
+        if state.scopes.get(scope.id) is not scope:
+            return False
+        new = tuple(slot for slot in dict.fromkeys(slots) if slot not in scope.slots)
+        if not new:
+            return True
+        if owner is not None:
+            scope.owner = (scope.owner, owner)
+        scope.slots = scope.slots + new  # one assignment: the next plan (this one, or a settle) covers them
+        _sync(backend, state)
+    return True
 
 
 def set_base_window(slots: Iterable[Slot], device: int, maximum: int, window: AccessPolicyWindow) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import types
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 from .. import _torch_graphs
 from .._stream_window import get_window
@@ -122,18 +122,27 @@ class Compiled(_Wrapped):
     graph trees record it anew: Inductor's cache makes that quick). ``target()`` is
     ``graph.torch_captures()``, told which recordings each window's scope replays (that window's own);
     ``l2ctl.tune`` accepts it for this workload (``records_each_window``). Every compiled function and its
-    recording stay until ``close()``: a tune of a few candidates makes a few dozen."""
+    recording stay until ``close()``: a tune of a few candidates makes a few dozen.
+
+    ``static_inputs=False`` leaves the step's tensors unmarked: a step that updates one in place is then
+    not graphed at all (torch skips CUDA graphs for mutated inputs) and runs eagerly on the current stream,
+    as much user code does. ``describe()`` says how many graphs torch recorded (0: none, the step ran
+    eagerly)."""
 
     mode = "compiled"
     records_each_window = True
 
-    def __init__(self, base: Stepped) -> None:
+    def __init__(self, base: Stepped, *, static_inputs: bool = True, name: Optional[str] = None) -> None:
         super().__init__(base)
+        if name is not None:
+            self.name = name
         self._captures = torch_captures(self.device, replays=self._replayed)
         self._compiled: dict[WindowTuple, Callable[[], Any]] = {}
         self._recorded: dict[WindowTuple, set[int]] = {}  # the recordings each compiled function made
         self.compilations = 0
-        self._static_inputs()
+        self.static_inputs = bool(static_inputs)
+        if self.static_inputs:
+            self._static_inputs()
 
     # ---- what PyTorch does (the simulator's stand-in, l2ctl.testing.workloads, replaces these) ----------
 
@@ -165,6 +174,11 @@ class Compiled(_Wrapped):
 
     def target(self) -> TorchCaptures:
         return self._captures
+
+    def describe(self) -> dict[str, Any]:
+        recorded = sum(len(ids) for ids in self._recorded.values())
+        return {**super().describe(), "static_inputs": self.static_inputs, "compilations": self.compilations,
+                "graphs_recorded": recorded}
 
     def _replayed(self, window: WindowTuple) -> list[object]:
         ids = self._recorded.get(window, set())
