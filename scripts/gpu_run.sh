@@ -13,6 +13,7 @@
 #   probe: what each CUDA call and each piece of a scope costs on the host, and the overhead benchmark;
 #   recipes: the GPU tests of torch, graphs and the README, the torch recipes (scripts/torch_recipes.py)
 #     and the gallery GALLERY_RUNS times (default 3), each run a record of its own under workloads/;
+#   gallery-runs: only those gallery runs;
 #   multigpu: the two-GPU runs under torchrun (examples/ddp_step.py, bench collectives, the two-GPU test),
 #     then the recipes' gallery runs on GPU 0.
 # PYTEST_K adds a -k filter to the test run.
@@ -90,6 +91,11 @@ gallery_runs() {  # the gallery $GALLERY_RUNS times, each a record named by the 
   done
   python3 -c "import l2ctl; print('limit now', l2ctl.get_set_aside())"
 }
+
+if [ "$mode" = gallery-runs ]; then  # the gallery runs alone (after a recipes call on the same machine)
+  gallery_runs
+  exit $status
+fi
 
 if [ "$mode" = recipes ] || [ "$mode" = multigpu ]; then
   if [ "$mode" = multigpu ]; then
