@@ -270,11 +270,20 @@ COMPILE_ROWS = (("scatter-add-compiled", "graphs recorded (accumulator marked st
                 ("scatter-add-compiled-temp", "the zeroing compiled with it: Inductor's own temporary"))
 
 
+def graphed(row: dict[str, Any]) -> str:
+    """Whether torch ran a compiled row as CUDA graphs: every compilation, none, or how many."""
+    described = row.get("described", {})
+    n, of = described.get("graphed_compilations"), described.get("compilations")
+    if n is None or not of:
+        return "?"
+    return "yes" if n == of else "no" if n == 0 else f"{n} of {of}"
+
+
 def readme_compile() -> str:
     """torch.compile's ways to run the scatter-add: tuned (the gallery's rows), and the recipe with an explicit
     set-aside of the accumulator (scripts/torch_recipes.py), each against the same code without l2ctl."""
-    lines = ["| `torch.compile` scatter-add, GPU | tuned: `persist(torch_captures(), acc, policy=tuned)` | graphs "
-             "recorded | `set_aside=<acc>` instead |", "|---|---|---|---|"]
+    lines = ["| `torch.compile` scatter-add, GPU | tuned: `persist(torch_captures(), acc, policy=tuned)` | run as "
+             "CUDA graphs | `set_aside=<acc>` instead |", "|---|---|---|---|"]
     for gpu in GPUS:
         rows = workload_rows(gpu)
         recipes = load(gpu, "torch_recipes")
@@ -285,7 +294,7 @@ def readme_compile() -> str:
                 continue
             other = explicit.get(name.replace("scatter-add-", ""))
             tuned = tuned_range(row) + ("" if row["tuned_buffer"] else ", no persistence")
-            lines.append(f"| {label}, {GPUS[gpu]} | {tuned} | {row.get('described', {}).get('graphs_recorded', '?')} | "
+            lines.append(f"| {label}, {GPUS[gpu]} | {tuned} | {graphed(row)} | "
                          + ("-" if other is None else f"{min(other['round_speedups']):.2f}x") + " |")
     return "\n".join(lines) if len(lines) > 2 else ""
 

@@ -205,6 +205,7 @@ class ModeledCompiled(Compiled):
 
     def __init__(self, base: ModeledWorkload, trees: FakeGraphTrees, *, graphs: bool = True) -> None:
         self.trees, self.graphs = trees, graphs
+        self.skips = 0  # calls run without graphs (torch counts the skips)
         super().__init__(base)
 
     def _static_inputs(self) -> None:
@@ -221,3 +222,7 @@ class ModeledCompiled(Compiled):
 
     def _call(self, fn: Callable[[], Any]) -> None:
         fn()
+        self.skips += not self.graphs
+
+    def _graph_skips(self) -> int:
+        return self.skips

@@ -126,8 +126,8 @@ class Compiled(_Wrapped):
 
     ``static_inputs=False`` leaves the step's tensors unmarked: a step that updates one in place is then
     not graphed at all (torch skips CUDA graphs for mutated inputs) and runs eagerly on the current stream,
-    as much user code does. ``describe()`` says how many graphs torch recorded (0: none, the step ran
-    eagerly)."""
+    as much user code does. ``describe()`` says how many of its compilations torch ran as CUDA graphs (0:
+    none, the step ran eagerly)."""
 
     mode = "compiled"
     records_each_window = True
@@ -139,6 +139,7 @@ class Compiled(_Wrapped):
         self._captures = torch_captures(self.device, replays=self._replayed)
         self._compiled: dict[WindowTuple, Callable[[], Any]] = {}
         self._recorded: dict[WindowTuple, set[int]] = {}  # the recordings each compiled function made
+        self._graphed: dict[WindowTuple, bool] = {}  # whether torch ran each compiled function as CUDA graphs
         self.compilations = 0
         self.static_inputs = bool(static_inputs)
         if self.static_inputs:
@@ -160,6 +161,13 @@ class Compiled(_Wrapped):
         require_torch().compiler.cudagraph_mark_step_begin()
         fn()
 
+    def _graph_skips(self) -> int:
+        """How many times torch.compile has skipped CUDA graphs in this process (its own counter, bumped with
+        every "skipping cudagraphs due to ..." it logs)."""
+        from torch._dynamo.utils import counters
+
+        return int(counters["inductor"]["cudagraph_skips"])
+
     def _fresh(self) -> Callable[[], Any]:
         step = self.base.step
 
@@ -176,9 +184,8 @@ class Compiled(_Wrapped):
         return self._captures
 
     def describe(self) -> dict[str, Any]:
-        recorded = sum(len(ids) for ids in self._recorded.values())
         return {**super().describe(), "static_inputs": self.static_inputs, "compilations": self.compilations,
-                "graphs_recorded": recorded}
+                "graphed_compilations": sum(self._graphed.values())}
 
     def _replayed(self, window: WindowTuple) -> list[object]:
         ids = self._recorded.get(window, set())
@@ -197,12 +204,13 @@ class Compiled(_Wrapped):
             # explicitly empty one, so that l2ctl knows what these graphs carry.
             fn = self._compiled[key] = self._fresh()
             self.compilations += 1
-            before = _torch_graphs.recordings(self.device)
+            before, skips = _torch_graphs.recordings(self.device), self._graph_skips()
             with ScopedWindow(self._captures, AccessPolicyWindow()) if not key[1] else contextlib.nullcontext():
                 for _ in range(3):
                     self.base.prepare()
                     self._call(fn)
             self._recorded[key] = _torch_graphs.recordings(self.device) - before
+            self._graphed[key] = self._graph_skips() == skips
 
     def close(self) -> None:
         self._compiled.clear()
