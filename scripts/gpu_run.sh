@@ -10,13 +10,19 @@
 #   sanitize: build, then compute-sanitizer over the kernels and GPU tests only;
 #   workloads: the test suite (Nsight comparison left out), overhead, the gallery and the tax sweep;
 #   gallery: only the GPU workload tests, the gallery and the tax sweep;
-#   probe: what each CUDA call and each piece of a scope costs on the host, and the overhead benchmark.
+#   probe: what each CUDA call and each piece of a scope costs on the host, and the overhead benchmark;
+#   recipes: the GPU tests of torch, graphs and the README, the torch recipes (scripts/torch_recipes.py)
+#     and the gallery GALLERY_RUNS times (default 3), each run a record of its own under workloads/;
+#   gallery-runs: only those gallery runs;
+#   multigpu: the two-GPU runs under torchrun (examples/ddp_step.py, bench collectives, the two-GPU test),
+#     then the recipes' gallery runs on GPU 0.
 # PYTEST_K adds a -k filter to the test run.
 set -uo pipefail
 FINAL=${OUT:-$PWD/.out}
 OUT=$(mktemp -d)  # everything lands here, then travels back as one archive (8 files at most come back)
 mkdir -p "$FINAL"
 trap 'tar czf "$FINAL/results.tgz" -C "$OUT" . ; true' EXIT
+trap 'exit 143' TERM  # a `timeout` around this script still packs what it has
 export PYTHONUNBUFFERED=1
 mode=${1:-full}
 step() { echo; echo "=== $* ($(date +%T))"; }
@@ -32,11 +38,14 @@ if [ -d .whl ]; then
 fi
 
 step "build (pip install --no-build-isolation .)"
-# CUDAARCHS may be set by the caller to shorten the build; unset it builds the default targets.
-if ! python3 -m pip install --no-build-isolation --no-deps -q . > "$OUT/build.log" 2>&1; then
-  tail -50 "$OUT/build.log"; exit 1
+# CUDAARCHS may be set by the caller to shorten the build; unset it builds the default targets. SKIP_BUILD=1
+# keeps what an earlier call on the same (warm) machine installed.
+if [ -z "${SKIP_BUILD:-}" ]; then
+  if ! python3 -m pip install --no-build-isolation --no-deps -q . > "$OUT/build.log" 2>&1; then
+    tail -50 "$OUT/build.log"; exit 1
+  fi
+  tail -3 "$OUT/build.log"
 fi
-tail -3 "$OUT/build.log"
 cd /tmp  # import the installed package, not the source tree
 src=$OLDPWD
 
@@ -71,6 +80,42 @@ if [ "$mode" = probe ]; then
   python3 "$src/scripts/probe_overhead.py" | tee "$OUT/probe_overhead.txt" || status=1
   python3 "$src/scripts/probe_overhead.py" --profile > "$OUT/probe_profile.txt" 2>&1 || status=1
   overhead
+  exit $status
+fi
+
+gallery_runs() {  # the gallery $GALLERY_RUNS times, each a record named by the GPU's uuid and the run
+  mkdir -p "$OUT/workloads"
+  local uuid; uuid=$(python3 -c "import l2ctl; print(l2ctl.device_info().uuid.split('-')[1])")
+  for i in $(seq 1 "${GALLERY_RUNS:-3}"); do
+    step "framework gallery, run $i on GPU $uuid"
+    python3 -m l2ctl bench workloads --quiet --json "$OUT/workloads/$uuid-$i.json" | tee "$OUT/bench_workloads_$uuid-$i.txt" || status=1
+  done
+  python3 -c "import l2ctl; print('limit now', l2ctl.get_set_aside())"
+}
+
+if [ "$mode" = gallery-runs ]; then  # the gallery runs alone (after a recipes call on the same machine)
+  gallery_runs
+  exit $status
+fi
+
+if [ "$mode" = recipes ] || [ "$mode" = multigpu ]; then
+  if [ "$mode" = multigpu ]; then
+    step "two GPUs: the DDP example and bench collectives under torchrun"
+    torchrun --standalone --nproc-per-node 2 "$src/examples/ddp_step.py" --json "$OUT/ddp_step_2rank.json" 2>&1 | tee "$OUT/ddp_step_2rank.txt" || status=1
+    torchrun --standalone --nproc-per-node 2 -m l2ctl bench collectives --json "$OUT/collectives_2rank.json" 2>&1 | tee "$OUT/collectives_2rank.txt" || status=1
+    step "two-GPU tests"
+    python3 -m pytest -q -p no:cacheprovider "$src/tests/gpu/test_gpu_ddp.py" "$src/tests/interop/test_multi_device.py" 2>&1 | tail -15 | tee "$OUT/pytest_2gpu.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  else
+    step "GPU tests: torch graphs, workloads, the README, graphs, interop"
+    python3 -m pytest -q -p no:cacheprovider -o log_cli=false "$src/tests/gpu" "$src/tests/package/test_readme.py" "$src/tests/graph" \
+      -k "not ddp and not agrees_with_nsight_compute${PYTEST_K:+ and ($PYTEST_K)}" > "$OUT/pytest_full.txt" 2>&1
+    [ $? -eq 0 ] || status=1
+    tail -25 "$OUT/pytest_full.txt" | tee "$OUT/pytest.txt"
+    step "torch recipes"
+    python3 "$src/scripts/torch_recipes.py" --json "$OUT/torch_recipes.json" 2>&1 | tee "$OUT/torch_recipes.txt" || status=1
+  fi
+  [ "${GALLERY_RUNS:-3}" -gt 0 ] && gallery_runs
   exit $status
 fi
 

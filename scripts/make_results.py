@@ -39,6 +39,57 @@ def default_limit(env: dict[str, Any]) -> int:
     return min(dev["persisting_l2_cache_max_size"], -(-math.ceil(0.3 * dev["persisting_l2_cache_max_size"]) // step) * step)
 
 
+def workload_runs(gpu: str) -> list[dict[str, Any]]:
+    """Every gallery run of ``gpu``: the records under workloads/ (one per `bench workloads` process, named
+    by the GPU and the run), else the single workloads.json of earlier sessions."""
+    folder = RECORDS / gpu / "workloads"
+    if folder.is_dir() and any(folder.glob("*.json")):
+        return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+    single = load(gpu, "workloads")
+    return [] if single is None else [single]
+
+
+def workload_rows(gpu: str) -> dict[str, dict[str, Any]]:
+    """Each gallery row over every run: the row of its lowest run (by its lowest tuned speedup), with
+    ``runs``, ``gpus`` (distinct GPUs: separate machines), ``tuned_low``/``tuned_high`` over all runs, and
+    ``disagree`` when some runs persist a buffer and others choose no persistence."""
+    found: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for run in workload_runs(gpu):
+        uuid = run["environment"]["device"].get("uuid", "")
+        for row in run["summary"]["rows"]:
+            found.setdefault(row["workload"], []).append((uuid, row))
+    out = {}
+    for name, entries in found.items():
+        lows = [min(row["tuned_speedups"]) for _, row in entries]
+        lowest = entries[lows.index(min(lows))][1]
+        out[name] = {**lowest, "runs": len(entries), "gpus": len({uuid for uuid, _ in entries}),
+                     "tuned_low": min(lows), "tuned_high": max(min(row["tuned_speedups"]) for _, row in entries),
+                     "disagree": len({row["tuned_buffer"] is None for _, row in entries}) > 1}
+    return out
+
+
+def tuned_range(row: dict[str, Any]) -> str:
+    """The tuned speedup over a row's runs: one figure when they agree to 0.01, else lowest-highest; runs that
+    disagree on whether persistence pays say so."""
+    lo, hi = f"{row['tuned_low']:.2f}", f"{row['tuned_high']:.2f}"
+    text = f"{lo}x" if lo == hi else f"{lo}-{hi}x"
+    return text + (" (runs disagree)" if row["disagree"] else "")
+
+
+def runs_note(gpus: list[str]) -> str:
+    """Which runs a gallery table stands on, per GPU."""
+    parts = []
+    for g in gpus:
+        runs = workload_runs(g)
+        if runs:
+            n = len({r["environment"]["device"].get("uuid", "") for r in runs})
+            commits = sorted({r["environment"].get("commit", "?")[:7] for r in runs})
+            parts.append(f"{GPUS[g]}: {len(runs)} run{'s' * (len(runs) > 1)} on {n} GPU{'s' * (n > 1)} "
+                         f"(commit {', '.join(commits)})")
+    return "; ".join(parts)
+
+
+# ---- the tables ----------------------------------------------------------------------------------------
 # ---- the tables ----------------------------------------------------------------------------------------
 
 
@@ -70,19 +121,21 @@ def _choice(row: dict[str, Any]) -> str:
 
 
 def gallery(gpu: str) -> str:
-    r = load(gpu, "workloads")
-    if r is None:
+    runs = workload_runs(gpu)
+    if not runs:
         return ""
-    lines = ["| workload | baseline ms | recipe (its copy tax) | hit 1.0 | tuned, 3 runs | tuned choice | copy tax "
-             "| tune s (candidates) |", "|---|---|---|---|---|---|---|---|"]
-    for row in r["summary"]["rows"]:
-        runs = " / ".join(f"{x:.2f}" for x in row["tuned_speedups"])
+    rows = workload_rows(gpu)
+    lines = [f"Runs: {runs_note([gpu])}; each row is its lowest run, with the range of the tuned speedup over all.",
+             "", "| workload | baseline ms | recipe (its copy tax) | hit 1.0 | tuned, lowest run's 3 | tuned over the runs "
+             "| tuned choice | copy tax | tune s (candidates) |", "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows.values():
+        three = " / ".join(f"{x:.2f}" for x in row["tuned_speedups"])
         lines.append(f"| {row['workload']} ({row['hot']} {mib(row['hot_bytes'])} MiB) | {row['baseline_ms']:.3f} | "
                      f"{row['recipe_speedup']:.2f}x ({row['recipe_copy_slowdown']:.2f}x) | {row['hit1_speedup']:.2f}x | "
-                     f"{runs} | {_choice(row)} | {row['tuned_copy_slowdown']:.2f}x | {row['tune_seconds']:.1f} "
-                     f"({row['candidates']}) |")
-    for name, reason in r["summary"]["skipped"].items():
-        lines.append(f"| {name} | skipped: {reason} | | | | | | |")
+                     f"{three} | {tuned_range(row)} | {_choice(row)} | {row['tuned_copy_slowdown']:.2f}x | "
+                     f"{row['tune_seconds']:.1f} ({row['candidates']}) |")
+    for name, reason in runs[0]["summary"]["skipped"].items():
+        lines.append(f"| {name} | skipped: {reason} | | | | | | | |")
     return "\n".join(lines)
 
 
@@ -97,8 +150,7 @@ README_NAMES = {
 
 
 def readme_gallery() -> str:
-    rows = {gpu: {row["workload"]: row for row in r["summary"]["rows"]}
-            for gpu in GPUS if (r := load(gpu, "workloads")) is not None}
+    rows = {gpu: workload_rows(gpu) for gpu in GPUS if workload_runs(gpu)}
     gpus = list(rows)
     lines = ["| workload (sizes from the L2) | " + " | ".join(f"{GPUS[g]}: tuned (its copy tax)" for g in gpus)
              + " | what `l2ctl.tune` chose |", "|---" * (len(gpus) + 2) + "|"]
@@ -109,17 +161,13 @@ def readme_gallery() -> str:
             if row is None:
                 cells.append("-")
                 continue
-            speed = min(row["tuned_speedups"])
-            cell = f"{speed:.2f}x ({row['tuned_copy_slowdown']:.2f}x)"
-            cells.append(f"**{cell}**" if speed >= 1.1 else cell)
+            cell = f"{tuned_range(row)} ({row['tuned_copy_slowdown']:.2f}x)"
+            cells.append(f"**{cell}**" if row["tuned_low"] >= 1.1 else cell)
             choices.append(f"`{row['tuned_buffer']}`" if row["tuned_buffer"] else "no persistence")
         choice = choices[0] if len(set(choices)) == 1 else " / ".join(choices)
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {choice} |")
-    return "\n".join(lines)
+    return "\n".join(lines + ["", f"Lowest run and range over the runs ({runs_note(gpus)})."])
 
-
-def _row(r: dict[str, Any], workload: str) -> dict[str, Any]:
-    return next(x for x in r["summary"]["rows"] if x["workload"] == workload)
 
 
 def _pair(values: list[float], fmt: str = "{:.2f}x") -> str:
@@ -129,11 +177,11 @@ def _pair(values: list[float], fmt: str = "{:.2f}x") -> str:
 def readme_findings() -> str:
     """The README's findings, every number and every comparison from the records (tax.json, workloads.json
     of both GPUs); a record that no longer supports a sentence fails here, not silently in the prose."""
-    gpus = [g for g in GPUS if load(g, "tax") and load(g, "workloads")]
+    gpus = [g for g in GPUS if load(g, "tax") and workload_runs(g)]
     if not gpus:
         return ""
     tax_r = {g: load(g, "tax") for g in gpus}
-    work = {g: load(g, "workloads") for g in gpus}
+    work = {g: workload_rows(g) for g in gpus}
     names = " / ".join(GPUS[g] for g in gpus)
     default = [f"{mib(tax_r[g]['environment']['device']['persisting_limit_at_start'])} MiB on an {GPUS[g]}" for g in gpus]
     fractions = {round(tax_r[g]["environment"]["device"]["persisting_limit_at_start"]
@@ -150,10 +198,10 @@ def readme_findings() -> str:
         none = next(x["metrics"]["copy_gbps"] for x in recs if x["config"]["set_aside_granted"] == 0)
         if any(x["metrics"]["copy_gbps"] < 0.98 * none for x in recs if x["config"]["set_aside_granted"] <= cap):
             raise ValueError(f"{g}: a copy slows below the default limit; rewrite the README's tax sentence")
-    scatter = {g: _row(work[g], "scatter-add") for g in gpus}
-    broadcast = {g: _row(work[g], "broadcast") for g in gpus}
-    step = {g: _row(work[g], "step") for g in gpus}
-    gathers = [_row(work[g], w) for g in gpus for w in ("index_select", "embedding")]
+    scatter = {g: work[g]["scatter-add"] for g in gpus}
+    broadcast = {g: work[g]["broadcast"] for g in gpus}
+    step = {g: work[g]["step"] for g in gpus}
+    gathers = [work[g][w] for g in gpus for w in ("index_select", "embedding")]
     # The sentences below claim: the recipe gains on the scatter-add, loses on the broadcast and the step,
     # and stays below the tuned choice; the gathers gain nothing and tune says so.
     if not all(scatter[g]["recipe_ci"][0] > 1 and broadcast[g]["recipe_ci"][1] < 1 and step[g]["recipe_ci"][1] < 1
@@ -198,10 +246,9 @@ GRAPH_MODES = (("eager", ""), ("graphed", "-graphed"), ("compiled", "-compiled")
 
 
 def readme_graphs() -> str:
-    """The same step eager, as a CUDA graph and compiled (reduce-overhead), tuned against itself without l2ctl;
-    and a stream scope with the tuned policy around the graph's replays."""
-    rows = {gpu: {row["workload"]: row for row in r["summary"]["rows"]}
-            for gpu in GPUS if (r := load(gpu, "workloads")) is not None}
+    """The same step eager, as a CUDA graph and compiled (reduce-overhead), tuned against itself without l2ctl
+    (lowest run, range over the runs); and a stream scope with the tuned policy around the graph's replays."""
+    rows = {gpu: workload_rows(gpu) for gpu in GPUS if workload_runs(gpu)}
     lines = ["| workload, GPU | eager | CUDA graph (`keep_graph=True`) | `torch.compile(mode=\"reduce-overhead\")` "
              "| a stream scope around the graph's replays |", "|---|---|---|---|---|"]
     for name, label in GRAPH_ROWS.items():
@@ -211,11 +258,44 @@ def readme_graphs() -> str:
             cells = []
             for _, suffix in GRAPH_MODES:
                 row = found.get(name + suffix)
-                cells.append("-" if row is None else
-                             f"{min(row['tuned_speedups']):.2f}x ({row['baseline_ms']:.2f} ms)")
+                cells.append("-" if row is None else f"{tuned_range(row)} ({row['baseline_ms']:.2f} ms)")
             harm = found[f"{name}-graphed"].get("stream_scope_speedup")
             cells.append("-" if harm is None else f"{harm:.2f}x")
             lines.append(f"| {label}, {GPUS[gpu]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+COMPILE_ROWS = (("scatter-add-compiled", "graphs recorded (accumulator marked static)"),
+                ("scatter-add-compiled-eager", "no graphs: in place, accumulator not marked static"),
+                ("scatter-add-compiled-temp", "the zeroing compiled with it: Inductor's own temporary"))
+
+
+def graphed(row: dict[str, Any]) -> str:
+    """Whether torch ran a compiled row as CUDA graphs: every compilation, none, or how many."""
+    described = row.get("described", {})
+    n, of = described.get("graphed_compilations"), described.get("compilations")
+    if n is None or not of:
+        return "?"
+    return "yes" if n == of else "no" if n == 0 else f"{n} of {of}"
+
+
+def readme_compile() -> str:
+    """torch.compile's ways to run the scatter-add: tuned (the gallery's rows), and the recipe with an explicit
+    set-aside of the accumulator (scripts/torch_recipes.py), each against the same code without l2ctl."""
+    lines = ["| `torch.compile` scatter-add, GPU | tuned: `persist(torch_captures(), acc, policy=tuned)` | run as "
+             "CUDA graphs | `set_aside=<acc>` instead |", "|---|---|---|---|"]
+    for gpu in GPUS:
+        rows = workload_rows(gpu)
+        recipes = load(gpu, "torch_recipes")
+        explicit = {} if recipes is None else {r["workload"]: r for r in recipes["summary"]["rows"]}
+        for name, label in COMPILE_ROWS:
+            row = rows.get(name)
+            if row is None:
+                continue
+            other = explicit.get(name.replace("scatter-add-", ""))
+            tuned = tuned_range(row) + ("" if row["tuned_buffer"] else ", no persistence")
+            lines.append(f"| {label}, {GPUS[gpu]} | {tuned} | {graphed(row)} | "
+                         + ("-" if other is None else f"{min(other['round_speedups']):.2f}x") + " |")
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
@@ -406,6 +486,7 @@ def ncu(gpu: str) -> str:
 
 
 GENERATORS: dict[str, Callable[[], str]] = {"readme-gallery": readme_gallery, "readme-graphs": readme_graphs,
+                                             "readme-compile": readme_compile,
                                              "readme-cost": readme_cost,
                                              "readme-findings": readme_findings,
                                              "readme-multigpu": readme_multigpu}

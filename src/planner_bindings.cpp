@@ -311,7 +311,6 @@ struct Registry_object;
 // `_registry.Scope`: what one scope asks of its device (the planner's Scope), and what Python ties to it.
 struct Scope_object {
   pl::Scope_ptr core = std::make_shared<pl::Scope>();
-  py::object slots = py::tuple();
   py::object window = py::none();
   py::object limit = py::none();
   py::object owner = py::none();
@@ -469,7 +468,6 @@ void bind_planner(py::module_& core) {
              c.fit_hit_ratio = fit_hit_ratio;
              c.standing = standing;
              c.orphaned = orphaned;
-             s->slots = slots;
              s->window = window;
              s->limit = limit;
              s->owner = owner;
@@ -479,7 +477,12 @@ void bind_planner(py::module_& core) {
            "reset_on_exit"_a = false, "fit_hit_ratio"_a = false, "standing"_a = false, "orphaned"_a = false,
            "owner"_a = py::none())
       .def_property_readonly("device", [](const Scope_object& s) { return s.core->device; })
-      .def_property_readonly("slots", [](const Scope_object& s) { return s.slots; })
+      .def_property_readonly("slots",
+                             [](const Scope_object& s) {
+                               py::tuple out(s.core->slots.size());
+                               for (std::size_t i = 0; i < s.core->slots.size(); ++i) out[i] = slot_tuple(s.core->slots[i]);
+                               return out;
+                             })
       .def_property_readonly("window", [](const Scope_object& s) { return s.window; })
       .def_property_readonly("limit", [](const Scope_object& s) { return s.limit; })
       .def_property_readonly("share", [](const Scope_object& s) { return s.core->share; })
@@ -659,6 +662,21 @@ void bind_planner(py::module_& core) {
       r->planner.exit(*scope.core);
     });
   });
+
+  m.def(
+      "add_slots",
+      [](Scope_object& scope, py::iterable slots, py::object owner) {
+        const std::shared_ptr<Registry_object> r = scope.registry;
+        if (!r || r->epoch != fork_epoch.load() || scope.core->ending) return false;
+        const std::vector<pl::Slot> more = slots_of(slots);
+        const int added = translated([&] {
+          Locked locked(r.get());
+          return r->planner.add_slots(*scope.core, more);
+        });
+        if (added > 0 && !owner.is_none()) scope.owner = py::make_tuple(scope.owner, owner);
+        return added >= 0;
+      },
+      "scope"_a, "slots"_a, "owner"_a = py::none());
 
   // The arithmetic of "auto" and sharing (_plan.py's names call these: one copy of the rules).
   m.attr("plan_default_limit_fraction") = pl::default_limit_fraction;

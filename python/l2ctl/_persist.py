@@ -217,7 +217,7 @@ class Persist:
         self._reset_on_exit, self._share = reset_on_exit, share
         self._scope: Optional[_registry.Scope] = None
         self._slots: tuple[_registry.Slot, ...] = ()
-        self._changed: Optional[Callable[[], None]] = None
+        self._changed: Optional[Callable[[_registry.Scope], None]] = None
         self._device = -1
         self.window = _NO_WINDOW
         self.clipped = False
@@ -260,10 +260,10 @@ class Persist:
             if ref.source != "l2ctl.Stream":
                 check_stream_context(ref, device)
             slots: tuple[_registry.Slot, ...] = (_registry.stream_slot(ref.handle),)
-            owner, changed = ref.owner, None
+            owner = ref.owner
         else:
             target = resolve_target(self._target_object)  # a graph predicate runs here
-            device, slots, owner, changed = target.device, target.slots, target.owner, target.changed
+            device, slots, owner = target.device, target.slots, target.owner
         buffer = self._buffer
         if buffer.device is not None and buffer.device != device:
             raise ValueError(
@@ -294,6 +294,7 @@ class Persist:
                 raise ValueError(f"set_aside of {request} bytes exceeds persistingL2CacheMaxSize "
                                  f"({props.persisting_l2_cache_max_size} bytes) of device {device}; ask for at most "
                                  "that, or 'max'")
+        changed = None
         if target is not None:  # a graph-like target may refuse a window that would not reach what it launches
             changed = after_changes(target, window)
         scope = _registry.Scope(device, slots, window, request, self._share, self._reset_on_exit, requested is None,
@@ -303,7 +304,7 @@ class Persist:
             self._slots, self._changed, self._device, self.clipped = slots, changed, device, clipped
             self.window = scope.window  # type: ignore[assignment]  # the hit ratio resolved
             if changed is not None:
-                changed()
+                changed(scope)
             if clipped or capped or window.hit_prop is _PERSISTING and demand > limit:
                 full = buffer.nbytes - offset if self._num_bytes is None else self._num_bytes
                 self._announce((full, nbytes, props.access_policy_max_window_size) if clipped else None, limit,
@@ -346,7 +347,7 @@ class Persist:
         """End ``scope`` (marked ``ending`` already) and tell a graph its nodes changed."""
         _registry.exit(scope)
         if self._changed is not None:
-            self._changed()
+            self._changed(scope)
 
     def __exit__(self, exc_type: object, exc: Optional[BaseException], tb: object) -> None:
         scope = self._scope

@@ -20,7 +20,7 @@ from ._window import AccessPolicyWindow
 _native: Any = getattr(_core, "_planner")  # the planner's bindings (src/planner_bindings.cpp)
 
 __all__ = ["lock", "STREAM", "NODE", "Slot", "Target", "Scope", "Snapshot", "stream_slot", "node_slots", "enter",
-           "exit", "set_base_window", "forget_slots", "known_limit", "observed_limit", "snapshot", "reset_lines",
+           "exit", "add_slots", "set_base_window", "forget_slots", "known_limit", "observed_limit", "snapshot", "reset_lines",
            "granularity", "known_granularity", "probe_rounding", "live_scopes", "device_state", "states",
            "restore_all", "MPS_HINT", "REENTRY_HINT"]
 
@@ -70,6 +70,11 @@ else:
 probe_rounding: Callable[[Callable[[int], int], int], tuple[int, str]] = _native.plan_probe_rounding
 #: ``exit(scope)``: end ``scope`` (idempotent) on the backend it was entered with; marked ending first.
 exit: Callable[[Scope], None] = _native.exit_scope
+#: ``add_slots(scope, slots, owner=None) -> bool``: more slots for a live scope, its window planned there too (a
+#: stream made current inside a ``graph.torch_captures()`` scope, where eager kernels then launch); its demand on
+#: the limit is unchanged (one window, more holders). ``owner`` is kept alive with the scope. False when the scope
+#: is no longer live (nothing changes).
+add_slots: Callable[..., bool] = _native.add_slots
 
 
 class Target(NamedTuple):
@@ -77,13 +82,13 @@ class Target(NamedTuple):
     keep alive, and what to call (outside the lock) after the slots' windows changed, at entry and at end.
     ``admit(window)``, when given, is called before anything changes with the window the scope asks for:
     it raises to refuse the scope (its window would not reach what launches) and returns one more thing to
-    call after each change."""
+    call, with the scope, after each change."""
 
     device: int
     slots: tuple[Slot, ...]
     owner: Any = None
     changed: Optional[Callable[[], None]] = None
-    admit: Optional[Callable[[AccessPolicyWindow], Callable[[], None]]] = None
+    admit: Optional[Callable[[AccessPolicyWindow], Callable[["Scope"], None]]] = None
 
 
 @dataclass(frozen=True)

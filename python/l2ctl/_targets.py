@@ -61,19 +61,19 @@ def end_after(end: Callable[[], None], error: BaseException) -> None:
             error.add_note(f"l2ctl: ending the scope after this error also failed: {cleanup!r}")
 
 
-def after_changes(target: _registry.Target, window: AccessPolicyWindow) -> Optional[Callable[[], None]]:
-    """What to call after the target's slots changed (at entry and at end): the target's own ``changed`` and
-    what its ``admit`` returns; ``admit`` runs here, so a refused scope has changed nothing."""
-    if target.admit is None:
-        return target.changed
-    remember = target.admit(window)
+def after_changes(target: _registry.Target, window: AccessPolicyWindow) -> Optional[Callable[[_registry.Scope], None]]:
+    """What to call with the scope after the target's slots changed (at entry and at end): the target's own
+    ``changed`` and what its ``admit`` returns; ``admit`` runs here, so a refused scope has changed nothing."""
     changed = target.changed
+    if target.admit is None:
+        return None if changed is None else lambda scope: changed()
+    remember = target.admit(window)
     if changed is None:
         return remember
 
-    def both() -> None:
+    def both(scope: _registry.Scope) -> None:
         changed()
-        remember()
+        remember(scope)
 
     return both
 
@@ -89,7 +89,7 @@ class ScopedWindow:
         self._window = validate_window(window)
         self._object = target
         self._scope: Optional[_registry.Scope] = None
-        self._changed: Optional[Callable[[], None]] = None
+        self._changed: Optional[Callable[[_registry.Scope], None]] = None
 
     def __enter__(self) -> "ScopedWindow":
         if self._scope is not None:
@@ -102,7 +102,7 @@ class ScopedWindow:
         try:
             self._changed = changed
             if changed is not None:
-                changed()
+                changed(scope)
         except BaseException as error:
             scope.ending = True  # first: if the end is cut short too, the next call ends the scope
             end_after(lambda: self._end(scope), error)
@@ -112,7 +112,7 @@ class ScopedWindow:
     def _end(self, scope: _registry.Scope) -> None:
         _registry.exit(scope)
         if self._changed is not None:
-            self._changed()
+            self._changed(scope)
 
     def __exit__(self, *exc: Any) -> None:
         scope = self._scope

@@ -17,11 +17,12 @@ from torch 2.6 to 2.15.
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 import warnings
 import weakref
-from typing import Any, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 WindowTuple = tuple[int, int, float, int, int]
 
@@ -90,11 +91,22 @@ def has_executable(obj: Any) -> bool:
 
 
 class GraphTrees(Protocol):
-    """How l2ctl reaches the graphs PyTorch captures on its own streams (tests substitute a stand-in)."""
+    """How l2ctl reaches the streams and graphs PyTorch runs a step on (tests substitute a stand-in)."""
 
     def capture_streams(self, device: int) -> list[object]:
         """The streams PyTorch captures on for ``device``: the graph trees' recording stream and
         torch.cuda.graph's default capture stream (made now if they do not exist yet)."""
+        ...
+
+    def current_stream(self, device: int) -> object:
+        """The stream eager kernels of ``device`` launch on now, on this thread: torch's current stream. What
+        torch.compile runs without graphs (a step it did not graph, graph breaks, its warm-up) runs there."""
+        ...
+
+    def watch_current(self, device: int, made_current: Callable[[object], None]) -> Callable[[], None]:
+        """Call ``made_current(stream)`` whenever a stream of ``device`` is made torch's current stream (by
+        ``torch.cuda.set_stream`` or ``with torch.cuda.stream(s)``), before any kernel launches on it; returns
+        the call that stops watching."""
         ...
 
     def recorded(self, device: int) -> list[object]:
@@ -127,6 +139,16 @@ class TorchGraphTrees:
             streams.append(default)
         return streams
 
+    def current_stream(self, device: int) -> object:
+        import torch
+
+        return torch.cuda.current_stream(device)
+
+    def watch_current(self, device: int, made_current: Callable[[object], None]) -> Callable[[], None]:
+        import torch
+
+        return _stream_watch.watch(torch.cuda, device, made_current)
+
     def recorded(self, device: int) -> list[object]:
         module = sys.modules.get("torch._inductor.cudagraph_trees")  # never imported: nothing was recorded
         manager = None if module is None else module.get_manager(device, False)
@@ -140,6 +162,54 @@ class TorchGraphTrees:
             for children in node.children.values():
                 pending.extend(children)
         return found
+
+
+class _StreamWatch:
+    """Who is told when torch makes a stream current. ``torch.cuda.set_stream`` is the one function through
+    which ``torch.cuda.stream(s)`` and user code make a stream current; l2ctl wraps it while a watcher is
+    registered (a live ``torch_captures()`` scope) and puts torch's own back when the last one goes, so a
+    process with no such scope runs torch's function untouched."""
+
+    def __init__(self) -> None:
+        self._watchers: dict[int, tuple[int, Callable[[object], None]]] = {}  # token -> (device, callback)
+        self._tokens = itertools.count(1)
+        self._original: Optional[Callable[..., Any]] = None  # torch's set_stream, kept once seen
+        self._module: Any = None
+        self._installed = False
+
+    def watch(self, module: Any, device: int, made_current: Callable[[object], None]) -> Callable[[], None]:
+        with _lock:
+            token = next(self._tokens)
+            self._watchers[token] = (device, made_current)
+            if not self._installed:
+                if self._original is None:
+                    self._module, self._original = module, module.set_stream
+                module.set_stream = self._set_stream
+                self._installed = True
+        return lambda: self._unwatch(token)
+
+    def _unwatch(self, token: int) -> None:
+        with _lock:
+            self._watchers.pop(token, None)
+            if not self._watchers and self._installed and self._module.set_stream == self._set_stream:
+                self._module.set_stream = self._original  # nobody wrapped it after l2ctl: torch's own again
+                self._installed = False
+
+    def _set_stream(self, stream: Any) -> None:
+        # First the watchers (the window goes on the stream), then torch's set_stream: no kernel can launch on
+        # the stream between the two. Called without l2ctl's lock: a watcher enters the registry.
+        if stream is not None:
+            device = getattr(getattr(stream, "device", None), "index", None)
+            with _lock:
+                callbacks = [cb for d, cb in self._watchers.values() if d == device]
+            for made_current in callbacks:
+                made_current(stream)
+        original = self._original
+        assert original is not None  # set before this wrapper was installed, never cleared
+        original(stream)
+
+
+_stream_watch = _StreamWatch()
 
 
 trees: GraphTrees = TorchGraphTrees()

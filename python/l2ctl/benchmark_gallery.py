@@ -150,6 +150,7 @@ def bench_workloads(stream: StreamLike = None, names: Optional[Sequence[str]] = 
                     "tune_seconds_per_candidate": tuned.seconds / len(candidates), "setup_seconds": setup_s,
                     "tune_points": [{**p.point._asdict(), "speedup": p.speedup, "ci": list(p.ci), "stage": p.stage}
                                     for c in tuned.candidates.values() for p in c.points],
+                    "described": w.describe(),  # a compiled row: whether torch graphed it (graphs_recorded)
                 })
                 for rec in tuned.table:
                     rec.config = {"workload": name, **rec.config}

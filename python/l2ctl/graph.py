@@ -21,7 +21,7 @@ from __future__ import annotations
 import enum
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Literal, Optional, Union
 
 import weakref
 
@@ -297,41 +297,50 @@ def _torch_view(obj: Any, device: object) -> Graph:
     return view
 
 
-#: ``replays(window)``: the recordings a scope's block will replay (see TorchCaptures).
-Replays = Callable[[tuple[int, int, float, int, int]], Iterable[object]]
+#: ``replays(window)``: the recordings a scope's block will replay (see TorchCaptures), or ``"new"``: only
+#: what the block itself records.
+Replays = Union[Callable[[tuple[int, int, float, int, int]], Iterable[object]], Literal["new"]]
 
 
 class TorchCaptures:
-    """The CUDA graphs PyTorch captures while the scope lives, as a target for ``l2ctl.persist``: the
-    window goes on the streams PyTorch captures on (torch.compile's graph-tree recording stream and
-    torch.cuda.graph's default capture stream, which ``make_graphed_callables`` uses), and CUDA copies it
-    into every kernel node captured there, for good (their template is gone).
+    """Wherever PyTorch runs a step while the scope lives, as a target for ``l2ctl.persist``: the window goes
+    on the streams PyTorch captures on (torch.compile's graph-tree recording stream and torch.cuda.graph's
+    default capture stream, which ``make_graphed_callables`` uses), so CUDA copies it into every kernel node
+    captured there, for good (their template is gone); and on the streams eager kernels launch on: torch's
+    current stream at entry and every stream made current inside the block (``torch.cuda.stream(s)``,
+    ``torch.cuda.set_stream``), where torch.compile runs what it does not graph (an in-place update of an
+    input not marked static, graph breaks, dynamic shapes, its warm-up runs).
 
         step = torch.compile(step_fn, mode="reduce-overhead")
         with l2ctl.persist(l2ctl.graph.torch_captures(), acc, policy=tuned):   # before the first call
             for _ in range(100):
-                step()                      # warm-up, recording and replays, all with the window
+                step()                      # warm-up, recording and replays, graphed or not: with the window
 
     A scope with a window is refused, before any change, when the graph trees on its device hold a recording
     without that window (recorded outside any such scope, so l2ctl cannot tell, or under another window):
-    a larger set-aside only slows its replays (2x on an H100). l2ctl sees the graph trees only, not what
-    make_graphed_callables or torch.cuda.graph captured before the scope: capture those inside it.
-    ``replays(window)`` (the recordings the block replays: l2ctl.workloads.Compiled knows them) narrows the
-    check to those."""
+    a larger set-aside only slows its replays (2x on an H100). ``replays`` narrows that check to what the
+    block replays: ``"new"`` when it replays only what it records itself (a ``make_graphed_callables`` or
+    ``torch.cuda.graph`` capture made inside it, a compiled function first called inside it), or a function
+    of the window that returns the recordings it replays (l2ctl.workloads.Compiled knows them). l2ctl sees
+    the graph trees only, not what make_graphed_callables or torch.cuda.graph captured before the scope:
+    capture those inside it. The current stream is torch's per thread: a kernel another thread launches on
+    a stream it makes current is not covered."""
 
     def __init__(self, device: object = None, *, replays: Optional[Replays] = None) -> None:
+        if replays is not None and replays != "new" and not callable(replays):
+            raise TypeError(f"replays must be 'new' or a function of the window, got {replays!r}")
         self._device = device
         self._replays = replays
 
     def _l2ctl_target(self) -> _registry.Target:
         device = resolve_device(self._device)
-        streams = _torch_graphs.trees.capture_streams(device)
-        slots = tuple(_registry.stream_slot(resolve_stream(s).handle) for s in streams)
+        streams = [*_torch_graphs.trees.capture_streams(device), _torch_graphs.trees.current_stream(device)]
+        slots = tuple(dict.fromkeys(_registry.stream_slot(resolve_stream(s).handle) for s in streams))
         return _registry.Target(device, slots, tuple(streams), None, lambda window: self._admit(device, window))
 
-    def _admit(self, device: int, window: AccessPolicyWindow) -> Callable[[], None]:
+    def _admit(self, device: int, window: AccessPolicyWindow) -> Callable[[_registry.Scope], None]:
         value = window.as_tuple()
-        if not window.empty:
+        if not window.empty and self._replays != "new":
             found = list(_torch_graphs.trees.recorded(device) if self._replays is None else self._replays(value))
             unknown, other = _torch_graphs.without(found, value)
             if unknown or other:
@@ -340,32 +349,49 @@ class TorchCaptures:
                     f"l2ctl.graph.torch_captures() scope and {other} recorded under another window. CUDA copies a "
                     "window into a graph only while it is captured, so their replays would not carry this one, "
                     "and without it a larger set-aside only slows them. Enter the scope before the compiled "
-                    "function's first call (its warm-up and recording then happen inside it), or call "
+                    "function's first call (its warm-up and recording then happen inside it), pass "
+                    "torch_captures(replays='new') if the block replays only what it records itself (a "
+                    "make_graphed_callables capture, a compiled function first called inside it), or call "
                     "torch.compiler.reset() and start again")
-        return _Recordings(device, None if window.empty else value)
+        return _CaptureScope(device, None if window.empty else value)
 
     def __repr__(self) -> str:
         return f"<l2ctl.graph.torch_captures device={self._device}>"
 
 
-class _Recordings:
-    """Called after a torch_captures scope's entry (its window now on the capture streams: what is there
-    now was recorded before) and after its end (what is new was recorded under the window)."""
+class _CaptureScope:
+    """Called with a torch_captures scope after its entry (its window now on the capture streams and the
+    current stream: what is recorded now was recorded before; from now on, every stream made current gets
+    the window too) and after its end (what is new was recorded under the window; the watch stops)."""
 
     def __init__(self, device: int, window: Optional[tuple[int, int, float, int, int]]) -> None:
         self.device, self.window = device, window
         self.before: Optional[set[int]] = None
+        self.unwatch: Optional[Callable[[], None]] = None
 
-    def __call__(self) -> None:
+    def __call__(self, scope: _registry.Scope) -> None:
         if self.before is None:
             self.before = _torch_graphs.recordings(self.device)
+            self.unwatch = _torch_graphs.trees.watch_current(self.device, lambda stream: self._made_current(scope, stream))
         else:
+            self._stop()
             _torch_graphs.remember_recordings(self.device, self.before, self.window)
+
+    def _stop(self) -> None:
+        unwatch, self.unwatch = self.unwatch, None
+        if unwatch is not None:
+            unwatch()
+
+    def _made_current(self, scope: _registry.Scope, stream: object) -> None:
+        """A stream of the device is made current inside the block: the scope's window goes there first."""
+        if not _registry.add_slots(scope, (_registry.stream_slot(resolve_stream(stream).handle),), stream):
+            self._stop()  # the scope ended (its holder died, or its end was cut short)
 
 
 def torch_captures(device: object = None, *, replays: Optional[Replays] = None) -> TorchCaptures:
-    """The graphs PyTorch captures inside the scope (torch.compile's CUDA graph trees, make_graphed_callables,
-    torch.cuda.graph on its default stream) as a target for ``l2ctl.persist``; see TorchCaptures."""
+    """Where PyTorch runs a step inside the scope (the graphs torch.compile's CUDA graph trees,
+    make_graphed_callables and torch.cuda.graph capture, and the streams eager kernels launch on) as a
+    target for ``l2ctl.persist``; see TorchCaptures."""
     return TorchCaptures(device, replays=replays)
 
 

@@ -488,6 +488,23 @@ void Registry::exit(Scope& scope) {
   if (Device_state* st = lookup(scope.device)) settle(*st);
 }
 
+int Registry::add_slots(Scope& scope, const std::vector<Slot>& slots) {
+  if (scope.ending) return -1;
+  Device_state* st = lookup(scope.device);
+  if (st == nullptr) return -1;
+  settle(*st);
+  const auto it = st->scopes.find(scope.id);
+  if (it == st->scopes.end() || it->second.get() != &scope) return -1;
+  int added = 0;
+  for (const Slot& slot : slots)
+    if (std::find(scope.slots.begin(), scope.slots.end(), slot) == scope.slots.end()) {
+      scope.slots.push_back(slot);  // the next plan (this one, or a settle) covers it
+      ++added;
+    }
+  if (added) sync(*st);
+  return added;
+}
+
 void Registry::set_base_window(const std::vector<Slot>& slots, int device, long long maximum,
                                const Plan_window& window) {
   Device_state& st = state(device, maximum);

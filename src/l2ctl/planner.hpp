@@ -187,6 +187,8 @@ class Registry {
   Entered enter(const Scope_ptr& scope, long long maximum);
   // Ends `scope` (marked ending first) and makes the device match what is left.
   void exit(Scope& scope);
+  // More slots for a live scope (its window planned there too); how many were new, or -1 if it is not live.
+  int add_slots(Scope& scope, const std::vector<Slot>& slots);
   void set_base_window(const std::vector<Slot>& slots, int device, long long maximum, const Plan_window& window);
   void forget_slots(int kind, const std::vector<std::uintptr_t>& handles);
   std::optional<long long> known_limit(int device);

@@ -153,3 +153,72 @@ def test_tune_on_a_torch_graph(step):
     with tuned.persist(g):
         Replay().enqueue(s)
     assert Replay().verify(s)
+
+
+def test_torch_compile_without_its_graphs_gets_the_window_on_the_current_stream(step):
+    """An in-place step whose accumulator is not marked static: torch skips its CUDA graphs and runs the
+    kernels eagerly on the current stream; the torch_captures scope puts its window there too."""
+    acc, run, check = step
+    import types
+
+    compiled = torch.compile(types.FunctionType(run.__code__.replace(), run.__globals__, "run", None, run.__closure__),
+                             mode="reduce-overhead")
+    side = torch.cuda.Stream()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", l2ctl.SetAsideTaxWarning)
+            with l2ctl.persist(graph.torch_captures(), acc, 1.0) as p:
+                assert l2ctl.get_window(torch.cuda.current_stream()) == p.window
+                for _ in range(3):
+                    acc.zero_()
+                    torch.compiler.cudagraph_mark_step_begin()
+                    compiled()
+                assert check()
+                with torch.cuda.stream(side):  # made current inside the scope: the window goes there first
+                    assert l2ctl.get_window(side) == p.window
+                    side.wait_stream(torch.cuda.default_stream())
+                    acc.zero_()
+                    compiled()
+                torch.cuda.current_stream().wait_stream(side)
+                assert check()
+        assert not l2ctl._torch_graphs.trees.recorded(acc.device.index)  # nothing was graphed
+        assert l2ctl.get_window(torch.cuda.current_stream()).empty and l2ctl.get_window(side).empty
+        assert torch.cuda.set_stream.__module__.startswith("torch")  # torch's own function again
+    finally:
+        torch.compiler.reset()
+
+
+def test_replays_new_with_two_compiled_functions_and_a_graphed_callable(step):
+    acc, run, check = step
+    import types
+
+    def fresh():
+        return torch.compile(types.FunctionType(run.__code__.replace(), run.__globals__, "run", None, run.__closure__),
+                             mode="reduce-overhead")
+
+    bias = torch.randn(int(0.3 * l2ctl.device_info().l2_cache_size) // 4, device=acc.device)
+    x = torch.randn(64, bias.numel(), device=acc.device)
+    torch._dynamo.mark_static_address(acc)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", l2ctl.SetAsideTaxWarning)
+            warnings.filterwarnings("ignore", category=UserWarning, module="torch")
+            first = fresh()
+            with l2ctl.persist(graph.torch_captures(), acc, 1.0):
+                for _ in range(3):
+                    torch.compiler.cudagraph_mark_step_begin()
+                    first()
+            with pytest.raises(ValueError, match="replays='new'"):  # the trees hold first's recording
+                with l2ctl.persist(graph.torch_captures(), bias, 1.0):
+                    pass
+            with torch.no_grad(), l2ctl.persist(graph.torch_captures(replays="new"), bias, 1.0) as p:
+                graphed = torch.cuda.make_graphed_callables(lambda t: t + bias, (x,))
+                second = fresh()
+                for _ in range(3):
+                    torch.compiler.cudagraph_mark_step_begin()
+                    second()
+                assert torch.equal(graphed(x), x + bias)
+            recorded = l2ctl._torch_graphs.trees.recorded(acc.device.index)
+            assert l2ctl._torch_graphs.without(recorded, p.window.as_tuple()) == (0, 1)  # first's, under acc's window
+    finally:
+        torch.compiler.reset()

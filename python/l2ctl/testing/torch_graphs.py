@@ -14,7 +14,9 @@ recording stream per device, recordings that keep only their executables)::
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+import contextlib
+import itertools
+from typing import Any, Callable, Iterator, Optional
 
 from .. import _backend
 from .._interop import resolve_stream
@@ -87,12 +89,18 @@ class FakeRecording:
 
 class FakeGraphTrees:
     """torch.compile's CUDA graph trees for ``l2ctl._torch_graphs.use_trees``: per device a recording stream
-    (an l2ctl Stream) and the recordings made on it with ``record``."""
+    and torch.cuda.graph's default capture stream (l2ctl Streams), the recordings made on the recording
+    stream with ``record``, and torch's current stream per device (``set_stream``, ``stream(s)``; the legacy
+    default stream until one is set), whose watchers are told before a stream becomes current, as
+    ``torch.cuda.set_stream`` tells l2ctl's."""
 
     def __init__(self) -> None:
         self.streams: dict[int, Any] = {}
         self.default_streams: dict[int, Any] = {}
         self.roots: dict[int, list[FakeRecording]] = {}
+        self.current: dict[int, object] = {}
+        self._watchers: dict[int, tuple[int, Callable[[object], None]]] = {}
+        self._tokens = itertools.count(1)
 
     def capture_streams(self, device: int) -> list[object]:
         from .._memory import Stream
@@ -101,6 +109,36 @@ class FakeGraphTrees:
             self.streams[device] = Stream(device)
             self.default_streams[device] = Stream(device)
         return [self.streams[device], self.default_streams[device]]
+
+    def current_stream(self, device: int) -> object:
+        return self.current.get(device, 0)  # 0: the legacy default stream, torch's current one at start
+
+    def watch_current(self, device: int, made_current: Callable[[object], None]) -> Callable[[], None]:
+        token = next(self._tokens)
+        self._watchers[token] = (device, made_current)
+        return lambda: self._watchers.pop(token, None) and None
+
+    @property
+    def watching(self) -> int:
+        """How many watchers are registered (a scope that ended must leave none)."""
+        return len(self._watchers)
+
+    def set_stream(self, stream: object, device: int = 0) -> None:
+        """torch.cuda.set_stream: the watchers first, then the stream is current on ``device``."""
+        for watched, made_current in list(self._watchers.values()):
+            if watched == device:
+                made_current(stream)
+        self.current[device] = stream
+
+    @contextlib.contextmanager
+    def stream(self, stream: object, device: int = 0) -> Iterator[None]:
+        """``with torch.cuda.stream(s):``."""
+        previous = self.current_stream(device)
+        self.set_stream(stream, device)
+        try:
+            yield
+        finally:
+            self.set_stream(previous, device)
 
     def recorded(self, device: int) -> list[object]:
         found: list[object] = []

@@ -173,16 +173,21 @@ class ModeledGraphed(Graphed):
 class _FakeCompiledStep:
     """What torch.compile(mode="reduce-overhead") makes of a step, on the simulator: the first call runs it
     on the recording stream (the warm-up), the second records it there (graph trees) and replays it on the
-    caller's stream, later calls replay."""
+    caller's stream, later calls replay. With ``graphs=False`` it is what torch.compile makes of a step it
+    does not graph (an in-place update of an input not marked static): every call runs the kernels eagerly
+    on the current stream."""
 
-    def __init__(self, trees: FakeGraphTrees, base: ModeledWorkload) -> None:
-        self.trees, self.base = trees, base
+    def __init__(self, trees: FakeGraphTrees, base: ModeledWorkload, graphs: bool = True) -> None:
+        self.trees, self.base, self.graphs = trees, base, graphs
         self.calls = 0
         self.recording: Optional[FakeRecording] = None
 
     def __call__(self) -> None:
         self.calls += 1
         caller = self.base._current
+        if not self.graphs:
+            self.base.step()
+            return
         if self.calls == 1:
             with self.base.on_stream(self.trees.capture_streams(self.base.device)[0]):
                 self.base.step()
@@ -195,20 +200,29 @@ class _FakeCompiledStep:
 
 class ModeledCompiled(Compiled):
     """``l2ctl.workloads.Compiled`` over a modeled workload and the simulator's graph trees (FakeGraphTrees,
-    installed with ``l2ctl._torch_graphs.use_trees``): the same one-compiled-function-per-window logic."""
+    installed with ``l2ctl._torch_graphs.use_trees``): the same one-compiled-function-per-window logic.
+    ``graphs=False``: torch.compile without its graphs (every call eager, on the current stream)."""
 
-    def __init__(self, base: ModeledWorkload, trees: FakeGraphTrees) -> None:
-        self.trees = trees
+    def __init__(self, base: ModeledWorkload, trees: FakeGraphTrees, *, graphs: bool = True) -> None:
+        self.trees, self.graphs = trees, graphs
+        self.skips = 0  # calls run without graphs (torch counts the skips)
         super().__init__(base)
 
     def _static_inputs(self) -> None:
         pass
 
-    def _on_stream(self, stream: object) -> contextlib.AbstractContextManager[Any]:
-        return self.base.on_stream(stream)  # type: ignore[attr-defined, no-any-return]
+    @contextlib.contextmanager
+    def _on_stream(self, stream: object) -> Iterator[None]:
+        # torch.cuda.stream(stream) as the trees see it, and the modeled workload's own current stream
+        with self.trees.stream(stream, self.device), self.base.on_stream(stream):  # type: ignore[attr-defined]
+            yield
 
     def _fresh(self) -> Callable[[], Any]:
-        return _FakeCompiledStep(self.trees, self.base)  # type: ignore[arg-type]
+        return _FakeCompiledStep(self.trees, self.base, self.graphs)  # type: ignore[arg-type]
 
     def _call(self, fn: Callable[[], Any]) -> None:
         fn()
+        self.skips += not self.graphs
+
+    def _graph_skips(self) -> int:
+        return self.skips

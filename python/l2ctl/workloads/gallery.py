@@ -67,6 +67,13 @@ GALLERY: tuple[GalleryEntry, ...] = (
                  "torch", 4 * GiB, lambda device=None: Graphed(ScatterAdd(device))),
     GalleryEntry("scatter-add-compiled", "the scatter-add compiled with torch.compile(mode='reduce-overhead')", "torch",
                  4 * GiB, lambda device=None: Compiled(ScatterAdd(device))),
+    GalleryEntry("scatter-add-compiled-eager", "the in-place scatter-add compiled, its accumulator not marked static: "
+                 "torch.compile skips its CUDA graphs and runs it eagerly", "torch", 4 * GiB,
+                 lambda device=None: Compiled(ScatterAdd(device), static_inputs=False,
+                                              name="scatter-add-compiled-eager")),
+    GalleryEntry("scatter-add-compiled-temp", "the scatter-add compiled with its zeroing, accumulator static: Inductor "
+                 "scatters into a temporary of its own and copies it into acc", "torch", 4 * GiB,
+                 lambda device=None: Compiled(ScatterAdd(device, zero_in_step=True), name="scatter-add-compiled-temp")),
 )
 
 

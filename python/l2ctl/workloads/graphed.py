@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import types
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 from .. import _torch_graphs
 from .._stream_window import get_window
@@ -122,18 +122,28 @@ class Compiled(_Wrapped):
     graph trees record it anew: Inductor's cache makes that quick). ``target()`` is
     ``graph.torch_captures()``, told which recordings each window's scope replays (that window's own);
     ``l2ctl.tune`` accepts it for this workload (``records_each_window``). Every compiled function and its
-    recording stay until ``close()``: a tune of a few candidates makes a few dozen."""
+    recording stay until ``close()``: a tune of a few candidates makes a few dozen.
+
+    ``static_inputs=False`` leaves the step's tensors unmarked: a step that updates one in place is then
+    not graphed at all (torch skips CUDA graphs for mutated inputs) and runs eagerly on the current stream,
+    as much user code does. ``describe()`` says how many of its compilations torch ran as CUDA graphs (0:
+    none, the step ran eagerly)."""
 
     mode = "compiled"
     records_each_window = True
 
-    def __init__(self, base: Stepped) -> None:
+    def __init__(self, base: Stepped, *, static_inputs: bool = True, name: Optional[str] = None) -> None:
         super().__init__(base)
+        if name is not None:
+            self.name = name
         self._captures = torch_captures(self.device, replays=self._replayed)
         self._compiled: dict[WindowTuple, Callable[[], Any]] = {}
         self._recorded: dict[WindowTuple, set[int]] = {}  # the recordings each compiled function made
+        self._graphed: dict[WindowTuple, bool] = {}  # whether torch ran each compiled function as CUDA graphs
         self.compilations = 0
-        self._static_inputs()
+        self.static_inputs = bool(static_inputs)
+        if self.static_inputs:
+            self._static_inputs()
 
     # ---- what PyTorch does (the simulator's stand-in, l2ctl.testing.workloads, replaces these) ----------
 
@@ -151,6 +161,13 @@ class Compiled(_Wrapped):
         require_torch().compiler.cudagraph_mark_step_begin()
         fn()
 
+    def _graph_skips(self) -> int:
+        """How many times torch.compile has skipped CUDA graphs in this process (its own counter, bumped with
+        every "skipping cudagraphs due to ..." it logs)."""
+        from torch._dynamo.utils import counters
+
+        return int(counters["inductor"]["cudagraph_skips"])
+
     def _fresh(self) -> Callable[[], Any]:
         step = self.base.step
 
@@ -165,6 +182,10 @@ class Compiled(_Wrapped):
 
     def target(self) -> TorchCaptures:
         return self._captures
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "static_inputs": self.static_inputs, "compilations": self.compilations,
+                "graphed_compilations": sum(self._graphed.values())}
 
     def _replayed(self, window: WindowTuple) -> list[object]:
         ids = self._recorded.get(window, set())
@@ -183,12 +204,13 @@ class Compiled(_Wrapped):
             # explicitly empty one, so that l2ctl knows what these graphs carry.
             fn = self._compiled[key] = self._fresh()
             self.compilations += 1
-            before = _torch_graphs.recordings(self.device)
+            before, skips = _torch_graphs.recordings(self.device), self._graph_skips()
             with ScopedWindow(self._captures, AccessPolicyWindow()) if not key[1] else contextlib.nullcontext():
                 for _ in range(3):
                     self.base.prepare()
                     self._call(fn)
             self._recorded[key] = _torch_graphs.recordings(self.device) - before
+            self._graphed[key] = self._graph_skips() == skips
 
     def close(self) -> None:
         self._compiled.clear()
