@@ -336,7 +336,10 @@ py::object scope_object_of(const pl::Scope& scope) { return *static_cast<py::obj
 class Locked {
  public:
   explicit Locked(Registry_object* registry) : registry_(registry) {
-    if (lock_instance->owned()) throw std::runtime_error(pl::reentry_hint);
+    if (lock_instance->owned()) {
+      PyErr_SetString(PyExc_RuntimeError, pl::reentry_hint);
+      throw py::error_already_set();
+    }
     lock_instance->acquire(true, -1);
   }
   ~Locked() {
@@ -382,17 +385,28 @@ py::object exception_object(const std::exception_ptr& cause) {
   }
 }
 
+[[noreturn]] void raise(py::handle error) {
+  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
+  throw py::error_already_set();
+}
+
+// Every planner error as the Python exception it stands for (py::error_already_set), so that callers in C++
+// (a scope's __exit__) see one kind of error.
 template <typename F>
 auto translated(F&& f) -> decltype(f()) {
   try {
     return f();
   } catch (const pl::Call_failed& failure) {
-    std::rethrow_exception(failure.cause);
+    py::object error = exception_object(failure.cause);
+    if (!failure.note.empty() && py::hasattr(error, "add_note")) error.attr("add_note")(failure.note);
+    raise(error);
   } catch (const pl::Limit_refused& refused) {
     py::object cause = exception_object(refused.cause);
     py::object error = names().not_supported(refused.what());
     error.attr("__cause__") = cause;
-    PyErr_SetObject(names().not_supported.ptr(), error.ptr());
+    raise(error);
+  } catch (const std::invalid_argument& e) {
+    PyErr_SetString(PyExc_ValueError, e.what());
     throw py::error_already_set();
   }
 }
@@ -431,6 +445,50 @@ std::vector<pl::Slot> slots_of(py::handle slots) {
   std::vector<pl::Slot> out;
   for (py::handle slot : py::reinterpret_borrow<py::iterable>(slots)) out.push_back(to_slot(slot));
   return out;
+}
+
+// A scope's end: marked ending first; ended on the registry it was entered with (nothing if never entered,
+// or entered before a fork).
+void end_scope(Scope_object& scope) {
+  scope.core->ending = true;
+  const std::shared_ptr<Registry_object> r = scope.registry;
+  if (!r || r->epoch != fork_epoch.load()) return;
+  translated([&] {
+    Locked locked(r.get());
+    r->planner.exit(*scope.core);
+  });
+}
+
+// The object's live scope (`_scope`) ended, then its `_changed` called (a graph's executables remade: Python, the
+// one part of an end that is). When the block raised, an error of the end becomes a note on the block's own.
+py::object scope_exit(py::object self, py::object, py::object exc, py::object) {
+  py::object scope = py::getattr(self, "_scope", py::none());
+  if (scope.is_none()) return py::none();
+  Scope_object& ending = scope.cast<Scope_object&>();
+  ending.core->ending = true;
+  try {
+    end_scope(ending);
+    py::object changed = py::getattr(self, "_changed", py::none());
+    if (!changed.is_none()) changed(scope);
+  } catch (py::error_already_set& error) {
+    if (exc.is_none() || !py::hasattr(exc, "add_note")) throw;
+    exc.attr("add_note")(py::str("l2ctl: restoring device state after the error also failed: {!r}").format(error.value()));
+  }
+  return py::none();
+}
+
+// `with stream:` ended: the innermost entry of this stream leaves this thread's stack of current streams, by
+// list operations alone (no Python code runs, so no interrupt leaves the stream current).
+py::object stream_exit(py::object self, py::object, py::object, py::object) {
+  // Leaked on purpose: a static py::object would be released at exit without the GIL.
+  static py::object* current = new py::object(py::module_::import("l2ctl._interop").attr("_current"));
+  py::list streams = current->attr("streams");
+  for (Py_ssize_t i = static_cast<Py_ssize_t>(streams.size()) - 1; i >= 0; --i)
+    if (PyList_GET_ITEM(streams.ptr(), i) == self.ptr()) {
+      PySequence_DelItem(streams.ptr(), i);
+      break;
+    }
+  return py::none();
 }
 
 }  // namespace
@@ -533,7 +591,10 @@ void bind_planner(py::module_& core) {
                return translated([&] {
                  Locked locked(r.get());
                  if (!holder.is_none()) {
-                   if (!holder.attr("_scope").is_none()) throw std::runtime_error(already_active);
+                   if (!holder.attr("_scope").is_none()) {
+                     PyErr_SetString(PyExc_RuntimeError, already_active);
+                     throw py::error_already_set();
+                   }
                    // A holder freed while live ends its scope at the next call (its __exit__ was cut short).
                    std::weak_ptr<pl::Scope> core = scope.core;
                    py::cpp_function gone([core](py::handle) {
@@ -651,17 +712,14 @@ void bind_planner(py::module_& core) {
            })
       .def_property_readonly("stale", [](const Registry_object& r) { return r.epoch != fork_epoch.load(); });
 
-  // A scope's end: marked ending first; ended on the registry it was entered with (nothing if never entered,
-  // or entered before a fork).
-  m.def("exit_scope", [](Scope_object& scope) {
-    scope.core->ending = true;
-    const std::shared_ptr<Registry_object> r = scope.registry;
-    if (!r || r->epoch != fork_epoch.load()) return;
-    translated([&] {
-      Locked locked(r.get());
-      r->planner.exit(*scope.core);
-    });
-  });
+  m.def("exit_scope", &end_scope, "scope"_a);
+  // `__exit__` of persist's scope, the scoped window and the set_aside scope: compiled, so that no Python code of
+  // l2ctl's runs between the with statement's end and the scope's (an interrupt there would leave it live).
+  // An instance method: it binds to the scope object as a def in the class body does.
+  py::cpp_function exit_method(&scope_exit, py::name("__exit__"), "self"_a, "exc_type"_a, "exc"_a, "tb"_a);
+  m.attr("scope_exit") = py::reinterpret_steal<py::object>(PyInstanceMethod_New(exit_method.ptr()));
+  py::cpp_function stream_exit_method(&stream_exit, py::name("__exit__"), "self"_a, "exc_type"_a, "exc"_a, "tb"_a);
+  m.attr("stream_exit") = py::reinterpret_steal<py::object>(PyInstanceMethod_New(stream_exit_method.ptr()));
 
   m.def(
       "add_slots",

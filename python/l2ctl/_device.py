@@ -62,14 +62,26 @@ _cache_lock = threading.Lock()
 def forget_cached_properties() -> None:
     """Drop every cached property (after fork the child must not trust the parent's view of CUDA)."""
     with _cache_lock:
-        _cache.clear()
-        _last[0], _last[1] = None, {}
-        _checked.clear()
-        _stream_contexts.clear()
+        _forget()
+
+
+def _forget() -> None:
+    _cache.clear()
+    _last[0], _last[1] = None, {}
+    _checked.clear()
+    _stream_contexts.clear()
+
+
+def _after_fork_in_child() -> None:
+    # A new lock, never the parent's: another thread of the parent may have held it at the fork, and that
+    # thread does not exist in the child (waiting for it would hang the child).
+    global _cache_lock
+    _cache_lock = threading.Lock()
+    _forget()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=forget_cached_properties)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 #: The oldest Linux driver for each CUDA major version (NVIDIA's CUDA toolkit release notes, "CUDA Toolkit

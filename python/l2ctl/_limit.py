@@ -86,8 +86,7 @@ class SetAside(int):
         self._scope.standing = False  # now a block-scoped request, ended by __exit__
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.restore()
+    __exit__ = _registry.scope_exit  # compiled, as persist's (see Persist.__exit__)
 
     def restore(self) -> None:
         """End this request (idempotent): the limit goes back to what the live scopes and the base say."""

@@ -9,7 +9,7 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 
 from . import _backend, _registry
-from ._device import properties, resolve_device
+from ._device import properties, resolve_device, stream_device
 from ._dlpack import DL_CUDA, DLPACK_VERSION, export_capsule
 from ._interop import (BufferRef, StreamRef, SupportsCudaArrayInterface, SupportsCudaStream, SupportsDLPack,
                        current_streams, resolve_stream)
@@ -74,8 +74,15 @@ class Stream:
 
     def wait(self, other: Union["Event", StreamLike]) -> None:
         """Make work queued on this stream from now on wait for ``other``: an Event (as recorded), or any
-        stream l2ctl accepts (all that is queued on it now), as torch's wait_event/wait_stream do."""
-        (other if isinstance(other, Event) else Event(self.device).recording(other)).wait(self)
+        stream l2ctl accepts (all that is queued on it now), as torch's wait_event/wait_stream do. A stream of
+        another device is waited for through an event of its own device (CUDA records an event only on a
+        stream of the event's device)."""
+        if isinstance(other, Event):
+            other.wait(self)
+            return
+        ref = resolve_stream(other)
+        device = ref.device if ref.device is not None else stream_device(ref)
+        Event(device).recording(other).wait(self)
 
     def close(self) -> None:
         """Destroy the stream (idempotent). Work already queued still completes. Live l2ctl scopes on it
@@ -90,10 +97,9 @@ class Stream:
         current_streams().append(self)
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        streams = current_streams()
-        if self in streams:  # the innermost entry of this stream (blocks nest; a thread's own stack)
-            del streams[len(streams) - 1 - streams[::-1].index(self)]
+    #: ``__exit__``, compiled: the innermost entry of this stream leaves this thread's stack of current streams
+    #: (blocks nest) by list operations alone, so no interrupt can leave it current.
+    __exit__ = _registry.stream_exit
 
     def __repr__(self) -> str:
         if self.closed:

@@ -259,12 +259,16 @@ class Persist:
                 device = stream_device(ref)
             if ref.source != "l2ctl.Stream":
                 check_stream_context(ref, device)
+            elif ref.owner._ref is None:  # checked again here: it may have been closed since the scope was made
+                raise ValueError("the stream is closed")
             slots: tuple[_registry.Slot, ...] = (_registry.stream_slot(ref.handle),)
             owner = ref.owner
         else:
             target = resolve_target(self._target_object)  # a graph predicate runs here
             device, slots, owner = target.device, target.slots, target.owner
         buffer = self._buffer
+        if buffer.allocation and buffer.owner._ref is None:  # an l2ctl buffer freed since the scope was made
+            raise ValueError("the device buffer has been freed")
         if buffer.device is not None and buffer.device != device:
             raise ValueError(
                 f"the buffer is on device {buffer.device} but the {'stream' if target is None else 'target'} is on "
@@ -349,18 +353,10 @@ class Persist:
         if self._changed is not None:
             self._changed(scope)
 
-    def __exit__(self, exc_type: object, exc: Optional[BaseException], tb: object) -> None:
-        scope = self._scope
-        if scope is None:
-            return
-        scope.ending = True  # first: if this call is cut short, the next l2ctl call ends the scope
-        try:
-            self._end(scope)
-        except BaseException as error:
-            if exc is None:
-                raise
-            if hasattr(exc, "add_note"):  # the block's own exception stays the one to see
-                exc.add_note(f"l2ctl: restoring device state after the error also failed: {error!r}")
+    #: ``__exit__(exc_type, exc, tb)``, compiled (src/planner_bindings.cpp): the scope ends (marked ending first),
+    #: then ``_changed`` runs; no Python code of l2ctl's runs before the end, so an interrupt cannot land there.
+    #: When the block raised, a failure of the end is a note on the block's own exception.
+    __exit__ = _registry.scope_exit
 
     def __repr__(self) -> str:
         if self._scope is None:

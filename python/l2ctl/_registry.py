@@ -75,6 +75,10 @@ exit: Callable[[Scope], None] = _native.exit_scope
 #: the limit is unchanged (one window, more holders). ``owner`` is kept alive with the scope. False when the scope
 #: is no longer live (nothing changes).
 add_slots: Callable[..., bool] = _native.add_slots
+#: ``__exit__`` of persist's scope, the scoped window and the set_aside scope, and of ``with l2ctl.Stream()``:
+#: compiled instance methods (src/planner_bindings.cpp), so every with block l2ctl gives ends in compiled code.
+scope_exit: Any = _native.scope_exit
+stream_exit: Any = _native.stream_exit
 
 
 class Target(NamedTuple):

@@ -4,7 +4,7 @@ and ``scoped_window``, a fixed window on any of them for a block."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Union, cast
+from typing import Callable, Optional, Union, cast
 
 from . import _registry, _torch_graphs
 from ._device import check_stream_context, properties, stream_device
@@ -114,10 +114,5 @@ class ScopedWindow:
         if self._changed is not None:
             self._changed(scope)
 
-    def __exit__(self, *exc: Any) -> None:
-        scope = self._scope
-        if scope is None:
-            return
-        scope.ending = True
-        self._end(scope)
+    __exit__ = _registry.scope_exit  # compiled, as persist's (see Persist.__exit__)
 

@@ -61,6 +61,16 @@ void share(const std::vector<Scope*>& in_force, std::optional<long long> limit) 
 
 std::uint64_t next_scope_id() { return ++scope_ids; }
 
+std::string hex_of(std::uintptr_t value) {
+  static const char digits[] = "0123456789abcdef";
+  std::string out;
+  do {
+    out.insert(out.begin(), digits[value & 15]);
+    value >>= 4;
+  } while (value);
+  return out;
+}
+
 // ---- arithmetic ---------------------------------------------------------------------------------------------
 
 double normalize_hit_ratio(double ratio) {
@@ -256,7 +266,21 @@ void Registry::apply(Device_state& state, std::map<Slot, Plan_window>& changes, 
   } catch (const Call_failed& failure) {
     if (failure.cuda) {
       state.batch.reset();  // a failed batch puts back what it changed: nothing to record
-      resync(state, slots);
+      const std::vector<Slot> dead = resync(state, slots);
+      if (!dead.empty()) {
+        // A holder destroyed by its owner under a live scope: forgotten, so that it poisons no later change; the
+        // rest of the batch is applied again without it, and the error says why.
+        std::map<Slot, Plan_window> rest;
+        for (const auto& [slot, window] : changes)
+          if (alive(slot)) rest.emplace(slot, window);
+        if (!rest.empty() || limit || reset) apply(state, rest, limit, at_least, reset);
+        Call_failed explained = failure;
+        explained.note = "l2ctl: " + std::string(dead.front().kind == stream_slot ? "stream 0x" : "kernel node 0x") +
+                         hex_of(dead.front().handle) +
+                         " no longer exists (destroyed by its owner while an l2ctl scope covered it): l2ctl forgot it, "
+                         "and the other changes were made";
+        rethrow_translated(explained, state.device);
+      }
       rethrow_translated(failure, state.device);
     }
     record_batch(state);
@@ -297,8 +321,9 @@ void Registry::record_batch(Device_state& state) {
 
 // After a failed batch, learn what the device really holds: the batch put back the limit and the slots it had
 // read first (every slot l2ctl covered for the first time); the others may have changed.
-void Registry::resync(Device_state& state, const std::vector<Slot>& slots) {
+std::vector<Slot> Registry::resync(Device_state& state, const std::vector<Slot>& slots) {
   state.dirty = true;
+  std::vector<Slot> dead;
   for (const Slot& slot : slots) {
     if (!state.base_windows.count(slot)) {
       state.applied_windows.erase(slot);  // put back to what l2ctl never knew: nothing to track
@@ -306,8 +331,13 @@ void Registry::resync(Device_state& state, const std::vector<Slot>& slots) {
     }
     try {
       state.applied_windows[slot] = calls_->get_window(slot);
-    } catch (const Call_failed&) {
-      state.applied_windows.erase(slot);  // unknown: the next plan writes it again
+    } catch (const Call_failed& failure) {
+      state.applied_windows.erase(slot);
+      if (failure.cuda) {  // the holder cannot be read: it is gone, and no later plan may write there
+        ++generations_[{slot.kind, slot.handle}];
+        state.base_windows.erase(slot);
+        dead.push_back(slot);
+      }
     }
   }
   if (state.applied_limit || !state.base_limit) {
@@ -316,7 +346,7 @@ void Registry::resync(Device_state& state, const std::vector<Slot>& slots) {
       limit = calls_->get_limit(state.device);
     } catch (const Call_failed&) {
       state.applied_request.reset();
-      return;
+      return dead;
     }
     state.observed_limit = limit;
     if (state.base_limit)  // l2ctl owns the limit: what it holds now is what it applied
@@ -324,6 +354,7 @@ void Registry::resync(Device_state& state, const std::vector<Slot>& slots) {
     else  // the batch put back a limit l2ctl does not own
       state.applied_limit = state.applied_request = std::nullopt;
   }
+  return dead;
 }
 
 // Slots no live scope covers are back to their base and forgotten (re-read when a scope next covers them, so

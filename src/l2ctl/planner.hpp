@@ -91,6 +91,7 @@ struct Call_failed : std::runtime_error {
   std::string call, name;
   bool cuda;
   std::exception_ptr cause;
+  std::string note;  // what the planner adds (a holder found dead)
 };
 
 // A limit the process may not set (MPS client, not permitted): raised in place of the Call_failed `cause`.
@@ -213,7 +214,8 @@ class Registry {
   void apply(Device_state& state, std::map<Slot, Plan_window>& changes, std::optional<long long> limit, bool at_least,
              bool reset);
   void record_batch(Device_state& state);
-  void resync(Device_state& state, const std::vector<Slot>& slots);
+  // What the device holds after a failed batch; returns the slots found dead (their holder destroyed).
+  std::vector<Slot> resync(Device_state& state, const std::vector<Slot>& slots);
   void forget_idle(Device_state& state);
   void settle(Device_state& state, bool quiet = false);
   void register_scope(Device_state& state, const Scope_ptr& scope);
@@ -249,5 +251,6 @@ std::pair<long long, std::string> probe_rounding(const std::function<long long(l
 extern const char* const reentry_hint;
 
 std::uint64_t next_scope_id();
+std::string hex_of(std::uintptr_t value);
 
 }  // namespace l2ctl::planner

@@ -1,0 +1,161 @@
+"""The holes an attack on the simulator found (issue 29), each reproduced as it was found: an interrupt at the
+first line of a scope's end, a scoped window's failed end hiding the block's error, a buffer freed or a stream
+closed between a scope's making and its entry, a stream destroyed by its owner under a live scope, a wait on a
+stream of another device, a fork while another thread holds one of l2ctl's locks."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import pytest
+
+import l2ctl
+from l2ctl import _device, _registry
+from l2ctl.testing import FakeBackend, FakeDevice
+
+MiB = 1 << 20
+PACKAGE = os.path.dirname(l2ctl.__file__)
+
+
+class InterruptAtExit:
+    """A tracer that raises KeyboardInterrupt at the first line of any ``__exit__`` of l2ctl's own (the simulator
+    apart): where a real Ctrl-C can land when ``__exit__`` is Python code."""
+
+    def __init__(self) -> None:
+        self.fired = 0
+
+    def __call__(self, frame: Any, event: str, arg: Any) -> Any:
+        code = frame.f_code
+        if (event == "call" and code.co_name == "__exit__" and code.co_filename.startswith(PACKAGE)
+                and "testing" not in code.co_filename):
+            self.fired += 1
+            raise KeyboardInterrupt
+        return None
+
+    def __enter__(self) -> "InterruptAtExit":
+        sys.settrace(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        sys.settrace(None)
+
+
+@pytest.mark.parametrize("kind", ["persist", "scoped_window", "set_aside", "stream"])
+def test_an_interrupt_at_the_first_line_of_an_end_leaves_nothing_live(fake, kind):
+    s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(4 * MiB)
+    initial = fake.state()
+    make = {"persist": lambda: l2ctl.persist(s, buf, 0.5),
+            "scoped_window": lambda: l2ctl.scoped_window(s, l2ctl.AccessPolicyWindow.for_buffer(buf, 0.5)),
+            "set_aside": lambda: l2ctl.set_aside(2 * 3_276_800),
+            "stream": lambda: s}[kind]
+    scope = make()
+    with InterruptAtExit() as tracer:
+        try:
+            with scope:
+                pass
+        except KeyboardInterrupt:  # a Python __exit__ was interrupted: what follows shows what it left
+            pass
+    assert tracer.fired == 0  # no Python __exit__ of l2ctl's ran: the end is compiled
+    assert _registry.live_scopes(0) == [] and fake.state() == initial
+    assert l2ctl._interop.current_streams() == []
+
+
+def test_a_scoped_windows_failed_end_keeps_the_blocks_own_error(fake, monkeypatch):
+    s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(MiB)
+
+    def refused(*args: object) -> Any:
+        raise l2ctl.CudaError("cudaStreamSetAttribute", 1, "cudaErrorInvalidValue", "invalid argument", "")
+
+    with pytest.raises(KeyError) as raised:
+        with l2ctl.scoped_window(s, l2ctl.AccessPolicyWindow.for_buffer(buf, 0.5)):
+            monkeypatch.setattr(fake, "apply_window", refused)
+            raise KeyError("the block's own error")
+    assert "restoring device state after the error also failed" in " ".join(getattr(raised.value, "__notes__", []))
+    monkeypatch.undo()
+    assert l2ctl.budget().scopes == () and fake.state()[1] == ()
+
+
+def test_a_scope_checks_its_buffer_and_stream_again_at_entry(fake):
+    s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(MiB)
+    before = fake.state()
+    scope = l2ctl.persist(s, buf, 0.5)
+    buf.free()
+    with pytest.raises(ValueError, match="freed"):
+        scope.__enter__()
+    other = l2ctl.persist(s, l2ctl.DeviceBuffer(MiB), 0.5)
+    s.close()
+    with pytest.raises(ValueError, match="closed"):
+        other.__enter__()
+    assert not scope.active and not other.active and fake.state() == before
+
+
+def test_a_stream_destroyed_by_its_owner_under_a_scope_ends_it_and_poisons_nothing(fake):
+    foreign = fake.Stream(0)  # a stream of another library: l2ctl is not told when it dies
+    buf = l2ctl.DeviceBuffer(MiB)
+    initial = fake.state()
+    scope = l2ctl.persist(foreign.handle, buf, 0.5)  # "auto": the limit is raised too
+    scope.__enter__()
+    foreign.close()
+    with pytest.raises(l2ctl.CudaError) as raised:
+        scope.__exit__(None, None, None)
+    assert "no longer exists" in " ".join(getattr(raised.value, "__notes__", []))
+    assert not scope.active and _registry.live_scopes(0) == []
+    assert fake.state()[0] == initial[0]  # the limit is back with the with statement's end
+    healthy = l2ctl.Stream()
+    with l2ctl.persist(healthy, buf, 0.5):
+        assert l2ctl.get_window(healthy).hit_ratio == 0.5
+    assert fake.state()[0] == initial[0] and l2ctl.get_window(healthy).empty
+
+
+def test_a_stream_waits_for_a_stream_of_another_device():
+    with FakeBackend.installed(FakeDevice.h100(), FakeDevice.h100()) as fake:
+        first, second = l2ctl.Stream(0), l2ctl.Stream(1)
+        calls = len(fake.calls)
+        first.wait(second)
+        assert fake.calls[calls:].count("cudaStreamWaitEvent") == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.filterwarnings("ignore:os.fork:RuntimeWarning", "ignore::pytest.PytestUnraisableExceptionWarning",
+                            "ignore::DeprecationWarning")
+@pytest.mark.parametrize("lock", ["device properties", "registry"])
+def test_a_fork_while_another_thread_holds_a_lock_of_l2ctls(fake, lock):
+    """The child runs l2ctl's at-fork hooks and then takes the lock itself; a hook that waited for the parent's
+    holder would hang it (the guard below only stops a hung child: it is no bound on time)."""
+    held, release = threading.Event(), threading.Event()
+    the_lock: Any = _device._cache_lock if lock == "device properties" else _registry.lock
+
+    def holder() -> None:
+        with the_lock:
+            held.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    held.wait(30)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: its own lock is free, and l2ctl works
+            mine = _device._cache_lock if lock == "device properties" else _registry.lock
+            ok = mine.acquire(timeout=5)
+            if ok:
+                mine.release()
+            os._exit(0 if ok and l2ctl.device_info().persisting_l2_cache_max_size > 0 else 1)
+        status = None
+        for _ in range(600):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung in l2ctl's at-fork hook")
+    finally:
+        release.set()
+        thread.join(30)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
