@@ -899,11 +899,25 @@ class FakeBackend:
         # them may run one more (CPython checks after each mask change), so the mask is put back whatever
         # happens from there.
         held = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+        # The mask holds back signals for this thread only: one sent to the process can still be caught by another
+        # thread, and CPython then runs its handler here, at the next bytecode. So the handlers themselves are
+        # held too: for the call they only note the signal, which is delivered to the real handler when it returns.
+        caught: list[int] = []
+        handlers: dict[int, Any] = {}
         try:
             signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+            for valid in signal.valid_signals():
+                handler = signal.getsignal(valid)
+                if callable(handler):
+                    handlers[int(valid)] = handler
+                    signal.signal(valid, lambda number, frame: caught.append(number))
             yield
         finally:
+            for number, handler in handlers.items():
+                signal.signal(number, handler)
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            for number in caught:
+                handlers[number](number, None)
 
     def _apply_state(self, device: int, limit: int, at_least: bool, stream_windows: Sequence[tuple[int, WindowTuple]],
                      node_windows: Sequence[tuple[int, WindowTuple]], reset_lines: bool,
