@@ -23,7 +23,8 @@ namespace py = pybind11;
 using namespace pybind11::literals;
 
 namespace l2ctl_bindings {
-void bind_planner(py::module_& m);  // planner_bindings.cpp
+void bind_planner(py::module_& m);        // planner_bindings.cpp
+void bind_driver_timing(py::module_& m);  // driver_timing.cpp
 }
 
 namespace {
@@ -337,6 +338,7 @@ PYBIND11_MODULE(_core, m) {
 
   // The planner: the registry of device state (planner_bindings.cpp).
   l2ctl_bindings::bind_planner(m);
+  l2ctl_bindings::bind_driver_timing(m);
 
   // Hardware counters (CUPTI, loaded on first use).
   m.def("cupti_load", &l2ctl::cupti_load, "path"_a, release());

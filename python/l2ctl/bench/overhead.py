@@ -15,7 +15,7 @@ import time
 from contextlib import ExitStack
 from typing import Any, Callable, Optional, Sequence
 
-from .. import _backend
+from .. import _backend, _core
 from .. import graph as graphs
 from .. import kernels
 from .._device import require_persistence
@@ -49,7 +49,13 @@ OVERHEAD_VARIANTS: dict[str, str] = {
     "raw_set_limit_pair": "cuda.bindings: cudaDeviceSetLimit(up), then (back)",
     "raw_reset": "cuda.bindings: cudaCtxResetPersistingL2Cache()",
     "persist_lean_torch": "persist(torch stream, torch tensor, 0.75, set_aside=None, reset_on_exit=False)",
+    "cpp_lean_calls": "a lean scope's driver calls timed in C++: cudaStreamGetAttribute + 2 cudaStreamSetAttribute",
+    "cpp_default_calls": "a default scope's driver calls timed in C++: the lean ones + cudaCtxResetPersistingL2Cache",
+    "cpp_graph_32_calls": "a 32-node graph scope's driver calls timed in C++: per node, get + 2 sets of its window",
+    "cpp_set_limit_pair": "cudaDeviceSetLimit(up), then (back), timed in C++",
 }
+#: The variants timed in C++ in one call per round (src/driver_timing.cpp), not through a Python loop.
+DRIVER_VARIANTS = ("cpp_lean_calls", "cpp_default_calls", "cpp_graph_32_calls", "cpp_set_limit_pair")
 
 
 def _per_op_us(op: Callable[[], Any], iterations: int) -> float:
@@ -195,8 +201,24 @@ def bench_overhead(
                     pass
 
             ops["persist_lean_torch"] = persist_lean_torch
-        measured = []
+        driver_timing = None if simulated else getattr(_core, "_driver_timing", None)
+        nodes32 = [k.node for k in g32.kernel_nodes()]
+
+        def driver_round(count: int) -> dict[str, float]:
+            assert driver_timing is not None
+            return dict(driver_timing.time_calls(index, s.handle, nodes32, buf.ptr, buf.nbytes, up, limit_before, count))
+
+        measured, driver_measured = [], []
         for name in names:
+            if name in DRIVER_VARIANTS:
+                if driver_timing is None:
+                    records.append(Record("overhead", name, {"operation": OVERHEAD_VARIANTS[name],
+                                                             "skipped": "the GPU is simulated"},
+                                          float("nan"), float("nan"), float("nan"), 0.0, 0, False, {}))
+                    bar.step(f"{name}: skipped")
+                else:
+                    driver_measured.append(name)
+                continue
             if name not in ops:
                 reason = ("the GPU is simulated" if simulated else "cuda-python is not installed"
                           if name.startswith("raw_") else "torch with a CUDA device is not installed")
@@ -208,13 +230,19 @@ def bench_overhead(
             measured.append(name)
         # Rounds go round-robin over the variants, so that a burst of load on the host falls on all of them
         # alike and the medians stay comparable side by side.
-        samples: dict[str, list[float]] = {name: [] for name in measured}
+        samples: dict[str, list[float]] = {name: [] for name in measured + driver_measured}
         for _ in range(rounds):
             for name in measured:
                 ops[name]()  # warm
                 samples[name].append(_per_op_us(ops[name], iterations))
                 _check_left_clean(name, s, graphs_by_size, index, limit_before)
-        for name in measured:
+            if driver_measured:  # the same round, beside the scopes
+                driver_round(1)  # warm
+                timed = driver_round(iterations)
+                for name in driver_measured:
+                    samples[name].append(timed[name])
+                _check_left_clean("cpp_*", s, graphs_by_size, index, limit_before)
+        for name in measured + driver_measured:
             median = statistics.median(samples[name])
             records.append(Record("overhead", name, {"operation": OVERHEAD_VARIANTS[name], "iterations": iterations,
                                                      "rounds": rounds, "order": "round-robin"},
