@@ -184,6 +184,8 @@ class Cuda_calls final : public pl::Calls {
       window.miss_prop = w.miss_prop;
       changes.push_back({holder(slot.kind), slot.handle, window});
     }
+    pl::Batch_result out;  // reserved before the device changes: filling it after cannot fail
+    out.previous.reserve(changes.size());
     l2ctl::StateResult r;
     try {
       // A stream attribute alone returns in well under a microsecond: the GIL is released only for slow calls.
@@ -197,13 +199,12 @@ class Cuda_calls final : public pl::Calls {
     } catch (const l2ctl::CudaError& e) {
       throw cuda_failure(e);
     }
-    pl::Batch_result out;
     out.previous_limit = r.previous_limit;
     out.granted_limit = r.granted_limit;
-    out.previous.reserve(r.previous.size());
     for (const l2ctl::Window& w : r.previous) out.previous.push_back(from_window(w));
-    if (journal != nullptr) *journal = out;
-    return out;
+    if (journal == nullptr) return out;
+    *journal = std::move(out);  // a move: no allocation
+    return {};
   }
 
   static l2ctl::WindowHolder holder(int kind) {
@@ -244,17 +245,22 @@ class Python_calls final : public pl::Calls {
     try {
       call([&] {
         if (batch.uniform) {
-          const pl::Plan_window& w = batch.changes.empty() ? pl::Plan_window{} : batch.changes.front().second;
-          py::list handles;
-          for (const auto& change : batch.changes) handles.append(change.first.handle);
+          const pl::Plan_window w = batch.changes.empty() ? pl::Plan_window{} : batch.changes.front().second;
+          py::list handles(batch.changes.size());
+          for (std::size_t i = 0; i < batch.changes.size(); ++i) handles[i] = py::int_(batch.changes[i].first.handle);
           const int kind = batch.changes.empty() ? 0 : batch.changes.front().first.kind;
-          py::object apply_window = backend().attr("apply_window");
-          if (journal != nullptr)
-            apply_window(batch.device, kind, handles, w.base, w.num_bytes, w.hit_ratio, w.hit_prop, w.miss_prop,
-                         batch.read_previous, batch.limit, batch.at_least, batch.reset_lines, entries);
-          else
-            apply_window(batch.device, kind, handles, w.base, w.num_bytes, w.hit_ratio, w.hit_prop, w.miss_prop,
-                         batch.read_previous, batch.limit, batch.at_least, batch.reset_lines);
+          // apply_window(device, kind, handles, base, num_bytes, hit_ratio, hit_prop, miss_prop, read_previous,
+          // limit, at_least, reset_lines[, journal]), called through vectorcall: the scope's commonest crossing.
+          const py::object args[] = {py::int_(batch.device), py::int_(kind), handles, py::int_(w.base),
+                                     py::int_(w.num_bytes), py::float_(w.hit_ratio), py::int_(w.hit_prop),
+                                     py::int_(w.miss_prop), py::bool_(batch.read_previous), py::int_(batch.limit),
+                                     py::bool_(batch.at_least), py::bool_(batch.reset_lines), entries};
+          PyObject* stack[13];
+          for (int i = 0; i < 13; ++i) stack[i] = args[i].ptr();
+          py::object method = backend().attr("apply_window");
+          PyObject* result = PyObject_Vectorcall(method.ptr(), stack, journal != nullptr ? 13 : 12, nullptr);
+          if (result == nullptr) throw py::error_already_set();
+          Py_DECREF(result);
         } else {
           py::list streams, nodes;
           for (const auto& [slot, w] : batch.changes)
@@ -351,15 +357,15 @@ class Locked {
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback);  // an error on its way out stays the one to see
     for (const auto& anchor : released) {
-      try {
-        py::object scope = *static_cast<py::object*>(anchor.get());
-        py::object weak = scope.attr("holder");
-        if (weak.is_none()) continue;
-        py::object holder = weak();
-        if (!holder.is_none() && py::hasattr(holder, "_scope") && py::object(holder.attr("_scope")).is(scope))
-          holder.attr("_scope") = py::none();
-      } catch (py::error_already_set&) {
-      }
+      const py::object& scope = *static_cast<py::object*>(anchor.get());
+      const Scope_object& ended = scope.cast<const Scope_object&>();
+      if (ended.holder.is_none()) continue;
+      PyObject* holder = PyWeakref_GetObject(ended.holder.ptr());  // borrowed
+      if (holder == Py_None) continue;
+      PyObject* named = PyObject_GetAttrString(holder, "_scope");
+      if (named == scope.ptr()) PyObject_SetAttrString(holder, "_scope", Py_None);
+      Py_XDECREF(named);
+      PyErr_Clear();
     }
     released.clear();
     PyErr_Restore(type, value, traceback);
@@ -595,12 +601,14 @@ void bind_planner(py::module_& core) {
                      PyErr_SetString(PyExc_RuntimeError, already_active);
                      throw py::error_already_set();
                    }
-                   // A holder freed while live ends its scope at the next call (its __exit__ was cut short).
-                   std::weak_ptr<pl::Scope> core = scope.core;
-                   py::cpp_function gone([core](py::handle) {
-                     if (auto c = core.lock()) c->holder_gone = true;
-                   });
-                   scope.holder = names().weakref_type(holder, gone);
+                   // A holder freed while live ends its scope at the next call (its __exit__ was cut short): the
+                   // planner asks the weak reference, which lives as long as the scope object.
+                   scope.holder = py::reinterpret_steal<py::object>(PyWeakref_NewRef(holder.ptr(), nullptr));
+                   if (!scope.holder) throw py::error_already_set();
+                   scope.core->holder = scope.holder.ptr();
+                   scope.core->holder_alive = [](const void* weak) {
+                     return PyWeakref_GetObject(static_cast<PyObject*>(const_cast<void*>(weak))) != Py_None;
+                   };
                  }
                  scope.registry = r;
                  scope.core->anchor = std::shared_ptr<void>(new py::object(scope_obj), [](void* p) {

@@ -384,7 +384,8 @@ void Registry::forget_idle(Device_state& state) {
 void Registry::settle(Device_state& state, bool quiet) {
   std::vector<Scope_ptr> ending;
   for (const auto& [id, scope] : state.scopes)
-    if (scope->ending || scope->holder_gone) ending.push_back(scope);
+    if (scope->ending || (scope->holder_alive != nullptr && !scope->holder_alive(scope->holder)))
+      ending.push_back(scope);
   if (ending.empty() && !state.dirty) return;
   if (state.batch) record_batch(state);  // a batch cut short as it returned: what it read is in its journal
   if (quiet) {

@@ -71,10 +71,14 @@ struct Scope {
   bool fit_hit_ratio = false;  // the hit ratio is what the set-aside holds next to the other windows
   bool standing = false;       // a plain set_aside(n): lives until restored
   bool orphaned = false;       // a standing request nobody can restore any more
-  // Set from finalizers and other threads without the lock: atomics. `ending`: its end began (first, so an end
-  // cut short is finished by the next call); `holder_gone`: the object that could end it was freed while live.
+  // `ending`: its end began (set first, so an end cut short is finished by the next call); set from finalizers
+  // and other threads without the lock: an atomic.
   std::atomic<bool> ending{false};
-  std::atomic<bool> holder_gone{false};
+  // The object that could end it (a persist scope), when it has one: `holder_alive(holder)` says whether it still
+  // lives; a scope whose holder was freed while live (its __exit__ never ran) ends at the next call. A plain
+  // function and a pointer, so the planner asks without knowing what the holder is (a Python weak reference).
+  bool (*holder_alive)(const void* holder) = nullptr;
+  const void* holder = nullptr;
   // What the caller ties to the scope while it is registered (the bindings: its Python object). Released
   // after the registry's lock, never under it (a finalizer it runs could call the registry).
   std::shared_ptr<void> anchor;

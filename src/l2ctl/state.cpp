@@ -10,6 +10,8 @@ StateResult apply_state(int device, long long limit, bool at_least, const std::v
   StateResult result;
   bool limit_changed = false;
   std::size_t applied = 0;
+  // Reserved before anything changes: no allocation can fail between a change and the record of what it read.
+  if (read_previous) result.previous.reserve(windows.size());
   try {
     if (limit >= 0) {
       const auto current = static_cast<long long>(get_persisting_limit(device));
@@ -19,7 +21,6 @@ StateResult apply_state(int device, long long limit, bool at_least, const std::v
         limit_changed = true;
       }
     }
-    if (read_previous) result.previous.reserve(windows.size());
     for (const WindowChange& change : windows) {
       if (read_previous) result.previous.push_back(get_window(change.holder, change.handle));
       set_window(change.holder, change.handle, change.window);
