@@ -478,6 +478,15 @@ class FakeBackend:
     def device(self, index: int) -> FakeDevice:
         return self.devices[index]
 
+    def checked_device(self, device: int) -> FakeDevice:
+        """Device ``device`` as a CUDA call would check it (cudaErrorInvalidDevice, cudaErrorNoDevice)."""
+        return self._device(device)
+
+    @property
+    def lock(self) -> "_Locked":
+        """The machine's lock, as every simulated call takes it (a context manager)."""
+        return self._locked
+
     def model(self, index: int = 0) -> DeviceModel:
         """The timing model (and L2 state) of device ``index``."""
         return self.models[index]
@@ -630,9 +639,12 @@ class FakeBackend:
         """The device's enabled profiler, unless released."""
         ref = self._profilers.get(device)
         p = ref() if ref is not None else None
-        return p if p is not None and not p._released else None
+        return p if p is not None and not p.released else None
 
-    def _enable_profiler(self, profiler: FakeRangeProfiler) -> None:
+    # the profiler hook (testing/profiler.py's ProfiledMachine) -------------------------------------------
+    def attach_profiler(self, profiler: FakeRangeProfiler) -> None:
+        """Make ``profiler`` see every kernel launched on its device (``record``) until it is released; one
+        profiler per device, as CUPTI allows."""
         with self._locked:
             if self._profiler(profiler.device) is not None:
                 raise cupti_error("cuptiRangeProfilerEnable", "CUPTI_ERROR_INVALID_OPERATION",

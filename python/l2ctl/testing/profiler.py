@@ -25,15 +25,12 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, ContextManager, Protocol
 
 from .errors import cupti_error
-from .model import METRIC_NAMES
+from .model import METRIC_NAMES, DeviceModel
 
-if TYPE_CHECKING:
-    from .backend import FakeBackend
-
-__all__ = ["FakeRangeProfiler", "KNOWN_METRICS", "chip_name", "library_loads", "METRICS_PER_PASS",
+__all__ = ["FakeRangeProfiler", "ProfiledMachine", "KNOWN_METRICS", "chip_name", "library_loads", "METRICS_PER_PASS",
            "REPLAY_DIRTY_BYTES"]
 
 KNOWN_METRICS = frozenset(METRIC_NAMES)
@@ -52,6 +49,20 @@ def library_loads(path: str) -> bool:
     return base.startswith("libcupti") and (os.sep not in path or os.path.exists(path))
 
 
+class ProfiledMachine(Protocol):
+    """What a range profiler needs of the simulated machine (FakeBackend's profiler hook): no more, so that
+    the profiler depends on this and not on the machine's insides."""
+
+    models: list[DeviceModel]
+
+    def cupti_loaded(self) -> bool: ...
+    def checked_device(self, device: int) -> Any: ...
+    def device_synchronize(self, device: int) -> None: ...
+    def attach_profiler(self, profiler: "FakeRangeProfiler") -> None: ...
+    @property
+    def lock(self) -> ContextManager[None]: ...
+
+
 @dataclass
 class _Range:
     name: str
@@ -61,14 +72,14 @@ class _Range:
 class FakeRangeProfiler:
     """Implements ``l2ctl._core.RangeProfiler`` on the simulator (made by ``FakeBackend.RangeProfiler``)."""
 
-    def __init__(self, backend: "FakeBackend", device: int, metrics: list[str], max_ranges: int,
+    def __init__(self, backend: ProfiledMachine, device: int, metrics: list[str], max_ranges: int,
                  user_replay: bool = False) -> None:
         if not backend.cupti_loaded():
             raise cupti_error("RangeProfiler", "load", "libcupti is not loaded (call cupti_load first)")
         names = [str(m) for m in metrics]
         if not names:
             raise ValueError("at least one metric is needed")
-        info = backend._device(device)
+        info = backend.checked_device(device)
         for m in names:
             if m not in KNOWN_METRICS:
                 raise cupti_error("cuptiProfilerHostConfigAddMetrics", "CUPTI_ERROR_INVALID_PARAMETER",
@@ -89,9 +100,14 @@ class FakeRangeProfiler:
         self._seen = 0  # launches in the current (or last) pass
         self._ranges: list[list[_Range]] = []  # per pass
         self._released = False
-        backend._enable_profiler(self)
+        backend.attach_profiler(self)
 
     # ---- what the backend calls -------------------------------------------------------------------
+    @property
+    def released(self) -> bool:
+        """Released (or collected): the machine's hook gives way to the next profiler."""
+        return self._released
+
     @property
     def kernel_replay(self) -> bool:
         return not self.user_replay
@@ -113,7 +129,7 @@ class FakeRangeProfiler:
         return self._chip
 
     def start(self) -> None:
-        with self._backend._lock:
+        with self._backend.lock:
             if self.running:
                 raise RuntimeError("the profiler is already running")
             if self.user_replay and self._all_passes:
@@ -125,7 +141,7 @@ class FakeRangeProfiler:
             self._backend.models[self.device].profiler_started(self.max_ranges)
 
     def end_pass(self) -> bool:
-        with self._backend._lock:
+        with self._backend.lock:
             if not self.running:
                 raise RuntimeError("the profiler is not running")
             self._backend.device_synchronize(self.device)
@@ -138,7 +154,7 @@ class FakeRangeProfiler:
         return self._seen
 
     def stop(self) -> list[tuple[str, list[float]]]:
-        with self._backend._lock:
+        with self._backend.lock:
             if self.running:
                 self.end_pass()
             if self.user_replay and not self._all_passes:
