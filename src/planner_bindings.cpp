@@ -333,6 +333,13 @@ struct Registry_object {
   std::uint64_t epoch;
 };
 
+// Registries with scopes whose end a finalizer asked for inside an l2ctl call on the lock's own thread (the GIL
+// guards it): the call in progress ends them as it returns.
+std::vector<std::shared_ptr<Registry_object>>& deferred_ends() {
+  static auto* registries = new std::vector<std::shared_ptr<Registry_object>>;
+  return *registries;
+}
+
 const char* const already_active = "this scope is already active (entered in another thread?); create a new one";
 
 py::object scope_object_of(const pl::Scope& scope) { return *static_cast<py::object*>(scope.anchor.get()); }
@@ -351,6 +358,21 @@ class Locked {
   ~Locked() {
     std::vector<std::shared_ptr<void>> released =
         registry_ != nullptr ? registry_->planner.take_released() : std::vector<std::shared_ptr<void>>{};
+    // Ends asked for by finalizers that ran inside this call (on this thread, the lock held): made now, before
+    // the lock goes, so the device is back when this call returns. A failure stays a mark for the next call.
+    while (!deferred_ends().empty()) {
+      const std::shared_ptr<Registry_object> registry = deferred_ends().back();
+      deferred_ends().pop_back();
+      PyObject *type, *value, *traceback;
+      PyErr_Fetch(&type, &value, &traceback);
+      try {
+        registry->planner.settle_all();
+      } catch (...) {
+      }
+      PyErr_Clear();
+      PyErr_Restore(type, value, traceback);
+      for (auto& anchor : registry->planner.take_released()) released.push_back(std::move(anchor));
+    }
     lock_instance->release();
     if (released.empty()) return;
     // A scope that left the registry: its holder no longer names it. Then the references go, lock released.
@@ -459,6 +481,13 @@ void end_scope(Scope_object& scope) {
   scope.core->ending = true;
   const std::shared_ptr<Registry_object> r = scope.registry;
   if (!r || r->epoch != fork_epoch.load()) return;
+  if (lock_instance->owned()) {
+    // A finalizer (or signal handler) ending a scope inside an l2ctl call on this thread: not refused, and not
+    // made in the middle of that call's change; the call ends it as it returns (Locked), or, where the lock is
+    // held by the user's `with _registry.lock:`, the next l2ctl call on the device does.
+    deferred_ends().push_back(r);
+    return;
+  }
   translated([&] {
     Locked locked(r.get());
     r->planner.exit(*scope.core);

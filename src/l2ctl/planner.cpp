@@ -675,6 +675,10 @@ std::optional<long long> Registry::known_granularity(int device) const {
   return known->second.first;
 }
 
+void Registry::settle_all() {
+  for (auto& [device, st] : states_) settle(st);
+}
+
 void Registry::restore_all() {
   for (auto& [device, st] : states_) {
     if (st.scopes.empty()) continue;

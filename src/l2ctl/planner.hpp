@@ -204,6 +204,7 @@ class Registry {
   std::pair<long long, std::string> granularity(int device, long long maximum);
   std::optional<long long> known_granularity(int device) const;
   void restore_all();  // every live scope ended; errors swallowed (the process is ending)
+  void settle_all();   // what calls cut short left, and scopes marked ending meanwhile, settled on every device
   const std::map<int, Device_state>& states() const { return states_; }
 
   // Anchors of scopes that left the registry: the caller releases them after the lock.

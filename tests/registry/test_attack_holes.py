@@ -159,3 +159,24 @@ def test_a_fork_while_another_thread_holds_a_lock_of_l2ctls(fake, lock):
         release.set()
         thread.join(30)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def test_a_finalizer_that_ends_a_scope_inside_an_l2ctl_call_ends_it_as_that_call_returns(fake, monkeypatch):
+    """A finalizer (here: run by the simulator in the middle of a batch, as the collector can) that ends a live
+    scope while l2ctl holds its lock on the same thread: not refused ("Exception ignored in __del__", the scope
+    left applied after the last call), but ended by the call in progress as it returns."""
+    s, t, buf = l2ctl.Stream(), l2ctl.Stream(), l2ctl.DeviceBuffer(MiB)
+    initial = fake.state()
+    inner = l2ctl.persist(t, buf, 0.5, set_aside=None)
+    inner.__enter__()
+    original = fake.apply_window
+
+    def finalizer_inside(*args: Any) -> Any:
+        monkeypatch.setattr(fake, "apply_window", original)  # once
+        inner.__exit__(None, None, None)
+        return original(*args)
+
+    monkeypatch.setattr(fake, "apply_window", finalizer_inside)
+    with l2ctl.persist(s, buf, 0.25, set_aside=None):
+        assert not inner.active and l2ctl.get_window(t).empty and l2ctl.get_window(s).hit_ratio == 0.25
+    assert _registry.live_scopes(0) == [] and fake.state() == initial
