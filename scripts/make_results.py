@@ -265,13 +265,16 @@ def readme_graphs() -> str:
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
-COMPILE_ROWS = (("scatter-add-compiled", "graphs recorded (accumulator marked static)"),
-                ("scatter-add-compiled-eager", "no graphs: in place, accumulator not marked static"),
-                ("scatter-add-compiled-temp", "the zeroing compiled with it: Inductor's own temporary"))
+COMPILE_ROWS = (("scatter-add-compiled", "the gallery's step (tensors marked static)"),
+                ("scatter-add-compiled-eager", "the gallery's step, accumulator not marked static"),
+                ("scatter-add-compiled-temp", "the gallery's step with its zeroing: Inductor's own temporary"))
+RECIPE_ROWS = (("compiled-eager", "in place, the accumulator an argument"),
+               ("compiled-graphed", "in place, the accumulator an argument marked static"),
+               ("compiled-temp", "with its zeroing, marked static: Inductor's own temporary"))
 
 
 def graphed(row: dict[str, Any]) -> str:
-    """Whether torch ran a compiled row as CUDA graphs: every compilation, none, or how many."""
+    """Whether torch ran a compiled gallery row as CUDA graphs: every compilation, none, or how many."""
     described = row.get("described", {})
     n, of = described.get("graphed_compilations"), described.get("compilations")
     if n is None or not of:
@@ -280,23 +283,37 @@ def graphed(row: dict[str, Any]) -> str:
 
 
 def readme_compile() -> str:
-    """torch.compile's ways to run the scatter-add: tuned (the gallery's rows), and the recipe with an explicit
-    set-aside of the accumulator (scripts/torch_recipes.py), each against the same code without l2ctl."""
-    lines = ["| `torch.compile` scatter-add, GPU | tuned: `persist(torch_captures(), acc, policy=tuned)` | run as "
-             "CUDA graphs | `set_aside=<acc>` instead |", "|---|---|---|---|"]
+    """torch.compile's ways to run the scatter-add, each against the same code without l2ctl: tuned (the
+    gallery's rows, lowest run and range) and the recipe with an explicit set-aside of the accumulator
+    (scripts/torch_recipes.py, lowest of its rounds); whether torch ran each as CUDA graphs, as measured."""
+    lines = ["| `torch.compile(mode=\"reduce-overhead\")` scatter-add, GPU | run as CUDA graphs | "
+             "`persist(torch_captures(), acc, policy=tuned)` | `persist(torch_captures(), acc, set_aside=<acc>)` |",
+             "|---|---|---|---|"]
     for gpu in GPUS:
         rows = workload_rows(gpu)
-        recipes = load(gpu, "torch_recipes")
-        explicit = {} if recipes is None else {r["workload"]: r for r in recipes["summary"]["rows"]}
         for name, label in COMPILE_ROWS:
             row = rows.get(name)
-            if row is None:
-                continue
-            other = explicit.get(name.replace("scatter-add-", ""))
-            tuned = tuned_range(row) + ("" if row["tuned_buffer"] else ", no persistence")
-            lines.append(f"| {label}, {GPUS[gpu]} | {tuned} | {graphed(row)} | "
-                         + ("-" if other is None else f"{min(other['round_speedups']):.2f}x") + " |")
+            if row is not None:
+                tuned = tuned_range(row) + ("" if row["tuned_buffer"] else ", no persistence")
+                lines.append(f"| {label}, {GPUS[gpu]} | {graphed(row)} | {tuned} | - |")
+        recipes = load(gpu, "torch_recipes")
+        for name, label in RECIPE_ROWS if recipes is not None else ():
+            row = next(r for r in recipes["summary"]["rows"] if r["workload"] == name)
+            lines.append(f"| {label}, {GPUS[gpu]} | {'yes' if row['graphed'] else 'no'} | - | "
+                         f"{min(row['round_speedups']):.2f}x |")
     return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def readme_graphed_callable() -> str:
+    """make_graphed_callables on x + bias, captured inside persist(torch_captures(replays="new"), bias), in a
+    process whose graph trees hold other compiled functions' recordings."""
+    parts = []
+    for gpu in GPUS:
+        recipes = load(gpu, "torch_recipes")
+        if recipes is not None:
+            row = next(r for r in recipes["summary"]["rows"] if r["workload"] == "graphed-callable")
+            parts.append(f"{min(row['round_speedups']):.2f}x on an {GPUS[gpu]} ({row['baseline_ms']:.2f} ms without l2ctl)")
+    return "; ".join(parts)
 
 
 OVERHEAD_ROWS = [
@@ -487,6 +504,7 @@ def ncu(gpu: str) -> str:
 
 GENERATORS: dict[str, Callable[[], str]] = {"readme-gallery": readme_gallery, "readme-graphs": readme_graphs,
                                              "readme-compile": readme_compile,
+                                             "readme-graphed-callable": readme_graphed_callable,
                                              "readme-cost": readme_cost,
                                              "readme-findings": readme_findings,
                                              "readme-multigpu": readme_multigpu}
