@@ -62,7 +62,9 @@ def workload_rows(gpu: str) -> dict[str, dict[str, Any]]:
     for name, entries in found.items():
         lows = [min(row["tuned_speedups"]) for _, row in entries]
         lowest = entries[lows.index(min(lows))][1]
+        described = [row["described"] for _, row in entries if "graphed_compilations" in row.get("described", {})]
         out[name] = {**lowest, "runs": len(entries), "gpus": len({uuid for uuid, _ in entries}),
+                     "described": described[-1] if described else lowest.get("described", {}),
                      "tuned_low": min(lows), "tuned_high": max(min(row["tuned_speedups"]) for _, row in entries),
                      "disagree": len({row["tuned_buffer"] is None for _, row in entries}) > 1}
     return out
@@ -225,20 +227,25 @@ def readme_findings() -> str:
 
 
 def readme_multigpu() -> str:
-    """The multi-GPU paragraph's numbers: the DDP example and bench collectives as far as they ran (records
-    named by their rank count); the two-GPU targets stay open until a two-GPU record exists."""
-    ddp, coll = load("h100", "ddp_step_1rank"), load("h100", "collectives_1rank")
+    """The multi-GPU paragraph's numbers, from the two-GPU records under torchrun (h100x2/): the DDP example's
+    gain per rank against its single-GPU gain, and NCCL's bus bandwidth under each set-aside."""
+    ddp, coll = load("h100x2", "ddp_step_2rank"), load("h100x2", "collectives_2rank")
     if ddp is None or coll is None:
         return ""
-    r = ddp["summary"]["per_rank"][0]
-    gather = [x for x in coll["summary"]["table"] if x["op"] == "all_gather"]
-    at = lambda n: [x["ratio"] for x in gather if x["set_aside_granted"] == n]  # noqa: E731
-    d, m = at(coll["summary"]["default_limit"]), at(coll["summary"]["max_set_aside"])
-    return (f"On one H100 under `torchrun` with one rank (two-GPU figures: not measured yet), the "
-            f"example's step gained {r['single_gain']:.2f}x alone and {r['ddp_gain']:.2f}x under DDP "
-            f"({r['ddp_fraction_of_single_gain']:.0%} of the gain), the device left as found; NCCL's one-rank "
-            f"all-gather (a copy) kept {min(d):.0%}-{max(d):.0%} of its bandwidth at the default limit and "
-            f"{min(m):.0%}-{max(m):.0%} at the max.")
+    ranks = ddp["summary"]["per_rank"]
+    if not all(r["restored"] for r in ranks) or coll["summary"]["ranks"] != len(ranks):
+        raise ValueError("the two-GPU records no longer support the multi-GPU paragraph: rewrite it")
+    fractions = [r["ddp_fraction_of_single_gain"] for r in ranks]
+    table = coll["summary"]["table"]
+    at = lambda op, n: [x["ratio"] for x in table if x["op"] == op and x["set_aside_granted"] == n]  # noqa: E731
+    default, top = coll["summary"]["default_limit"], coll["summary"]["max_set_aside"]
+    reduce_d, reduce_m, gather_m = at("all_reduce", default), at("all_reduce", top), at("all_gather", top)
+    return (f"On two H100s under `torchrun`, the example's step gained {min(r['single_gain'] for r in ranks):.2f}x "
+            f"alone and {min(r['ddp_gain'] for r in ranks):.2f}x under DDP on each rank "
+            f"({min(fractions):.0%}-{max(fractions):.0%} of the single-GPU gain), every device left as found; "
+            f"NCCL's all-reduce kept {min(reduce_d):.0%}-{max(reduce_d):.0%} of its bus bandwidth at the default "
+            f"limit and {min(reduce_m):.0%}-{max(reduce_m):.0%} at the max (all-gather {min(gather_m):.0%}-"
+            f"{max(gather_m):.0%}), 64 MiB to 1 GiB.")
 
 
 GRAPH_ROWS = {"broadcast": "`x + bias`", "scatter-add": "`acc.index_add_`"}
