@@ -176,8 +176,8 @@ class TunedPolicy:
         span = "" if p.num_bytes is None else f" over its first {p.num_bytes / MiB:.2f} MiB"
         return (f"persist {self.buffer_name}{span}: set-aside {p.set_aside / MiB:.2f} MiB, hit ratio {p.hit_ratio:.3f}: "
                 f"{self.best_ms:.3f} ms vs {self.baseline_ms:.3f} ms ({self.speedup:.2f}x, {self.confidence:.0%} CI "
-                f"{self.ci[0]:.2f}-{self.ci[1]:.2f}); a plain copy elsewhere runs {self.tax.copy_slowdown:.2f}x slower "
-                f"meanwhile; {n} points in {self.seconds:.1f} s{_DDP_ADVICE if p.set_aside > self.cap and _ranks() > 1 else ''}")
+                f"{self.ci[0]:.2f}-{self.ci[1]:.2f}); a plain copy elsewhere runs {self.tax.pace} meanwhile;"
+                f" {n} points in {self.seconds:.1f} s{_DDP_ADVICE if p.set_aside > self.cap and _ranks() > 1 else ''}")
 
     def __repr__(self) -> str:  # the dataclass's would spell out every record of the search
         return f"<TunedPolicy: {self}>"
@@ -202,8 +202,8 @@ class TunedPolicy:
                          f"{_mib(p.point.num_bytes)}: {p.speedup:.3f}x [{p.ci[0]:.3f}, {p.ci[1]:.3f}]{mark}")
         if self.grid_best is not None:
             g = self.grid_best
-            lines.append(f"grid best: {g.point.describe()} {g.speedup:.3f}x; its set-aside slows a plain copy "
-                         f"{self.grid_best_tax.copy_slowdown:.2f}x (chosen: {self.tax.copy_slowdown:.2f}x)")
+            lines.append(f"grid best: {g.point.describe()} {g.speedup:.3f}x; under its set-aside a plain copy runs "
+                         f"{self.grid_best_tax.pace} (under the chosen one: {self.tax.pace})")
         return lines
 
     def report(self) -> "TuneReport":
