@@ -164,7 +164,10 @@ __all__ = [
     "workloads",
 ]
 
-if _os.environ.get("L2CTL_SIMULATE"):
+#: Values of L2CTL_SIMULATE that mean "off", as a shell user writes it (unset and empty mean off too).
+_SIMULATE_OFF = ("", "0", "false", "off", "no")
+
+if _os.environ.get("L2CTL_SIMULATE", "").strip().lower() not in _SIMULATE_OFF:
     # The GPU-less try-out: simulated GPUs in place of the real ones for this process (docs/reference.md).
     import sys as _sys
 

@@ -65,6 +65,9 @@ MiB = 1 << 20
 TAX_GAIN = 0.02
 COARSE_GRANULES = (1, 2, 3, 4, 6, 8)
 REFINED_CANDIDATES = 2
+#: The most points the refine stage measures per candidate (_refine_points: the anchor, its two neighbouring
+#: set-asides, two lower hit ratios, the window cut to the set-aside): what the progress bar plans for.
+REFINE_POINTS = 6
 
 
 class TunePoint(NamedTuple):
@@ -176,8 +179,8 @@ class TunedPolicy:
         span = "" if p.num_bytes is None else f" over its first {p.num_bytes / MiB:.2f} MiB"
         return (f"persist {self.buffer_name}{span}: set-aside {p.set_aside / MiB:.2f} MiB, hit ratio {p.hit_ratio:.3f}: "
                 f"{self.best_ms:.3f} ms vs {self.baseline_ms:.3f} ms ({self.speedup:.2f}x, {self.confidence:.0%} CI "
-                f"{self.ci[0]:.2f}-{self.ci[1]:.2f}); a plain copy elsewhere runs {self.tax.copy_slowdown:.2f}x slower "
-                f"meanwhile; {n} points in {self.seconds:.1f} s{_DDP_ADVICE if p.set_aside > self.cap and _ranks() > 1 else ''}")
+                f"{self.ci[0]:.2f}-{self.ci[1]:.2f}); a plain copy elsewhere runs {self.tax.pace} meanwhile;"
+                f" {n} points in {self.seconds:.1f} s{_DDP_ADVICE if p.set_aside > self.cap and _ranks() > 1 else ''}")
 
     def __repr__(self) -> str:  # the dataclass's would spell out every record of the search
         return f"<TunedPolicy: {self}>"
@@ -202,8 +205,8 @@ class TunedPolicy:
                          f"{_mib(p.point.num_bytes)}: {p.speedup:.3f}x [{p.ci[0]:.3f}, {p.ci[1]:.3f}]{mark}")
         if self.grid_best is not None:
             g = self.grid_best
-            lines.append(f"grid best: {g.point.describe()} {g.speedup:.3f}x; its set-aside slows a plain copy "
-                         f"{self.grid_best_tax.copy_slowdown:.2f}x (chosen: {self.tax.copy_slowdown:.2f}x)")
+            lines.append(f"grid best: {g.point.describe()} {g.speedup:.3f}x; under its set-aside a plain copy runs "
+                         f"{self.grid_best_tax.pace} (under the chosen one: {self.tax.pace})")
         return lines
 
     def report(self) -> "TuneReport":
@@ -342,7 +345,6 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
     max_window = info.access_policy_max_window_size
     results = {name: CandidateResult(name, min(buf.nbytes, max_window)) for name, (_, buf) in named.items()}
     table: list[Record] = []
-    bar = Progress(0, "tune", progress)
     base_config = describe(workload)
 
     def span(point: TunePoint) -> dict[str, Any]:  # persist's offset and num_bytes: none for the whole buffer
@@ -356,8 +358,12 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
 
         return Arm(point.describe(), point.set_aside, scope, {**base_config, **point._asdict()})
 
+    def blocks(points: int) -> int:  # what compare runs: the baseline and each point, once a round
+        return rounds * (points + 1)
+
     def run(points: list[TunePoint], stage: str, stage_seed: int) -> list[PointResult]:
-        bar.grow(rounds * (len(points) + 1))
+        assert blocks(len(points)) <= planned[stage], f"the {stage} stage outgrew its plan: see REFINE_POINTS"
+        bar.skip(planned[stage] - blocks(len(points)))  # what this stage does not need of its plan
         base, comps = compare(workload, stream, [arm(p) for p in points], rounds=rounds, repeat=repeat, warmup=warmup,
                               confidence=confidence, seed=stage_seed, benchmark="tune", progress=bar)
         table.append(base.record("tune", {**base_config, "stage": stage}))
@@ -374,6 +380,10 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
         screen += [TunePoint(name, s, _fit(s, res.window_bytes), 0, res.window_bytes) for s in sizes]
         # a buffer larger than a tax-free set-aside: also its first set-aside bytes, every line persisting
         screen += [TunePoint(name, s, 1.0, 0, _span(s)) for s in sizes if s < res.window_bytes and s <= cap]
+    # one total up front: the screen, the most the refine stage can take, the confirmation
+    planned = {"screen": blocks(len(screen)), "refine": blocks(REFINE_POINTS * min(REFINED_CANDIDATES, len(named))),
+               "confirm": blocks(1)}
+    bar = Progress(sum(planned.values()), "tune", progress)
     for pr in run(screen, "screen", seed):
         results[pr.point.candidate].points.append(pr)
 
@@ -385,7 +395,9 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
     for c in leaders:
         anchor = max((p for p in c.points if p in won), key=lambda p: p.speedup).point
         refine += _refine_points(anchor, grid, c)
-    if refine:
+    if not refine:
+        bar.skip(planned["refine"])
+    else:
         fresh = run(refine, "refine", seed + 1)
         redone = {p.point for p in fresh}
         for c in results.values():
@@ -402,6 +414,7 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
     baseline_ms = float(np.median([p.baseline_ms for p in everything])) if everything else 0.0
     best_ms, ci = baseline_ms, (1.0, 1.0)
     if chosen is None:
+        bar.skip(planned["confirm"])
         reason = ("no point was faster than the baseline beyond the noise"
                   + (f" (the best, {grid_best.point.describe()}, measured {grid_best.speedup:.3f}x, "
                      f"{confidence:.0%} CI {grid_best.ci[0]:.3f}-{grid_best.ci[1]:.3f})" if grid_best else ""))
