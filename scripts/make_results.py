@@ -168,7 +168,8 @@ def readme_gallery() -> str:
             choices.append(f"`{row['tuned_buffer']}`" if row["tuned_buffer"] else "no persistence")
         choice = choices[0] if len(set(choices)) == 1 else " / ".join(choices)
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {choice} |")
-    return "\n".join(lines + ["", f"Lowest run and range over the runs ({runs_note(gpus)})."])
+    runs = "; ".join(f"{GPUS[g]} {len(workload_runs(g))}" for g in gpus)
+    return "\n".join(lines + ["", f"The lowest run, and the range over the runs ({runs}; docs/results.md lists them)."])
 
 
 
@@ -242,10 +243,15 @@ def readme_multigpu() -> str:
     reduce_d, reduce_m, gather_m = at("all_reduce", default), at("all_reduce", top), at("all_gather", top)
     return (f"On two H100s under `torchrun`, the example's step gained {min(r['single_gain'] for r in ranks):.2f}x "
             f"alone and {min(r['ddp_gain'] for r in ranks):.2f}x under DDP on each rank "
-            f"({min(fractions):.0%}-{max(fractions):.0%} of the single-GPU gain), every device left as found; "
-            f"NCCL's all-reduce kept {min(reduce_d):.0%}-{max(reduce_d):.0%} of its bus bandwidth at the default "
-            f"limit and {min(reduce_m):.0%}-{max(reduce_m):.0%} at the max (all-gather {min(gather_m):.0%}-"
-            f"{max(gather_m):.0%}), 64 MiB to 1 GiB.")
+            f"({span(fractions)} of the single-GPU gain), every device left as found; "
+            f"NCCL's all-reduce kept {span(reduce_d)} of its bus bandwidth at the default limit and "
+            f"{span(reduce_m)} at the max (all-gather {span(gather_m)}), 64 MiB to 1 GiB.")
+
+
+def span(fractions: list[float]) -> str:
+    """Percentages as one figure when they agree, else lowest-highest."""
+    lo, hi = f"{min(fractions):.0%}", f"{max(fractions):.0%}"
+    return lo if lo == hi else f"{lo}-{hi}"
 
 
 GRAPH_ROWS = {"broadcast": "`x + bias`", "scatter-add": "`acc.index_add_`"}
@@ -285,7 +291,7 @@ def graphed(row: dict[str, Any]) -> str:
     described = row.get("described", {})
     n, of = described.get("graphed_compilations"), described.get("compilations")
     if n is None or not of:
-        return "?"
+        return "not recorded"
     return "yes" if n == of else "no" if n == 0 else f"{n} of {of}"
 
 

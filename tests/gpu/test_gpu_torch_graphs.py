@@ -30,6 +30,8 @@ def step():
     def run() -> None:
         acc.index_add_(0, index, values)
 
+    run.index, run.values = index, values  # type: ignore[attr-defined]  # for a step that takes acc as an argument
+
     def check() -> bool:
         torch.cuda.synchronize()
         return bool(torch.equal(acc.double(), expected))
@@ -156,13 +158,16 @@ def test_tune_on_a_torch_graph(step):
 
 
 def test_torch_compile_without_its_graphs_gets_the_window_on_the_current_stream(step):
-    """An in-place step whose accumulator is not marked static: torch skips its CUDA graphs and runs the
-    kernels eagerly on the current stream; the torch_captures scope puts its window there too."""
+    """An in-place step whose accumulator is an argument not marked static: torch skips its CUDA graphs
+    ("mutated inputs") and runs the kernels eagerly on the current stream; the torch_captures scope puts its
+    window there too, and on a stream made current inside it."""
     acc, run, check = step
-    import types
+    index, values = run.index, run.values
 
-    compiled = torch.compile(types.FunctionType(run.__code__.replace(), run.__globals__, "run", None, run.__closure__),
-                             mode="reduce-overhead")
+    def scatter(a):
+        a.index_add_(0, index, values)
+
+    compiled = torch.compile(scatter, mode="reduce-overhead")
     side = torch.cuda.Stream()
     before = l2ctl._torch_graphs.recordings(acc.device.index)
     try:
@@ -173,13 +178,13 @@ def test_torch_compile_without_its_graphs_gets_the_window_on_the_current_stream(
                 for _ in range(3):
                     acc.zero_()
                     torch.compiler.cudagraph_mark_step_begin()
-                    compiled()
+                    compiled(acc)
                 assert check()
                 with torch.cuda.stream(side):  # made current inside the scope: the window goes there first
                     assert l2ctl.get_window(side) == p.window
                     side.wait_stream(torch.cuda.default_stream())
                     acc.zero_()
-                    compiled()
+                    compiled(acc)
                 torch.cuda.current_stream().wait_stream(side)
                 assert check()
         assert l2ctl._torch_graphs.recordings(acc.device.index) <= before  # nothing new was graphed
