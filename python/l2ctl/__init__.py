@@ -62,6 +62,7 @@ from ._window import AccessPolicyWindow, AccessProperty
 if TYPE_CHECKING:  # the harness, imported lazily at run time (see __getattr__)
     from . import bench as bench
     from . import benchmark_gallery as benchmark_gallery
+    from . import candidates as candidates
     from . import plot as plot
     from . import sweep as sweep
     from . import tuner as tuner
@@ -76,6 +77,7 @@ __version__ = _core.__version__
 _LAZY = {
     "bench": ("l2ctl.bench", None),
     "benchmark_gallery": ("l2ctl.benchmark_gallery", None),
+    "candidates": ("l2ctl.candidates", None),
     "plot": ("l2ctl.plot", None),
     "sweep": ("l2ctl.sweep", None),
     "tuner": ("l2ctl.tuner", None),
@@ -157,6 +159,7 @@ __all__ = [
     "set_window",
     "shared_hit_ratios",
     "sweep",
+    "candidates",
     "tune",
     "tuner",
     "minimum_driver",

@@ -45,6 +45,7 @@ from ._persist import Persist, Policy, persist
 from .graph import TorchCaptures
 from ._plan import check_count, normalize_hit_ratio
 from .bench import Progress, Record, Report, environment
+from .candidates import ModelCandidates, SupportsNamedTensors, from_module, is_module
 from .bench.paired import Arm, check_confidence, compare
 from .bench.tax import Tax, measure_tax
 from .bench.timing import check_repeats
@@ -56,8 +57,9 @@ __all__ = ["TunedPolicy", "TuneReport", "CandidateResult", "PointResult", "TuneP
 
 #: What tune times: a callable f(stream) or an object with enqueue(stream) (l2ctl.workloads.Workload).
 WorkloadLike = Union[Callable[[Any], Any], Workload]
-#: What tune chooses among: one buffer, a sequence of them, or a dict name -> buffer.
-Candidates = Union[BufferLike, Sequence[BufferLike], Mapping[str, BufferLike]]
+#: What tune chooses among: one buffer, a sequence of them, a dict name -> buffer, or a model (its tensors,
+#: filtered by l2ctl.candidates' rule).
+Candidates = Union[BufferLike, Sequence[BufferLike], Mapping[str, BufferLike], SupportsNamedTensors]
 
 MiB = 1 << 20
 #: A set-aside above the driver's default limit must buy at least this much (and this much more than the
@@ -140,6 +142,7 @@ class TunedPolicy:
     seconds: float
     cap: int
     environment: dict[str, Any] = field(default_factory=dict)
+    considered: Optional[ModelCandidates] = field(default=None, repr=False)  # a model's tensors: tried and skipped
 
     @property
     def speedup(self) -> float:
@@ -188,7 +191,8 @@ class TunedPolicy:
     def candidate_table(self) -> list[str]:
         """What the choice was made from, readable: a row per candidate (its best point), the points measured
         on the chosen candidate (or the best one) by set-aside, and the grid's best with its tax."""
-        lines = [f"{'candidate':<16} {'window':>11} {'points':>6}  best point ({self.confidence:.0%} CI)"]
+        lines = [] if self.considered is None else [f"candidates: {self.considered.summary()}"]
+        lines.append(f"{'candidate':<16} {'window':>11} {'points':>6}  best point ({self.confidence:.0%} CI)")
         for c in self.candidates.values():
             b = c.best
             best = "-" if b is None else (f"{b.speedup:.3f}x [{b.ci[0]:.3f}, {b.ci[1]:.3f}] at set-aside "
@@ -222,6 +226,9 @@ class TunedPolicy:
             "grid_best": _point_dict(self.grid_best),
             "candidates": {name: {"window_bytes": c.window_bytes, "best": _point_dict(c.best)}
                            for name, c in self.candidates.items()},
+            "considered": None if self.considered is None else {
+                "rule": self.considered.rule.describe(), "total": self.considered.total,
+                "tried": list(self.considered.tried), "skipped": dict(self.considered.skipped)},
         }, text="\n".join([str(self)] + self.candidate_table()))
 
 
@@ -289,7 +296,10 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
          tax_gain: float = TAX_GAIN, seed: int = 0, progress: bool = False) -> TunedPolicy:
     """Find which of ``candidates`` to persist while ``workload`` runs, and how, or decide that persistence
     does not pay. ``candidates``: one buffer, a sequence or a dict name -> buffer (tensors, CuPy arrays,
-    DeviceBuffers, (ptr, nbytes), anything with __cuda_array_interface__ or DLPack).
+    DeviceBuffers, (ptr, nbytes), anything with __cuda_array_interface__ or DLPack), or a ``torch.nn.Module``:
+    its parameters, their gradients and its buffers, named by module path and filtered by size before
+    anything is measured (l2ctl.candidates says the rule; ``l2ctl.candidates.from_module(model, optimizer)``
+    adds the optimizer's state and shows the list first; ``report()`` lists what was tried and why not the rest).
 
     ``target`` is what each point's window goes on: the stream the workload runs on, or a graph it replays
     (an l2ctl Graph or a selection of its nodes, a torch.cuda.CUDAGraph captured with keep_graph=True),
@@ -307,7 +317,8 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
     """
     start = time.monotonic()
     enqueue_of(workload)
-    named = resolve_candidates(candidates)
+    model = None if not is_module(candidates) else cast(SupportsNamedTensors, candidates)
+    named = {} if model is not None else resolve_candidates(candidates)
     warmup, repeat = check_repeats(warmup, repeat)
     rounds = check_count(rounds, "rounds", minimum=3, maximum=1000)
     confidence = check_confidence(confidence)
@@ -337,6 +348,14 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
     if stream_device(resolve_stream(stream)) != device:
         raise ValueError(f"the stream is on device {stream_device(resolve_stream(stream))}, the graph on device {device}")
     info = require_persistence(device)
+    considered: Optional[ModelCandidates] = None
+    if model is not None:  # the model's tensors that a window could serve on this device, named by path
+        considered = from_module(model, device=device)
+        if not considered.tried:
+            raise ValueError(f"no tensor of the model can be tried: {considered.summary()}")
+        named = resolve_candidates(dict(considered.tried))
+    elif isinstance(candidates, ModelCandidates):
+        considered = candidates
     for name, (_, buf) in named.items():
         if buf.device is not None and buf.device != device:
             raise ValueError(f"candidate {name!r} is on device {buf.device}, the stream on device {device}")
@@ -437,7 +456,7 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
     tax = measure_tax(stream, int(policy.set_aside) if policy.enabled and isinstance(policy.set_aside, int) else 0)
     grid_tax = measure_tax(stream, grid_best.point.set_aside if grid_best is not None else 0)
     return TunedPolicy(policy, chosen_name, buffer, baseline_ms, best_ms, ci, confidence, results, grid_best, tax, grid_tax,
-                       reason, table, time.monotonic() - start, cap, environment(device))
+                       reason, table, time.monotonic() - start, cap, environment(device), considered)
 
 
 def winners(points: list[PointResult], cap: int, min_gain: float, tax_gain: float = TAX_GAIN) -> list[PointResult]:
