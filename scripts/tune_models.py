@@ -6,7 +6,11 @@ Sizes come from the device's L2.
   aggregate), then ``lin_self(x) + lin_neigh(mean)``; its weights and its node-feature buffer are the module's
   tensors;
 - ``mlp-decode``: a batch-1 decode step through a stack of Linear + LayerNorm blocks (over 100 tensors):
-  every weight streams once per step.
+  every weight streams once per step;
+- ``compiled-temp``: ``acc.zero_(); acc.index_add_(...)`` compiled together (Inductor scatters into a temporary
+  of its own and copies it into ``acc``; acc of 0.64 x L2), captured in a ``torch.cuda.CUDAGraph(keep_graph=True)``
+  (reduce-overhead's graph trees keep no template to read): tuned with ``{"acc": acc}``, then with
+  ``"discover"``, which finds the temporary through the graph's kernel arguments.
 
     python scripts/tune_models.py --json out.json
 """
@@ -97,6 +101,53 @@ def run(name: str, model: torch.nn.Module, stream: torch.cuda.Stream) -> dict[st
             "tune_seconds": seconds, "reason": tuned.reason, "summary": considered.summary()}
 
 
+def compiled_temp(l2_bytes: int, device: torch.device, stream: torch.cuda.Stream) -> dict[str, Any]:
+    g = torch.Generator(device=device).manual_seed(0)
+    acc = torch.zeros(int(0.64 * l2_bytes) // 4, device=device)
+    updates = (3 << 30) // 2 // 12
+    index = torch.randint(0, acc.numel(), (updates,), device=device, generator=g)
+    values = torch.randint(1, 5, (updates,), device=device, generator=g).float()
+    expected = torch.zeros_like(acc, dtype=torch.float64).index_add_(0, index, values.double())
+
+    def zero_and_scatter() -> None:
+        acc.zero_()
+        acc.index_add_(0, index, values)
+
+    compiled = torch.compile(zero_and_scatter)
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.stream(stream):
+        compiled()  # compile and warm up outside the capture
+        with torch.cuda.graph(graph, stream=stream):
+            compiled()
+        graph.replay()
+
+    def step(s: torch.cuda.Stream) -> None:
+        with torch.cuda.stream(s):
+            graph.replay()
+
+    def verify(s: torch.cuda.Stream) -> bool:
+        s.synchronize()
+        return bool(torch.equal(acc.double(), expected))
+
+    step.verify = verify  # type: ignore[attr-defined]
+    nodes = l2ctl.graph.inspect(graph, {"acc": acc})
+    yours = l2ctl.tune(step, graph, {"acc": acc}, stream=stream)
+    start = time.monotonic()
+    found = l2ctl.tune(step, graph, "discover", stream=stream)
+    seconds = time.monotonic() - start
+    if not verify(stream):
+        raise AssertionError("compiled-temp: the accumulator is wrong")
+    considered = found.considered
+    assert considered is not None
+    return {"workload": "compiled-temp", "kernels": [[k.function, [b.describe() for b in k.buffers]] for k in nodes],
+            "yours_speedup": yours.speedup, "yours_persists": yours.persists, "yours_reason": yours.reason,
+            "chosen": found.buffer_name, "persists": found.persists, "speedup": found.speedup, "ci": list(found.ci),
+            "baseline_ms": found.baseline_ms, "best_ms": found.best_ms, "set_aside": found.set_aside,
+            "hit_ratio": found.hit_ratio, "copy_slowdown": found.tax.copy_slowdown, "tune_seconds": seconds,
+            "chosen_range": considered.details.get(found.buffer_name or "", ""), "summary": considered.summary(),
+            "tried": list(considered.tried), "tensors": considered.total, "reason": found.reason}
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", required=True)
@@ -107,12 +158,15 @@ def main(argv: list[str]) -> int:
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream())
     rows = [run("graphsage", GraphSAGE(info.l2_cache_size, device), stream),
-            run("mlp-decode", MLPDecode(info.l2_cache_size, device), stream)]
+            run("mlp-decode", MLPDecode(info.l2_cache_size, device), stream),
+            compiled_temp(info.l2_cache_size, device, stream)]
     if l2ctl.get_set_aside() != limit:
         raise AssertionError("the set-aside limit was left changed")
     with open(args.json, "w") as f:
         json.dump({"benchmark": "tune_models", "environment": environment(), "summary": {"rows": rows}}, f, indent=1)
     for r in rows:
+        if "yours_speedup" in r:
+            print(f"{r['workload']}: with acc named {r['yours_speedup']:.3f}x; discovered: {r['chosen_range']}")
         choice = f"{r['chosen']} ({r['set_aside'] / 2**20:.2f} MiB, hit {r['hit_ratio']:.2f})" if r["persists"] \
             else "no persistence"
         print(f"{r['workload']:11} {r['tensors']:4d} tensors, {len(r['tried'])} tried; {choice}: {r['speedup']:.3f}x "

@@ -1,7 +1,9 @@
-"""Candidates for the tuner from a model: the tensors of a ``torch.nn.Module`` (its parameters, their
-gradients, its buffers) and, with an optimizer, the optimizer's state, named by module path
-(``encoder.layers.3.bias``, ``encoder.layers.3.weight.exp_avg``), filtered by size before anything is
-measured, so that a model of hundreds of tensors is tuned over the few a window could serve.
+"""Candidates for the tuner that nobody has to list: the tensors of a ``torch.nn.Module`` (its parameters,
+their gradients, its buffers) and, with an optimizer, the optimizer's state, named by module path
+(``encoder.layers.3.bias``, ``encoder.layers.3.weight.exp_avg``); or the memory a graph's kernels are given
+(:func:`from_graph`, ``tune(step, graph, "discover")``: a compiled graph's temporaries included). Both are
+filtered by size before anything is measured, so that a model of hundreds of tensors is tuned over the few
+a window could serve.
 
 The rule (``CandidateRule``, sizes from the device's own properties):
 
@@ -27,8 +29,10 @@ from typing import Any, Optional, Protocol
 from ._device import properties, resolve_device
 from ._interop import BufferRef, resolve_buffer
 from ._memory import BufferLike
+from .graph import as_graph, buffers
 
-__all__ = ["SupportsNamedTensors", "CandidateRule", "ModelCandidates", "is_module", "rule_for", "from_module"]
+__all__ = ["SupportsNamedTensors", "CandidateRule", "ModelCandidates", "is_module", "rule_for", "from_module",
+           "from_graph"]
 
 #: Tried at most, by default: each costs the tuner a screen of a few points.
 MOST = 8
@@ -79,6 +83,8 @@ class ModelCandidates(Mapping[str, BufferLike]):
     total: int
     device: int
     nbytes: dict[str, int] = field(default_factory=dict)
+    details: dict[str, str] = field(default_factory=dict)  # a discovered range: what it is, which kernels use it
+    kind: str = "tensor"  # what was listed: a model's tensors, or the ranges a graph's kernels are given
 
     def __getitem__(self, name: str) -> BufferLike:
         return self.tried[name]
@@ -96,8 +102,8 @@ class ModelCandidates(Mapping[str, BufferLike]):
             key = why.split(":")[0]
             reasons[key] = reasons.get(key, 0) + 1
         why = "; ".join(f"{n} {key}" for key, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
-        return (f"{self.total} tensors, {len(self.tried)} tried ({self.rule.describe()})"
-                + (f"; not tried: {why}" if why else ""))
+        return (f"{self.total} {self.kind}{'s' * (self.total != 1)}, {len(self.tried)} tried "
+                f"({self.rule.describe()})" + (f"; not tried: {why}" if why else ""))
 
     def __str__(self) -> str:
         return self.summary()
@@ -127,6 +133,52 @@ def _named_tensors(module: SupportsNamedTensors, optimizer: Optional[object]) ->
     return found
 
 
+def _filtered(entries: list[tuple[list[str], Any, BufferRef]], skipped: dict[str, str], rule: CandidateRule,
+              device: int) -> tuple[dict[str, BufferLike], dict[str, int]]:
+    """The ``rule.most`` entries the largest set-aside covers best, by label; the rest into ``skipped``."""
+    cover = properties(device).persisting_l2_cache_max_size
+    tried: dict[str, BufferLike] = {}
+    nbytes: dict[str, int] = {}
+    for names, obj, ref in sorted(entries, key=lambda e: -min(e[2].nbytes, cover)):
+        label = " = ".join(names)
+        if len(tried) < rule.most:
+            tried[label], nbytes[label] = obj, ref.nbytes
+        else:
+            skipped[label] = f"ranked below the {rule.most} largest: {ref.nbytes / MiB:.2f} MiB"
+    return tried, nbytes
+
+
+def _size_reason(nbytes: int, rule: CandidateRule) -> Optional[str]:
+    if nbytes < rule.min_bytes:
+        return f"too small: {nbytes / MiB:.2f} MiB"
+    if nbytes > rule.max_bytes:
+        return f"too large: {nbytes / MiB:.2f} MiB"
+    return None
+
+
+def from_graph(graph: object, names: Optional[Mapping[str, object]] = None, *, most: int = MOST) -> ModelCandidates:
+    """The tuner's candidates from the memory ``graph``'s kernel nodes are given (l2ctl.graph.buffers: an l2ctl
+    Graph or a torch.cuda.CUDAGraph(keep_graph=True)), by the same rule; ``names`` (name -> tensor) names the
+    ranges that are yours, the rest are named by the kernels given them. ``details`` says of each what it
+    is (yours, a temporary of a captured graph, torch's cache, an allocation) and which kernels use it."""
+    g = as_graph(graph)
+    rule = rule_for(g.device, most)
+    found = buffers(g, names)
+    skipped: dict[str, str] = {}
+    entries = []
+    details = {}
+    for b in found:
+        why = _size_reason(b.nbytes, rule)
+        if why is not None:
+            skipped[b.name] = why
+            continue
+        entries.append(([b.name], (b.ptr, b.nbytes), resolve_buffer((b.ptr, b.nbytes))))
+        details[b.name] = b.describe()
+    tried, nbytes = _filtered(entries, skipped, rule, g.device)
+    return ModelCandidates(tried, skipped, rule, len(found), g.device, nbytes,
+                           {name: details[name] for name in tried}, "range")
+
+
 def from_module(module: SupportsNamedTensors, optimizer: Optional[object] = None, *, device: object = None,
                 most: int = MOST) -> ModelCandidates:
     """The tuner's candidates from ``module`` (and ``optimizer``'s state) on ``device`` (None: the current
@@ -148,26 +200,14 @@ def from_module(module: SupportsNamedTensors, optimizer: Optional[object] = None
         if ref.device is not None and ref.device != dev:
             skipped[name] = f"on another device: device {ref.device}"
             continue
-        if ref.nbytes < rule.min_bytes:
-            skipped[name] = f"too small: {ref.nbytes / MiB:.2f} MiB"
-            continue
-        if ref.nbytes > rule.max_bytes:
-            skipped[name] = f"too large: {ref.nbytes / MiB:.2f} MiB"
+        why = _size_reason(ref.nbytes, rule)
+        if why is not None:
+            skipped[name] = why
             continue
         key = (ref.ptr, ref.nbytes)
         if key in eligible:
             eligible[key][0].append(name)  # tied: the same bytes under another name
         else:
             eligible[key] = ([name], tensor, ref)
-    cover = properties(dev).persisting_l2_cache_max_size
-    ranked = sorted(eligible.values(), key=lambda e: -min(e[2].nbytes, cover))
-    tried: dict[str, BufferLike] = {}
-    nbytes: dict[str, int] = {}
-    for names, tensor, ref in ranked:
-        label = " = ".join(names)
-        if len(tried) < rule.most:
-            tried[label] = tensor
-            nbytes[label] = ref.nbytes
-        else:
-            skipped[label] = f"ranked below the {rule.most} largest: {ref.nbytes / MiB:.2f} MiB"
+    tried, nbytes = _filtered(list(eligible.values()), skipped, rule, dev)
     return ModelCandidates(tried, skipped, rule, len(tensors), dev, nbytes)

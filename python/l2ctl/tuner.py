@@ -32,7 +32,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple, Optional, Union, cast
+from typing import Any, Callable, Literal, NamedTuple, Optional, Union, cast
 
 import numpy as np
 
@@ -42,10 +42,11 @@ from ._targets import Target, as_target, resolve_target
 from ._limit import auto_set_aside_cap
 from ._memory import BufferLike, StreamLike
 from ._persist import Persist, Policy, persist
-from .graph import TorchCaptures
+from ._torch_graphs import is_torch_graph
+from .graph import Graph, TorchCaptures
 from ._plan import check_count, normalize_hit_ratio
 from .bench import Progress, Record, Report, environment
-from .candidates import ModelCandidates, SupportsNamedTensors, from_module, is_module
+from .candidates import ModelCandidates, SupportsNamedTensors, from_graph, from_module, is_module
 from .bench.paired import Arm, check_confidence, compare
 from .bench.tax import Tax, measure_tax
 from .bench.timing import check_repeats
@@ -57,9 +58,13 @@ __all__ = ["TunedPolicy", "TuneReport", "CandidateResult", "PointResult", "TuneP
 
 #: What tune times: a callable f(stream) or an object with enqueue(stream) (l2ctl.workloads.Workload).
 WorkloadLike = Union[Callable[[Any], Any], Workload]
-#: What tune chooses among: one buffer, a sequence of them, a dict name -> buffer, or a model (its tensors,
-#: filtered by l2ctl.candidates' rule).
-Candidates = Union[BufferLike, Sequence[BufferLike], Mapping[str, BufferLike], SupportsNamedTensors]
+#: What tune chooses among: one buffer, a sequence of them, a dict name -> buffer, a model (its tensors,
+#: filtered by l2ctl.candidates' rule), or "discover" (the memory a graph target's kernels are given).
+Candidates = Union[BufferLike, Sequence[BufferLike], Mapping[str, BufferLike], SupportsNamedTensors, Literal["discover"]]
+DISCOVER_HINT = ("'discover' reads the arguments of a graph's kernel nodes: give it a graph whose template l2ctl can "
+                 "read (an l2ctl Graph, a torch.cuda.CUDAGraph(keep_graph=True)) as the target. For torch.compile, "
+                 "compile the step with mode='default' and capture it in a torch.cuda.CUDAGraph(keep_graph=True): "
+                 "the temporaries Inductor allocates then stay at the addresses the replays use")
 
 MiB = 1 << 20
 #: A set-aside above the driver's default limit must buy at least this much (and this much more than the
@@ -192,6 +197,9 @@ class TunedPolicy:
         """What the choice was made from, readable: a row per candidate (its best point), the points measured
         on the chosen candidate (or the best one) by set-aside, and the grid's best with its tax."""
         lines = [] if self.considered is None else [f"candidates: {self.considered.summary()}"]
+        chosen = self.considered.details.get(self.buffer_name or "") if self.considered is not None else None
+        if chosen:
+            lines.append(f"the chosen range: {chosen}")
         lines.append(f"{'candidate':<16} {'window':>11} {'points':>6}  best point ({self.confidence:.0%} CI)")
         for c in self.candidates.values():
             b = c.best
@@ -228,7 +236,8 @@ class TunedPolicy:
                            for name, c in self.candidates.items()},
             "considered": None if self.considered is None else {
                 "rule": self.considered.rule.describe(), "total": self.considered.total,
-                "tried": list(self.considered.tried), "skipped": dict(self.considered.skipped)},
+                "tried": list(self.considered.tried), "skipped": dict(self.considered.skipped),
+                "details": dict(self.considered.details)},
         }, text="\n".join([str(self)] + self.candidate_table()))
 
 
@@ -318,7 +327,10 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
     start = time.monotonic()
     enqueue_of(workload)
     model = None if not is_module(candidates) else cast(SupportsNamedTensors, candidates)
-    named = {} if model is not None else resolve_candidates(candidates)
+    discover = isinstance(candidates, str) and candidates == "discover"
+    if discover and not (isinstance(target, Graph) or is_torch_graph(target)):
+        raise ValueError(DISCOVER_HINT)
+    named = {} if model is not None or discover else resolve_candidates(candidates)
     warmup, repeat = check_repeats(warmup, repeat)
     rounds = check_count(rounds, "rounds", minimum=3, maximum=1000)
     confidence = check_confidence(confidence)
@@ -353,6 +365,11 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
         considered = from_module(model, device=device)
         if not considered.tried:
             raise ValueError(f"no tensor of the model can be tried: {considered.summary()}")
+        named = resolve_candidates(dict(considered.tried))
+    elif discover:  # the memory the graph's kernels are given, yours or not
+        considered = from_graph(target)
+        if not considered.tried:
+            raise ValueError(f"no range the graph's kernels are given can be tried: {considered.summary()}")
         named = resolve_candidates(dict(considered.tried))
     elif isinstance(candidates, ModelCandidates):
         considered = candidates

@@ -228,3 +228,19 @@ def test_replays_new_with_two_compiled_functions_and_a_graphed_callable(step):
             assert l2ctl._torch_graphs.without(recorded, p.window.as_tuple()) == (0, 1)  # first's, under acc's window
     finally:
         torch.compiler.reset()
+
+
+def test_the_buffers_a_torch_graphs_kernels_are_given(step):
+    """Through the driver: the kernel's arguments point at acc (named), and at index and values (torch's
+    cache, nobody named them); what discover offers the tuner."""
+    acc, run, _ = step
+    g = _captured(run)
+    found = graph.buffers(g, {"acc": acc})
+    by_ptr = {b.ptr: b for b in found}
+    assert by_ptr[acc.data_ptr()].owner == "yours" and by_ptr[acc.data_ptr()].name == "acc"
+    assert by_ptr[acc.data_ptr()].nbytes == acc.numel() * 4
+    for tensor in (run.index, run.values):
+        b = next(b for b in found if b.ptr <= tensor.data_ptr() < b.ptr + b.nbytes)
+        assert b.owner in ("torch's cache", "an allocation") and b.nbytes >= tensor.numel() * tensor.element_size()
+    nodes = graph.inspect(g, {"acc": acc})
+    assert any(any(b.name == "acc" for b in k.buffers) for k in nodes), [(k.function, k.buffers) for k in nodes]
