@@ -329,6 +329,21 @@ def readme_graphed_callable() -> str:
     return "; ".join(parts)
 
 
+def tune_models(gpu: str) -> str:
+    """tune from a model's tensors and from what a graph's kernels are given (scripts/tune_models.py), against
+    the same step without l2ctl (tune's own confirmation: paired rounds)."""
+    r = load(gpu, "tune_models")
+    if r is None:
+        return ""
+    lines = [f"| {GPUS[gpu]}: step | candidates | with your tensor named | tuned | chosen | tune s |", "|---|---|---|---|---|---|"]
+    for x in r["summary"]["rows"]:
+        yours = f"{x['yours_speedup']:.2f}x" if "yours_speedup" in x else "-"
+        chosen = (x.get("chosen_range") or x["chosen"]) if x["persists"] else "no persistence"
+        lines.append(f"| {x['workload']} | {x['summary']} | {yours} | {x['speedup']:.2f}x (CI {x['ci'][0]:.3f}-"
+                     f"{x['ci'][1]:.3f}), baseline {x['baseline_ms']:.2f} ms | {chosen} | {x['tune_seconds']:.1f} |")
+    return "\n".join(lines)
+
+
 OVERHEAD_ROWS = [
     ("persist_lean", "`persist(s, buf, 0.75, set_aside=None, reset_on_exit=False)`", "raw_set_clear_window"),
     ("persist_lean_reused", "the same scope object made once and re-entered (`with scope:` in the loop)", "raw_set_clear_window"),
@@ -522,7 +537,7 @@ GENERATORS: dict[str, Callable[[], str]] = {"readme-gallery": readme_gallery, "r
                                              "readme-findings": readme_findings,
                                              "readme-multigpu": readme_multigpu}
 for _gpu in GPUS:
-    for _name, _fn in (("tax", tax), ("gallery", gallery), ("overhead", overhead), ("overhead-forms", overhead_forms), ("reset-data", reset_data),
+    for _name, _fn in (("tax", tax), ("gallery", gallery), ("tune-models", tune_models), ("overhead", overhead), ("overhead-forms", overhead_forms), ("reset-data", reset_data),
                        ("tuner", tuner), ("stride", stride), ("micro", micro), ("ncu", ncu)):
         GENERATORS[f"{_name}-{_gpu}"] = (lambda f=_fn, g=_gpu: f(g))
 

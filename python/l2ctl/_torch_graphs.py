@@ -223,8 +223,10 @@ def use_trees(source: GraphTrees) -> GraphTrees:
 
 
 def allocator_blocks(device: int) -> list[tuple[int, int, bool]]:
-    """(address, size, in a graph's private pool) of every allocated block of PyTorch's caching allocator on
-    ``device``; empty where torch is not imported or has not touched CUDA (never imports it)."""
+    """(address, size, in a graph's private pool) of the blocks of PyTorch's caching allocator on ``device``:
+    every allocated block, and every block of a graph's private pool whatever its state (a temporary a
+    captured graph freed at capture end is still where its replays write); empty where torch is not
+    imported or has not touched CUDA (never imports it)."""
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
         return []
@@ -235,7 +237,7 @@ def allocator_blocks(device: int) -> list[tuple[int, int, bool]]:
         private = tuple(segment.get("segment_pool_id", (0, 0))) != (0, 0)
         address = int(segment["address"])
         for block in segment.get("blocks", []):
-            if block.get("state") == "active_allocated":
+            if private or block.get("state") == "active_allocated":
                 blocks.append((int(block.get("address", address)), int(block["size"]), private))
             address += int(block["size"])
     return blocks

@@ -244,3 +244,24 @@ def test_the_buffers_a_torch_graphs_kernels_are_given(step):
         assert b.owner in ("torch's cache", "an allocation") and b.nbytes >= tensor.numel() * tensor.element_size()
     nodes = graph.inspect(g, {"acc": acc})
     assert any(any(b.name == "acc" for b in k.buffers) for k in nodes), [(k.function, k.buffers) for k in nodes]
+
+
+def test_discover_names_a_compiled_graphs_temporary(step):
+    """acc.zero_(); acc.index_add_(...) compiled together and captured: Inductor scatters into a temporary of
+    the graph's private pool and copies it into acc. graph.buffers finds it, given to every kernel."""
+    acc, run, _ = step
+    index, values = run.index, run.values
+
+    def zero_and_scatter() -> None:
+        acc.zero_()
+        acc.index_add_(0, index, values)
+
+    compiled = torch.compile(zero_and_scatter)
+    try:
+        g = _captured(compiled)
+        found = graph.buffers(g, {"acc": acc})
+        shared = [b for b in found if len(b.kernels) == len(graph.inspect(g))]
+        assert shared and shared[0].owner == "a temporary of a captured graph", [b.describe() for b in found]
+        assert shared[0].nbytes >= acc.numel() * 4
+    finally:
+        torch.compiler.reset()
