@@ -429,6 +429,41 @@ with compiled_tuned.persist(compiled.target()):
 print(f"compiled: plain {plain:.3f} ms, tuned {tuned_ms:.3f} ms ({plain / tuned_ms:.2f}x); "
       f"verified: {step.verify(stream)}")
 torch.compiler.reset()"""),
+    new_markdown_cell("""## When the buffer that matters is not yours: `"discover"`
+
+Compile the zeroing with the scatter and Inductor scatters into a temporary of its own, then copies it
+into `acc`: a window on `acc` reaches nothing. No name reaches that temporary, but the graph's kernels are
+given its address. `l2ctl.graph.buffers(g, names)` reads every kernel node's arguments through the driver
+and says what each range is (yours, a temporary of a captured graph, torch's cache) and which kernels use
+it; `tune(step, g, "discover")` tries those ranges. It needs a graph whose template l2ctl can read, so the
+compiled step (default mode) is captured in a `torch.cuda.CUDAGraph(keep_graph=True)`: its temporaries
+then stay where the replays use them."""),
+    torch_cell("""def zero_and_scatter():
+    acc.zero_()
+    acc.index_add_(0, index, values)
+
+
+inductor = torch.compile(zero_and_scatter)
+temp_graph = torch.cuda.CUDAGraph(keep_graph=True)
+with torch.cuda.stream(stream):
+    inductor()                                          # compile and warm up outside the capture
+    with torch.cuda.graph(temp_graph, stream=stream):
+        inductor()
+    temp_graph.replay()
+for found in l2ctl.graph.buffers(temp_graph, {"acc": acc}):
+    print(found.describe())
+
+
+def replay_temp(s):
+    with torch.cuda.stream(s):
+        temp_graph.replay()
+
+
+named = l2ctl.tune(replay_temp, temp_graph, {"acc": acc}, stream=stream)
+discovered = l2ctl.tune(replay_temp, temp_graph, "discover", stream=stream)
+print("acc named:", named)
+print(discovered.report())
+torch.compiler.reset()"""),
 ])
 
 

@@ -62,7 +62,9 @@ def workload_rows(gpu: str) -> dict[str, dict[str, Any]]:
     for name, entries in found.items():
         lows = [min(row["tuned_speedups"]) for _, row in entries]
         lowest = entries[lows.index(min(lows))][1]
+        described = [row["described"] for _, row in entries if "graphed_compilations" in row.get("described", {})]
         out[name] = {**lowest, "runs": len(entries), "gpus": len({uuid for uuid, _ in entries}),
+                     "described": described[-1] if described else lowest.get("described", {}),
                      "tuned_low": min(lows), "tuned_high": max(min(row["tuned_speedups"]) for _, row in entries),
                      "disagree": len({row["tuned_buffer"] is None for _, row in entries}) > 1}
     return out
@@ -166,7 +168,8 @@ def readme_gallery() -> str:
             choices.append(f"`{row['tuned_buffer']}`" if row["tuned_buffer"] else "no persistence")
         choice = choices[0] if len(set(choices)) == 1 else " / ".join(choices)
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {choice} |")
-    return "\n".join(lines + ["", f"Lowest run and range over the runs ({runs_note(gpus)})."])
+    runs = "; ".join(f"{GPUS[g]} {len(workload_runs(g))}" for g in gpus)
+    return "\n".join(lines + ["", f"The lowest run, and the range over the runs ({runs}; docs/results.md lists them)."])
 
 
 
@@ -225,20 +228,30 @@ def readme_findings() -> str:
 
 
 def readme_multigpu() -> str:
-    """The multi-GPU paragraph's numbers: the DDP example and bench collectives as far as they ran (records
-    named by their rank count); the two-GPU targets stay open until a two-GPU record exists."""
-    ddp, coll = load("h100", "ddp_step_1rank"), load("h100", "collectives_1rank")
+    """The multi-GPU paragraph's numbers, from the two-GPU records under torchrun (h100x2/): the DDP example's
+    gain per rank against its single-GPU gain, and NCCL's bus bandwidth under each set-aside."""
+    ddp, coll = load("h100x2", "ddp_step_2rank"), load("h100x2", "collectives_2rank")
     if ddp is None or coll is None:
         return ""
-    r = ddp["summary"]["per_rank"][0]
-    gather = [x for x in coll["summary"]["table"] if x["op"] == "all_gather"]
-    at = lambda n: [x["ratio"] for x in gather if x["set_aside_granted"] == n]  # noqa: E731
-    d, m = at(coll["summary"]["default_limit"]), at(coll["summary"]["max_set_aside"])
-    return (f"On one H100 under `torchrun` with one rank (two-GPU figures: not measured yet), the "
-            f"example's step gained {r['single_gain']:.2f}x alone and {r['ddp_gain']:.2f}x under DDP "
-            f"({r['ddp_fraction_of_single_gain']:.0%} of the gain), the device left as found; NCCL's one-rank "
-            f"all-gather (a copy) kept {min(d):.0%}-{max(d):.0%} of its bandwidth at the default limit and "
-            f"{min(m):.0%}-{max(m):.0%} at the max.")
+    ranks = ddp["summary"]["per_rank"]
+    if not all(r["restored"] for r in ranks) or coll["summary"]["ranks"] != len(ranks):
+        raise ValueError("the two-GPU records no longer support the multi-GPU paragraph: rewrite it")
+    fractions = [r["ddp_fraction_of_single_gain"] for r in ranks]
+    table = coll["summary"]["table"]
+    at = lambda op, n: [x["ratio"] for x in table if x["op"] == op and x["set_aside_granted"] == n]  # noqa: E731
+    default, top = coll["summary"]["default_limit"], coll["summary"]["max_set_aside"]
+    reduce_d, reduce_m, gather_m = at("all_reduce", default), at("all_reduce", top), at("all_gather", top)
+    return (f"On two H100s under `torchrun`, the example's step gained {min(r['single_gain'] for r in ranks):.2f}x "
+            f"alone and {min(r['ddp_gain'] for r in ranks):.2f}x under DDP on each rank "
+            f"({span(fractions)} of the single-GPU gain), every device left as found; "
+            f"NCCL's all-reduce kept {span(reduce_d)} of its bus bandwidth at the default limit and "
+            f"{span(reduce_m)} at the max (all-gather {span(gather_m)}), 64 MiB to 1 GiB.")
+
+
+def span(fractions: list[float]) -> str:
+    """Percentages as one figure when they agree, else lowest-highest."""
+    lo, hi = f"{min(fractions):.0%}", f"{max(fractions):.0%}"
+    return lo if lo == hi else f"{lo}-{hi}"
 
 
 GRAPH_ROWS = {"broadcast": "`x + bias`", "scatter-add": "`acc.index_add_`"}
@@ -265,38 +278,70 @@ def readme_graphs() -> str:
     return "\n".join(lines) if len(lines) > 2 else ""
 
 
-COMPILE_ROWS = (("scatter-add-compiled", "graphs recorded (accumulator marked static)"),
-                ("scatter-add-compiled-eager", "no graphs: in place, accumulator not marked static"),
-                ("scatter-add-compiled-temp", "the zeroing compiled with it: Inductor's own temporary"))
+COMPILE_ROWS = (("scatter-add-compiled", "the gallery's step (tensors marked static)"),
+                ("scatter-add-compiled-eager", "the gallery's step, accumulator not marked static"),
+                ("scatter-add-compiled-temp", "the gallery's step with its zeroing: Inductor's own temporary"))
+RECIPE_ROWS = (("compiled-eager", "in place, the accumulator an argument"),
+               ("compiled-graphed", "in place, the accumulator an argument marked static"),
+               ("compiled-temp", "with its zeroing, marked static: Inductor's own temporary"))
 
 
 def graphed(row: dict[str, Any]) -> str:
-    """Whether torch ran a compiled row as CUDA graphs: every compilation, none, or how many."""
+    """Whether torch ran a compiled gallery row as CUDA graphs: every compilation, none, or how many."""
     described = row.get("described", {})
     n, of = described.get("graphed_compilations"), described.get("compilations")
     if n is None or not of:
-        return "?"
+        return "not recorded"
     return "yes" if n == of else "no" if n == 0 else f"{n} of {of}"
 
 
 def readme_compile() -> str:
-    """torch.compile's ways to run the scatter-add: tuned (the gallery's rows), and the recipe with an explicit
-    set-aside of the accumulator (scripts/torch_recipes.py), each against the same code without l2ctl."""
-    lines = ["| `torch.compile` scatter-add, GPU | tuned: `persist(torch_captures(), acc, policy=tuned)` | run as "
-             "CUDA graphs | `set_aside=<acc>` instead |", "|---|---|---|---|"]
+    """torch.compile's ways to run the scatter-add, each against the same code without l2ctl: tuned (the
+    gallery's rows, lowest run and range) and the recipe with an explicit set-aside of the accumulator
+    (scripts/torch_recipes.py, lowest of its rounds); whether torch ran each as CUDA graphs, as measured."""
+    lines = ["| `torch.compile(mode=\"reduce-overhead\")` scatter-add, GPU | run as CUDA graphs | "
+             "`persist(torch_captures(), acc, policy=tuned)` | `persist(torch_captures(), acc, set_aside=<acc>)` |",
+             "|---|---|---|---|"]
     for gpu in GPUS:
         rows = workload_rows(gpu)
-        recipes = load(gpu, "torch_recipes")
-        explicit = {} if recipes is None else {r["workload"]: r for r in recipes["summary"]["rows"]}
         for name, label in COMPILE_ROWS:
             row = rows.get(name)
-            if row is None:
-                continue
-            other = explicit.get(name.replace("scatter-add-", ""))
-            tuned = tuned_range(row) + ("" if row["tuned_buffer"] else ", no persistence")
-            lines.append(f"| {label}, {GPUS[gpu]} | {tuned} | {graphed(row)} | "
-                         + ("-" if other is None else f"{min(other['round_speedups']):.2f}x") + " |")
+            if row is not None:
+                tuned = tuned_range(row) + ("" if row["tuned_buffer"] else ", no persistence")
+                lines.append(f"| {label}, {GPUS[gpu]} | {graphed(row)} | {tuned} | - |")
+        recipes = load(gpu, "torch_recipes")
+        for name, label in RECIPE_ROWS if recipes is not None else ():
+            row = next(r for r in recipes["summary"]["rows"] if r["workload"] == name)
+            lines.append(f"| {label}, {GPUS[gpu]} | {'yes' if row['graphed'] else 'no'} | - | "
+                         f"{min(row['round_speedups']):.2f}x |")
     return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def readme_graphed_callable() -> str:
+    """make_graphed_callables on x + bias, captured inside persist(torch_captures(replays="new"), bias), in a
+    process whose graph trees hold other compiled functions' recordings."""
+    parts = []
+    for gpu in GPUS:
+        recipes = load(gpu, "torch_recipes")
+        if recipes is not None:
+            row = next(r for r in recipes["summary"]["rows"] if r["workload"] == "graphed-callable")
+            parts.append(f"{min(row['round_speedups']):.2f}x on an {GPUS[gpu]} ({row['baseline_ms']:.2f} ms without l2ctl)")
+    return "; ".join(parts)
+
+
+def tune_models(gpu: str) -> str:
+    """tune from a model's tensors and from what a graph's kernels are given (scripts/tune_models.py), against
+    the same step without l2ctl (tune's own confirmation: paired rounds)."""
+    r = load(gpu, "tune_models")
+    if r is None:
+        return ""
+    lines = [f"| {GPUS[gpu]}: step | candidates | with your tensor named | tuned | chosen | tune s |", "|---|---|---|---|---|---|"]
+    for x in r["summary"]["rows"]:
+        yours = f"{x['yours_speedup']:.2f}x" if "yours_speedup" in x else "-"
+        chosen = (x.get("chosen_range") or x["chosen"]) if x["persists"] else "no persistence"
+        lines.append(f"| {x['workload']} | {x['summary']} | {yours} | {x['speedup']:.2f}x (CI {x['ci'][0]:.3f}-"
+                     f"{x['ci'][1]:.3f}), baseline {x['baseline_ms']:.2f} ms | {chosen} | {x['tune_seconds']:.1f} |")
+    return "\n".join(lines)
 
 
 OVERHEAD_ROWS = [  # (variant, label, its raw calls through cuda.bindings, its driver calls timed in C++)
@@ -503,11 +548,12 @@ def ncu(gpu: str) -> str:
 
 GENERATORS: dict[str, Callable[[], str]] = {"readme-gallery": readme_gallery, "readme-graphs": readme_graphs,
                                              "readme-compile": readme_compile,
+                                             "readme-graphed-callable": readme_graphed_callable,
                                              "readme-cost": readme_cost,
                                              "readme-findings": readme_findings,
                                              "readme-multigpu": readme_multigpu}
 for _gpu in GPUS:
-    for _name, _fn in (("tax", tax), ("gallery", gallery), ("overhead", overhead), ("overhead-forms", overhead_forms), ("reset-data", reset_data),
+    for _name, _fn in (("tax", tax), ("gallery", gallery), ("tune-models", tune_models), ("overhead", overhead), ("overhead-forms", overhead_forms), ("reset-data", reset_data),
                        ("tuner", tuner), ("stride", stride), ("micro", micro), ("ncu", ncu)):
         GENERATORS[f"{_name}-{_gpu}"] = (lambda f=_fn, g=_gpu: f(g))
 

@@ -12,6 +12,7 @@
 #include "l2ctl/device.hpp"
 #include "l2ctl/error.hpp"
 #include "l2ctl/graph.hpp"
+#include "l2ctl/kernel_args.hpp"
 #include "l2ctl/kernels.hpp"
 #include "l2ctl/memory.hpp"
 #include "l2ctl/event.hpp"
@@ -308,6 +309,16 @@ PYBIND11_MODULE(_core, m) {
         return out;
       },
       "graph"_a);
+  m.def(
+      "kernel_node_words",
+      [](std::uintptr_t node) {
+        std::vector<l2ctl::ArgumentWord> words = unlocked([&] { return l2ctl::kernel_node_words(node); });
+        py::list out;
+        for (const auto& w : words) out.append(py::make_tuple(w.param, w.offset, w.value));
+        return out;
+      },
+      "node"_a);
+  m.def("address_range", &l2ctl::address_range, "address"_a, release());
   bind_window_accessors(m, "node", l2ctl::WindowHolder::kernel_node);
 
   // The hottest call, without pybind11's dispatcher (see apply_window above).

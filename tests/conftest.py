@@ -6,6 +6,7 @@ worker in threads and re-raises what they raised."""
 
 from __future__ import annotations
 
+import fractions
 import threading
 import types
 from typing import Any, Callable
@@ -198,7 +199,7 @@ def cases(o: Objects) -> list[Case]:
         ("set_aside(-1)", lambda: l2ctl.set_aside(-1), ValueError),
         ("set_aside(nan)", lambda: l2ctl.set_aside(NAN), ValueError),
         ("set_aside(1.5)", lambda: l2ctl.set_aside(1.5), ValueError),
-        ("set_aside('lots')", lambda: l2ctl.set_aside("lots"), ValueError),
+        ("set_aside('lots')", lambda: l2ctl.set_aside("lots"), ValueError),  # type: ignore[arg-type]
         ("set_aside(None)", lambda: l2ctl.set_aside(None), TypeError),  # type: ignore[arg-type]
         ("set_aside(over max)", lambda: l2ctl.set_aside(maximum + 1), ValueError),
         ("set_aside(device=9)", lambda: l2ctl.set_aside(0, device=9), ValueError),
@@ -208,10 +209,16 @@ def cases(o: Objects) -> list[Case]:
         ("hit_ratio_grid(1)", lambda: l2ctl.hit_ratio_grid(1), ValueError),
         ("hit_ratio_grid(2**63)", lambda: l2ctl.hit_ratio_grid(2**63), ValueError),
         ("hit_ratio_grid(stop<start)", lambda: l2ctl.hit_ratio_grid(3, 0.9, 0.1), ValueError),
+        ("hit_ratio_grid(stop 10**400)", lambda: l2ctl.hit_ratio_grid(3, 0.0, 10**400), ValueError),
+        ("set_aside(Fraction 10**400)", lambda: l2ctl.set_aside(fractions.Fraction(10**400, 3)), ValueError),
+        ("shared_hit_ratios(10**400)", lambda: l2ctl.shared_hit_ratios([(10**400, 64)], 1024), ValueError),
+        ("Policy(hit_ratio -10**400)", lambda: l2ctl.Policy(hit_ratio=-10**400), ValueError),
         # windows
         ("get_window('s')", lambda: l2ctl.get_window("s"), TypeError),
         ("set_window(s, dict)", lambda: l2ctl.set_window(s, {"base_ptr": 1}), TypeError),  # type: ignore[arg-type]
         ("set_window(hit 2)", lambda: l2ctl.set_window(s, AccessPolicyWindow(buf.ptr, 64, 2.0)), ValueError),
+        ("set_window(hit 10**400)", lambda: l2ctl.set_window(s, AccessPolicyWindow(buf.ptr, 64, 10**400)), ValueError),
+        ("for_buffer(hit 10**400)", lambda: AccessPolicyWindow.for_buffer(buf, 10**400), ValueError),
         ("set_window(miss persisting)", lambda: l2ctl.set_window(
             s, AccessPolicyWindow(buf.ptr, 64, 0.5, AccessProperty.PERSISTING, AccessProperty.PERSISTING)), ValueError),
         ("set_window(host)", lambda: l2ctl.set_window(s, AccessPolicyWindow(host.ctypes.data, 64, 0.5)), ValueError),
@@ -230,6 +237,7 @@ def cases(o: Objects) -> list[Case]:
         ("persist(np.bool_)", lambda: l2ctl.persist(s, buf, np.bool_(True)), TypeError),  # type: ignore[arg-type]
         ("persist(share=1)", lambda: l2ctl.persist(s, buf, 0.5, share=1), TypeError),  # type: ignore[arg-type]
         ("persist(past)", lambda: l2ctl.persist(s, past, 0.5).__enter__(), ValueError),
+        ("persist(hit 10**400)", lambda: l2ctl.persist(s, buf, 10**400), ValueError),
         ("persist(graph, empty selection)", lambda: l2ctl.persist(o.g.select(lambda k: False), buf, 0.5).__enter__(),
          ValueError),
         # memory and streams
@@ -251,6 +259,10 @@ def cases(o: Objects) -> list[Case]:
                                                                  "data": (buf.ptr, False)}), TypeError),
         ("CAI shape overflow", lambda: parse_cuda_array_interface({"shape": (2**32 + 1, 2**32), "typestr": "<f4",
                                                                   "data": (buf.ptr, False)}), ValueError),
+        ("CAI pointer -16", lambda: parse_cuda_array_interface({"shape": (4,), "typestr": "<f4",
+                                                               "data": (-16, False)}), ValueError),
+        ("CAI pointer 2**64", lambda: parse_cuda_array_interface({"shape": (4,), "typestr": "<f4",
+                                                                 "data": (2**64, False)}), ValueError),
         ("CAI strides float", lambda: parse_cuda_array_interface({"shape": (4,), "typestr": "<f4", "strides": (4.0,),
                                                                  "data": (buf.ptr, False)}), TypeError),
         # graphs
@@ -317,6 +329,7 @@ def cases(o: Objects) -> list[Case]:
         ("measure_point(hit 2)", lambda: sweep.measure_point(o.work, s, buf, 0, 2.0), ValueError),
         ("sweep_hit_ratio([])", lambda: sweep.sweep_hit_ratio(o.work, s, buf, hit_ratios=[]), ValueError),
         ("sweep_hit_ratio(nan)", lambda: sweep.sweep_hit_ratio(o.work, s, buf, hit_ratios=[NAN]), ValueError),
+        ("sweep_hit_ratio(10**400)", lambda: sweep.sweep_hit_ratio(o.work, s, buf, hit_ratios=[10**400]), ValueError),
         ("sweep_set_aside(-1)", lambda: sweep.sweep_set_aside(o.work, s, buf, set_asides=[-1]), ValueError),
         ("sweep_surface(hit 7)", lambda: sweep.sweep_surface(o.work, s, buf, hit_ratios=[7.0]), ValueError),
         ("sweep_lut_size(6)", lambda: sweep.sweep_lut_size([6], s), ValueError),

@@ -51,6 +51,7 @@ from ._window import AccessPolicyWindow, AccessProperty
 if TYPE_CHECKING:  # the harness, imported lazily at run time (see __getattr__)
     from . import bench as bench
     from . import benchmark_gallery as benchmark_gallery
+    from . import candidates as candidates
     from . import plot as plot
     from . import sweep as sweep
     from . import tuner as tuner
@@ -65,6 +66,7 @@ __version__ = _core.__version__
 _LAZY = {
     "bench": ("l2ctl.bench", None),
     "benchmark_gallery": ("l2ctl.benchmark_gallery", None),
+    "candidates": ("l2ctl.candidates", None),
     "plot": ("l2ctl.plot", None),
     "sweep": ("l2ctl.sweep", None),
     "tuner": ("l2ctl.tuner", None),
@@ -146,6 +148,7 @@ __all__ = [
     "set_window",
     "shared_hit_ratios",
     "sweep",
+    "candidates",
     "tune",
     "tuner",
     "minimum_driver",
@@ -153,7 +156,10 @@ __all__ = [
     "workloads",
 ]
 
-if _os.environ.get("L2CTL_SIMULATE"):
+#: Values of L2CTL_SIMULATE that mean "off", as a shell user writes it (unset and empty mean off too).
+_SIMULATE_OFF = ("", "0", "false", "off", "no")
+
+if _os.environ.get("L2CTL_SIMULATE", "").strip().lower() not in _SIMULATE_OFF:
     # The GPU-less try-out: simulated GPUs in place of the real ones for this process (docs/reference.md).
     import sys as _sys
 

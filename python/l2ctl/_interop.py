@@ -253,6 +253,8 @@ def parse_cuda_array_interface(cai: object, source: str = "__cuda_array_interfac
     ptr = int(data[0])
     if ptr == 0:
         raise ValueError("the array's data pointer is NULL")
+    if not 0 < ptr < 1 << 64:  # else it reads as "0x-10 is host memory" further on
+        raise ValueError(f"the array's data pointer {ptr} is not an address: a pointer is an unsigned 64-bit integer")
     return BufferRef(ptr, nbytes, None, source, owner)
 
 

@@ -4,7 +4,7 @@ the driver's granularity, and resetting persisting lines. Every change goes thro
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 from . import _backend, _registry
 from ._device import DeviceProperties, properties, require_persistence, resolve_device
@@ -109,7 +109,7 @@ class SetAside(int):
         return (int, (int(self),))
 
 
-def set_aside(nbytes: Union[int, float, str], device: object = None) -> SetAside:
+def set_aside(nbytes: Union[int, float, Literal["max"]], device: object = None) -> SetAside:
     """Set the persisting-L2 set-aside (``cudaLimitPersistingL2CacheSize``) and return what was granted.
 
     ``nbytes`` is a byte count, ``"max"`` (``persistingL2CacheMaxSize``) or a float fraction of the max

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numbers
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 import numpy as np
 
@@ -21,7 +21,9 @@ from ._window import AccessPolicyWindow, AccessProperty, check_property
 
 __all__ = ["persist", "Persist", "Policy", "Budget", "budget"]
 
-LimitRequest = Union[int, str, None]
+#: What a scope asks of the set-aside: bytes, "auto" (enough for the windows in force, kept within the driver's
+#: default limit), "max", or None (the limit as it is). A Literal, so that a type checker refuses "lots".
+LimitRequest = Union[int, Literal["auto", "max"], None]
 _PERSISTING, _STREAMING = AccessProperty.PERSISTING, AccessProperty.STREAMING
 #: Hit ratios up to here are below 1.0 in float32 too, so they need no further normalisation.
 _SURELY_FLOAT32 = 0.9999999
@@ -75,8 +77,10 @@ def budget(device: object = None) -> Budget:
 
 
 def _check_limit_request(value: object) -> LimitRequest:
-    if value is None or (isinstance(value, str) and value in ("auto", "max")):
-        return value
+    if value is None:
+        return None
+    if isinstance(value, str) and value in ("auto", "max"):
+        return "auto" if value == "auto" else "max"
     if isinstance(value, str):
         raise ValueError(f"set_aside must be 'auto', 'max', None or a byte count, got {value!r}")
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
@@ -294,7 +298,7 @@ class Persist:
         if request is not None and request != "auto":
             if request == "max":
                 request = props.persisting_l2_cache_max_size
-            elif request > props.persisting_l2_cache_max_size:  # type: ignore[operator]
+            elif request > props.persisting_l2_cache_max_size:
                 raise ValueError(f"set_aside of {request} bytes exceeds persistingL2CacheMaxSize "
                                  f"({props.persisting_l2_cache_max_size} bytes) of device {device}; ask for at most "
                                  "that, or 'max'")

@@ -39,6 +39,16 @@ HIT_RATIO_TOLERANCE = 1e-6
 MAX_GRID_POINTS = 100_000
 
 
+def _as_float(value: numbers.Real, refusal: str) -> float:
+    """``float(value)``; a value beyond a float's range (10**400, a huge Fraction) is a ValueError saying
+    ``refusal``, as any other value out of range, not the OverflowError float() raises."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(f"{refusal}, got {value!r:.40}{'...' if len(repr(value)) > 40 else ''}, beyond a float's "
+                         "range") from None
+
+
 def normalize_hit_ratio(value: object, name: str = "hit_ratio") -> float:
     """Validate a hit ratio and return it as a float that CUDA accepts (float32 never above 1.0).
 
@@ -49,7 +59,7 @@ def normalize_hit_ratio(value: object, name: str = "hit_ratio") -> float:
         return value
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number in [0, 1], not {type(value).__name__}")
-    x = float(value)
+    x = _as_float(value, f"{name} must be in [0, 1]")
     if math.isnan(x) or math.isinf(x):
         raise ValueError(f"{name} must be finite, got {x!r}")
     if x < 0.0:
@@ -129,7 +139,7 @@ def check_set_aside_request(value: object) -> None:
             raise ValueError(f"set-aside must be >= 0 bytes, got {int(value)}")
         return
     if isinstance(value, numbers.Real):
-        f = float(value)
+        f = _as_float(value, "a fractional set-aside must be in [0, 1] (of the max)")
         if math.isnan(f) or not 0.0 <= f <= 1.0:
             raise ValueError(f"a fractional set-aside must be in [0, 1] (of the max), got {f!r}")
         return

@@ -28,7 +28,7 @@ WindowTuple = tuple[int, int, float, int, int]
 
 __all__ = ["KEEP_GRAPH_HINT", "CUPY_GRAPH_HINT", "CALLABLE_HINT", "foreign_target_error", "is_torch_graph",
            "template_of", "has_executable",
-           "GraphTrees", "TorchGraphTrees", "trees", "use_trees", "without", "recordings", "remember_recordings"]
+           "allocator_blocks", "GraphTrees", "TorchGraphTrees", "trees", "use_trees", "without", "recordings", "remember_recordings"]
 
 KEEP_GRAPH_HINT = (
     "this torch.cuda.CUDAGraph keeps only its executable graph (keep_graph=False, the default), and CUDA cannot "
@@ -220,6 +220,27 @@ def use_trees(source: GraphTrees) -> GraphTrees:
     global trees
     previous, trees = trees, source
     return previous
+
+
+def allocator_blocks(device: int) -> list[tuple[int, int, bool]]:
+    """(address, size, in a graph's private pool) of the blocks of PyTorch's caching allocator on ``device``:
+    every allocated block, and every block of a graph's private pool whatever its state (a temporary a
+    captured graph freed at capture end is still where its replays write); empty where torch is not
+    imported or has not touched CUDA (never imports it)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return []
+    blocks = []
+    for segment in torch.cuda.memory_snapshot():
+        if segment.get("device") != device:
+            continue
+        private = tuple(segment.get("segment_pool_id", (0, 0))) != (0, 0)
+        address = int(segment["address"])
+        for block in segment.get("blocks", []):
+            if private or block.get("state") == "active_allocated":
+                blocks.append((int(block.get("address", address)), int(block["size"]), private))
+            address += int(block["size"])
+    return blocks
 
 
 # What l2ctl saw recorded inside its torch_captures scopes: recording -> the window its nodes carry

@@ -18,7 +18,9 @@ make_graphed_callables, torch.compile's graph trees, CuPy's) get a window only a
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Literal, Optional, Union
@@ -29,13 +31,14 @@ from . import _backend, _registry, _torch_graphs
 from ._backend import GraphExecImpl, GraphImpl
 from ._device import properties, resolve_device, stream_device
 from ._interop import resolve_stream
+from ._kernel_buffers import GraphBuffer, map_pointers
 from ._memory import StreamLike
 from ._plan import check_count
 from ._stream_window import check_window_fits
 from ._window import AccessPolicyWindow, validate_window
 
-__all__ = ["CaptureMode", "KernelNode", "Graph", "GraphNodes", "TorchCaptures", "capture", "as_graph", "inspect",
-           "torch_captures"]
+__all__ = ["CaptureMode", "KernelNode", "Graph", "GraphNodes", "GraphBuffer", "TorchCaptures", "capture", "as_graph",
+           "inspect", "buffers", "torch_captures"]
 
 
 class CaptureMode(enum.IntEnum):
@@ -46,13 +49,15 @@ class CaptureMode(enum.IntEnum):
 
 @dataclass(frozen=True)
 class KernelNode:
-    """A kernel node of a graph: its handle, kernel name, launch shape and current window."""
+    """A kernel node of a graph: its handle, kernel name, launch shape and current window; from
+    ``inspect``, also the memory its arguments point into (``buffers``)."""
 
     node: int
     function: str
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     window: AccessPolicyWindow
+    buffers: tuple[GraphBuffer, ...] = ()
 
 
 Predicate = Callable[[KernelNode], bool]
@@ -395,6 +400,19 @@ def torch_captures(device: object = None, *, replays: Optional[Replays] = None) 
     return TorchCaptures(device, replays=replays)
 
 
-def inspect(graph: object) -> list[KernelNode]:
-    """Every kernel node of ``graph`` and the window it carries."""
-    return as_graph(graph).kernel_nodes()
+def inspect(graph: object, names: Optional[Mapping[str, object]] = None) -> list[KernelNode]:
+    """Every kernel node of ``graph``, the window it carries and the memory its arguments point into (named
+    from ``names``, name -> tensor, where they match; l2ctl._kernel_buffers says how the rest is named)."""
+    g = as_graph(graph)
+    nodes = g.kernel_nodes()
+    _, per_node = map_pointers(g.device, [(k.node, k.function) for k in nodes], names)
+    return [dataclasses.replace(k, buffers=tuple(per_node.get(k.node, ()))) for k in nodes]
+
+
+def buffers(graph: object, names: Optional[Mapping[str, object]] = None) -> list[GraphBuffer]:
+    """The memory ``graph``'s kernels are given, largest first: each range with what it is (yours, a
+    temporary of a captured graph, torch's cache, an allocation), its name and the kernels given it. What
+    ``tune(step, graph, "discover")`` tries."""
+    g = as_graph(graph)
+    found, _ = map_pointers(g.device, [(k.node, k.function) for k in g.kernel_nodes()], names)
+    return found

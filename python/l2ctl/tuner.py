@@ -32,7 +32,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple, Optional, Union, cast
+from typing import Any, Callable, Literal, NamedTuple, Optional, Union, cast
 
 import numpy as np
 
@@ -42,9 +42,11 @@ from ._targets import Target, as_target, resolve_target
 from ._limit import auto_set_aside_cap
 from ._memory import BufferLike, StreamLike
 from ._persist import Persist, Policy, persist
-from .graph import TorchCaptures
+from ._torch_graphs import is_torch_graph
+from .graph import Graph, TorchCaptures
 from ._plan import check_count, normalize_hit_ratio
 from .bench import Progress, Record, Report, environment
+from .candidates import ModelCandidates, SupportsNamedTensors, from_graph, from_module, is_module
 from .bench.paired import Arm, check_confidence, compare
 from .bench.tax import Tax, measure_tax
 from .bench.timing import check_repeats
@@ -56,8 +58,13 @@ __all__ = ["TunedPolicy", "TuneReport", "CandidateResult", "PointResult", "TuneP
 
 #: What tune times: a callable f(stream) or an object with enqueue(stream) (l2ctl.workloads.Workload).
 WorkloadLike = Union[Callable[[Any], Any], Workload]
-#: What tune chooses among: one buffer, a sequence of them, or a dict name -> buffer.
-Candidates = Union[BufferLike, Sequence[BufferLike], Mapping[str, BufferLike]]
+#: What tune chooses among: one buffer, a sequence of them, a dict name -> buffer, a model (its tensors,
+#: filtered by l2ctl.candidates' rule), or "discover" (the memory a graph target's kernels are given).
+Candidates = Union[BufferLike, Sequence[BufferLike], Mapping[str, BufferLike], SupportsNamedTensors, Literal["discover"]]
+DISCOVER_HINT = ("'discover' reads the arguments of a graph's kernel nodes: give it a graph whose template l2ctl can "
+                 "read (an l2ctl Graph, a torch.cuda.CUDAGraph(keep_graph=True)) as the target. For torch.compile, "
+                 "compile the step with mode='default' and capture it in a torch.cuda.CUDAGraph(keep_graph=True): "
+                 "the temporaries Inductor allocates then stay at the addresses the replays use")
 
 MiB = 1 << 20
 #: A set-aside above the driver's default limit must buy at least this much (and this much more than the
@@ -65,6 +72,9 @@ MiB = 1 << 20
 TAX_GAIN = 0.02
 COARSE_GRANULES = (1, 2, 3, 4, 6, 8)
 REFINED_CANDIDATES = 2
+#: The most points the refine stage measures per candidate (_refine_points: the anchor, its two neighbouring
+#: set-asides, two lower hit ratios, the window cut to the set-aside): what the progress bar plans for.
+REFINE_POINTS = 6
 
 
 class TunePoint(NamedTuple):
@@ -137,6 +147,7 @@ class TunedPolicy:
     seconds: float
     cap: int
     environment: dict[str, Any] = field(default_factory=dict)
+    considered: Optional[ModelCandidates] = field(default=None, repr=False)  # a model's tensors: tried and skipped
 
     @property
     def speedup(self) -> float:
@@ -176,8 +187,8 @@ class TunedPolicy:
         span = "" if p.num_bytes is None else f" over its first {p.num_bytes / MiB:.2f} MiB"
         return (f"persist {self.buffer_name}{span}: set-aside {p.set_aside / MiB:.2f} MiB, hit ratio {p.hit_ratio:.3f}: "
                 f"{self.best_ms:.3f} ms vs {self.baseline_ms:.3f} ms ({self.speedup:.2f}x, {self.confidence:.0%} CI "
-                f"{self.ci[0]:.2f}-{self.ci[1]:.2f}); a plain copy elsewhere runs {self.tax.copy_slowdown:.2f}x slower "
-                f"meanwhile; {n} points in {self.seconds:.1f} s{_DDP_ADVICE if p.set_aside > self.cap and _ranks() > 1 else ''}")
+                f"{self.ci[0]:.2f}-{self.ci[1]:.2f}); a plain copy elsewhere runs {self.tax.pace} meanwhile;"
+                f" {n} points in {self.seconds:.1f} s{_DDP_ADVICE if p.set_aside > self.cap and _ranks() > 1 else ''}")
 
     def __repr__(self) -> str:  # the dataclass's would spell out every record of the search
         return f"<TunedPolicy: {self}>"
@@ -185,7 +196,11 @@ class TunedPolicy:
     def candidate_table(self) -> list[str]:
         """What the choice was made from, readable: a row per candidate (its best point), the points measured
         on the chosen candidate (or the best one) by set-aside, and the grid's best with its tax."""
-        lines = [f"{'candidate':<16} {'window':>11} {'points':>6}  best point ({self.confidence:.0%} CI)"]
+        lines = [] if self.considered is None else [f"candidates: {self.considered.summary()}"]
+        chosen = self.considered.details.get(self.buffer_name or "") if self.considered is not None else None
+        if chosen:
+            lines.append(f"the chosen range: {chosen}")
+        lines.append(f"{'candidate':<16} {'window':>11} {'points':>6}  best point ({self.confidence:.0%} CI)")
         for c in self.candidates.values():
             b = c.best
             best = "-" if b is None else (f"{b.speedup:.3f}x [{b.ci[0]:.3f}, {b.ci[1]:.3f}] at set-aside "
@@ -202,8 +217,8 @@ class TunedPolicy:
                          f"{_mib(p.point.num_bytes)}: {p.speedup:.3f}x [{p.ci[0]:.3f}, {p.ci[1]:.3f}]{mark}")
         if self.grid_best is not None:
             g = self.grid_best
-            lines.append(f"grid best: {g.point.describe()} {g.speedup:.3f}x; its set-aside slows a plain copy "
-                         f"{self.grid_best_tax.copy_slowdown:.2f}x (chosen: {self.tax.copy_slowdown:.2f}x)")
+            lines.append(f"grid best: {g.point.describe()} {g.speedup:.3f}x; under its set-aside a plain copy runs "
+                         f"{self.grid_best_tax.pace} (under the chosen one: {self.tax.pace})")
         return lines
 
     def report(self) -> "TuneReport":
@@ -219,6 +234,10 @@ class TunedPolicy:
             "grid_best": _point_dict(self.grid_best),
             "candidates": {name: {"window_bytes": c.window_bytes, "best": _point_dict(c.best)}
                            for name, c in self.candidates.items()},
+            "considered": None if self.considered is None else {
+                "rule": self.considered.rule.describe(), "total": self.considered.total,
+                "tried": list(self.considered.tried), "skipped": dict(self.considered.skipped),
+                "details": dict(self.considered.details)},
         }, text="\n".join([str(self)] + self.candidate_table()))
 
 
@@ -286,7 +305,10 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
          tax_gain: float = TAX_GAIN, seed: int = 0, progress: bool = False) -> TunedPolicy:
     """Find which of ``candidates`` to persist while ``workload`` runs, and how, or decide that persistence
     does not pay. ``candidates``: one buffer, a sequence or a dict name -> buffer (tensors, CuPy arrays,
-    DeviceBuffers, (ptr, nbytes), anything with __cuda_array_interface__ or DLPack).
+    DeviceBuffers, (ptr, nbytes), anything with __cuda_array_interface__ or DLPack), or a ``torch.nn.Module``:
+    its parameters, their gradients and its buffers, named by module path and filtered by size before
+    anything is measured (l2ctl.candidates says the rule; ``l2ctl.candidates.from_module(model, optimizer)``
+    adds the optimizer's state and shows the list first; ``report()`` lists what was tried and why not the rest).
 
     ``target`` is what each point's window goes on: the stream the workload runs on, or a graph it replays
     (an l2ctl Graph or a selection of its nodes, a torch.cuda.CUDAGraph captured with keep_graph=True),
@@ -304,7 +326,11 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
     """
     start = time.monotonic()
     enqueue_of(workload)
-    named = resolve_candidates(candidates)
+    model = None if not is_module(candidates) else cast(SupportsNamedTensors, candidates)
+    discover = isinstance(candidates, str) and candidates == "discover"
+    if discover and not (isinstance(target, Graph) or is_torch_graph(target)):
+        raise ValueError(DISCOVER_HINT)
+    named = {} if model is not None or discover else resolve_candidates(candidates)
     warmup, repeat = check_repeats(warmup, repeat)
     rounds = check_count(rounds, "rounds", minimum=3, maximum=1000)
     confidence = check_confidence(confidence)
@@ -334,6 +360,19 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
     if stream_device(resolve_stream(stream)) != device:
         raise ValueError(f"the stream is on device {stream_device(resolve_stream(stream))}, the graph on device {device}")
     info = require_persistence(device)
+    considered: Optional[ModelCandidates] = None
+    if model is not None:  # the model's tensors that a window could serve on this device, named by path
+        considered = from_module(model, device=device)
+        if not considered.tried:
+            raise ValueError(f"no tensor of the model can be tried: {considered.summary()}")
+        named = resolve_candidates(dict(considered.tried))
+    elif discover:  # the memory the graph's kernels are given, yours or not
+        considered = from_graph(target)
+        if not considered.tried:
+            raise ValueError(f"no range the graph's kernels are given can be tried: {considered.summary()}")
+        named = resolve_candidates(dict(considered.tried))
+    elif isinstance(candidates, ModelCandidates):
+        considered = candidates
     for name, (_, buf) in named.items():
         if buf.device is not None and buf.device != device:
             raise ValueError(f"candidate {name!r} is on device {buf.device}, the stream on device {device}")
@@ -342,7 +381,6 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
     max_window = info.access_policy_max_window_size
     results = {name: CandidateResult(name, min(buf.nbytes, max_window)) for name, (_, buf) in named.items()}
     table: list[Record] = []
-    bar = Progress(0, "tune", progress)
     base_config = describe(workload)
 
     def span(point: TunePoint) -> dict[str, Any]:  # persist's offset and num_bytes: none for the whole buffer
@@ -356,8 +394,12 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
 
         return Arm(point.describe(), point.set_aside, scope, {**base_config, **point._asdict()})
 
+    def blocks(points: int) -> int:  # what compare runs: the baseline and each point, once a round
+        return rounds * (points + 1)
+
     def run(points: list[TunePoint], stage: str, stage_seed: int) -> list[PointResult]:
-        bar.grow(rounds * (len(points) + 1))
+        assert blocks(len(points)) <= planned[stage], f"the {stage} stage outgrew its plan: see REFINE_POINTS"
+        bar.skip(planned[stage] - blocks(len(points)))  # what this stage does not need of its plan
         base, comps = compare(workload, stream, [arm(p) for p in points], rounds=rounds, repeat=repeat, warmup=warmup,
                               confidence=confidence, seed=stage_seed, benchmark="tune", progress=bar)
         table.append(base.record("tune", {**base_config, "stage": stage}))
@@ -374,6 +416,10 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
         screen += [TunePoint(name, s, _fit(s, res.window_bytes), 0, res.window_bytes) for s in sizes]
         # a buffer larger than a tax-free set-aside: also its first set-aside bytes, every line persisting
         screen += [TunePoint(name, s, 1.0, 0, _span(s)) for s in sizes if s < res.window_bytes and s <= cap]
+    # one total up front: the screen, the most the refine stage can take, the confirmation
+    planned = {"screen": blocks(len(screen)), "refine": blocks(REFINE_POINTS * min(REFINED_CANDIDATES, len(named))),
+               "confirm": blocks(1)}
+    bar = Progress(sum(planned.values()), "tune", progress)
     for pr in run(screen, "screen", seed):
         results[pr.point.candidate].points.append(pr)
 
@@ -385,7 +431,9 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
     for c in leaders:
         anchor = max((p for p in c.points if p in won), key=lambda p: p.speedup).point
         refine += _refine_points(anchor, grid, c)
-    if refine:
+    if not refine:
+        bar.skip(planned["refine"])
+    else:
         fresh = run(refine, "refine", seed + 1)
         redone = {p.point for p in fresh}
         for c in results.values():
@@ -402,6 +450,7 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
     baseline_ms = float(np.median([p.baseline_ms for p in everything])) if everything else 0.0
     best_ms, ci = baseline_ms, (1.0, 1.0)
     if chosen is None:
+        bar.skip(planned["confirm"])
         reason = ("no point was faster than the baseline beyond the noise"
                   + (f" (the best, {grid_best.point.describe()}, measured {grid_best.speedup:.3f}x, "
                      f"{confidence:.0%} CI {grid_best.ci[0]:.3f}-{grid_best.ci[1]:.3f})" if grid_best else ""))
@@ -424,7 +473,7 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
     tax = measure_tax(stream, int(policy.set_aside) if policy.enabled and isinstance(policy.set_aside, int) else 0)
     grid_tax = measure_tax(stream, grid_best.point.set_aside if grid_best is not None else 0)
     return TunedPolicy(policy, chosen_name, buffer, baseline_ms, best_ms, ci, confidence, results, grid_best, tax, grid_tax,
-                       reason, table, time.monotonic() - start, cap, environment(device))
+                       reason, table, time.monotonic() - start, cap, environment(device), considered)
 
 
 def winners(points: list[PointResult], cap: int, min_gain: float, tax_gain: float = TAX_GAIN) -> list[PointResult]:

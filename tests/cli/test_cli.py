@@ -45,6 +45,7 @@ def test_no_gpu_gives_a_message_and_exit_3(args):
     r = run(*args)
     assert r.returncode == cli.EXIT_UNSUPPORTED
     assert "Traceback" not in r.stderr and "no CUDA device" in r.stderr
+    assert "--simulate" in r.stderr  # where a new user without a GPU can go on
 
 
 def test_bad_arguments_exit_2():
@@ -76,7 +77,9 @@ WHOLE = "size must be a whole number of bytes"
                                           ("nan", "not a size"), ("-1", "size must be positive"),
                                           ("0", "size must be positive"), ("-4M", "size must be positive"),
                                           ("1.5", WHOLE), ("0.5", WHOLE), ("1.3K", WHOLE), ("1e-3", WHOLE),
-                                          ("1e30G", "size too large")])
+                                          ("1e30G", "size too large"), ("1E1000000", "size too large"),
+                                          ("1E999999999999999999", "size too large"), ("1e-1000000", WHOLE),
+                                          ("4096.000000000000000000000000000000000001", WHOLE)])
 def test_bad_sizes(text, message):
     with pytest.raises(Exception, match=message):
         cli._size(text)
@@ -230,7 +233,8 @@ def fake_device_info(d=None):
     return SimpleNamespace(index=d, name=f"Fake GPU {d}", compute_capability=(9, 0), multiprocessor_count=132,
                            pci_bus_id=f"0000:0{d}:00.0", l2_cache_size=50 * MiB, persisting_l2_cache_max_size=30 * MiB,
                            access_policy_max_window_size=128 * MiB, persisting_l2_cache_size=0,
-                           set_aside_granularity=0, supports_persistence=True, unsupported_reason=None)
+                           set_aside_granularity=0, supports_persistence=True, unsupported_reason=None,
+                           total_memory=80 << 30)
 
 
 class Calls:
@@ -435,9 +439,17 @@ def test_options_before_and_after_the_benchmark_name(calls, capsys, tmp_path, ar
     assert (tmp_path / "x.json").exists()
 
 
-def test_a_later_value_wins(calls, capsys):
-    assert main("bench", "--repeat", "3", "stride", "--repeat", "5") == 0
-    assert calls.one("bench_stride")["repeat"] == 5
+@pytest.mark.parametrize("argv,message", [
+    (["bench", "--repeat", "3", "stride", "--repeat", "5"], "--repeat is given twice (3, then 5)"),
+    (["bench", "--out-bytes=1M", "--out-bytes", "2M"], "--out-bytes is given twice (1M, then 2M)"),
+    (["--quiet", "info", "--quiet"], "--quiet is given twice"),
+    (["--simulate", "bench", "--simulate", "h200"], "--simulate is given twice (h100, then h200)")],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_a_repeated_option_is_refused(calls, capsys, argv, message):
+    assert main(*argv) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "give each option once" in err, err
+    assert not calls.measured
 
 
 def test_defaults_reach_the_functions(calls, capsys):
@@ -642,6 +654,17 @@ BAD = [
     (["bench", "stride", "--strides", "0"], "must be at least 4"),
     (["bench", "stride", "--strides", ","], "no stride"),
     (["bench", "--lut-sizes", "4x"], "not a size"),
+    (["bench", "--lut-sizes", "1T"], "not a size: '1T' (a number of bytes, optionally with a unit: K, M or G"),
+    (["bench", "--out-bytes", "1E1000000"], "size too large: '1E1000000'"),
+    (["tune", "--out-bytes", "1E1000000"], "size too large: '1E1000000'"),
+    (["bench", "collectives", "--sizes", "1E1000000"], "size too large: '1E1000000'"),
+    (["bench", "collectives", "--sizes", "64K,6"], "6 B is not a multiple of the 4-byte float32 element"),
+    (["bench", "--lut-sizes", "100G", "--out-bytes", "64M", "--device", "0"],
+     "--lut-sizes and --out-bytes need 100.06 GiB of device memory at once; device 0 (Fake GPU 0) has 80.00 GiB"),
+    (["tune", "--lut-sizes", "4M,100G"], "need 101.00 GiB of device memory at once"),
+    (["sweep", "surface", "--out-bytes", "81G"], "--lut-bytes and --out-bytes need 81.00 GiB"),
+    (["bench", "graph", "--lut-bytes", "81G"], "--lut-bytes needs 81.00 GiB"),
+    (["bench", "collectives", "--sizes", "1M,90G", "--device", "1"], "device 1 (Fake GPU 1) has 80.00 GiB"),
     (["bench", "--lut-sizes", "6"], "multiple of 4"),
     (["bench", "--lut-sizes", "0"], "size must be positive"),
     (["bench", "--out-bytes", "-1M"], "argument --out-bytes: size must be positive: '-1M'"),
@@ -670,6 +693,10 @@ BAD = [
     (["sweep", "surface", "--variant", "fast"], "unknown variant 'fast'"),
     (["tune", "--variant", "fast"], "unknown variant"),
     (["bench", "--json", "/nonexistent/dir/x.json"], "does not exist"),
+    (["bench", "--json", "/proc/x.json"], "cannot write /proc/x.json: "),
+    (["tune", "--csv", "/proc/x.csv"], "cannot write /proc/x.csv: "),
+    (["sweep", "tax", "--plot", "/proc/x.png"], "cannot write /proc/x.png: "),
+    (["bench", "--json", "{tmp}/x.json", "--csv", "{tmp}/x.csv", "--columns", "nope"], "unknown column"),  # no probe left
     (["bench", "stride", "--csv", "/nonexistent/dir/x.csv"], "does not exist"),
     (["sweep", "tax", "--plot", "/nonexistent/dir/x.png"], "does not exist"),
     (["bench", "--json", "{tmp}"], "is a directory"),
@@ -698,7 +725,11 @@ def test_bad_arguments_exit_2_with_one_line(calls, capsys, tmp_path, argv, messa
                                   ["tune", "--warmup", "-2"], ["bench", "--columns", "x"],
                                   ["bench", "--plot", "/nonexistent/x.png", "graph"],
                                   ["bench", "graph", "--lut-bytes", "-4M"], ["--quiet", "bench", "--out-bytes", "1.5"],
-                                  ["--simulate", "bench", "--lut-sizes", "4M,,8M"], ["info", "--simulate", "nope"]])
+                                  ["--simulate", "bench", "--lut-sizes", "4M,,8M"], ["info", "--simulate", "nope"],
+                                  ["--simulate", "bench", "--lut-sizes", "100G", "--out-bytes", "64M"],
+                                  ["--simulate", "bench", "--out-bytes", "1E1000000"],
+                                  ["--simulate", "bench", "--json", "/proc/x.json"],
+                                  ["--simulate", "bench", "collectives", "--sizes", "64K,6"]])
 def test_no_traceback_from_the_command_line(argv):
     r = run(*argv)
     assert r.returncode == 2 and r.stdout == ""
@@ -720,6 +751,7 @@ def test_plot_without_matplotlib(calls, capsys, tmp_path, monkeypatch):
                                         (CudaError("cudaMalloc", 2, "cudaErrorMemoryAllocation", "out of memory"),
                                          cli.EXIT_ERROR),
                                         (ValueError("bad"), cli.EXIT_USAGE),
+                                        (MemoryError("Unable to allocate 100. GiB for an array"), cli.EXIT_ERROR),
                                         (KeyboardInterrupt(), cli.EXIT_INTERRUPTED)])
 def test_exit_codes(monkeypatch, capsys, error, code):
     def fail(*_, **__):
@@ -802,3 +834,94 @@ def test_cli_on_the_simulator(sim, capsys):
     assert cli.main(["tune", "--lut-sizes", "4M", "--out-bytes", "64M", "--quiet"]) == 0
     out = capsys.readouterr().out
     assert "H100" in out and "right_sized" in out and "set-aside" in out
+
+
+# ------------------------------------------------------------------------------------ a new user's first screen
+
+
+REPEATED_ITEMS = [  # (the command line, the function it runs, its parameter, the value it gets, the note)
+    (["bench", "--lut-sizes", "8mb,8MB,8M,8MiB"], "bench_reset_data", "lut_sizes", [8 * MiB],
+     "8mb, 8MB, 8M, 8MiB are one size (8.00 MiB)"),
+    (["bench", "--lut-sizes", "4M,1M,4M"], "bench_reset_data", "lut_sizes", [4 * MiB, MiB],
+     "4M, 4M are one size (4.00 MiB)"),
+    (["bench", "collectives", "--sizes", "1M,1024K"], "bench_collectives", "sizes", [MiB],
+     "1M, 1024K are one size (1.00 MiB)"),
+    (["bench", "stride", "--strides", "8,8"], "bench_stride", "strides", [8], "8, 8 are one stride (8 B)"),
+    (["bench", "--columns", "hints,baseline,hints"], "bench_reset_data", "columns", ["hints", "baseline"],
+     "hints is named twice"),
+    (["bench", "workloads", "--names", "spmv,spmv,spmv"], "bench_workloads", "names", ["spmv"],
+     "spmv is named 3 times")]
+
+
+@pytest.mark.parametrize("argv,function,parameter,given,note", REPEATED_ITEMS,
+                         ids=[" ".join(a) for a, *_ in REPEATED_ITEMS])
+def test_a_repeated_list_item_is_measured_once_and_said_so(calls, capsys, argv, function, parameter, given, note):
+    assert main(*argv) == cli.EXIT_OK
+    assert calls.one(function)[parameter] == given
+    err = capsys.readouterr().err
+    assert f"l2ctl: {note}: measured once" in err, err
+
+
+def test_repeated_lut_sizes_give_one_row_without_repeated_columns(restored, capsys):
+    _backend.install(_core)
+    assert main("--simulate", "bench", "--lut-sizes", "4M,4M", "--out-bytes", "32M", "--columns", "baseline,hints",
+                *QUICK) == cli.EXIT_OK
+    lines = capsys.readouterr().out.splitlines()
+    (head,) = [line for line in lines if line.split()[:1] == ["LUT"]]
+    assert head.split() == ["LUT", "baseline", "hints"]
+    assert [line.split()[:2] for line in lines if "MiB" in line and line.split()[1:2] == ["MiB"]] == [["4.00", "MiB"]]
+
+
+def test_a_baseline_only_run_has_no_empty_verdict(restored, capsys):
+    _backend.install(_core)
+    assert main("--simulate", "bench", "--lut-sizes", "1M", "--out-bytes", "32M", "--columns", "baseline",
+                *QUICK) == cli.EXIT_OK
+    out = capsys.readouterr().out
+    assert "Verdict" not in out and ": ." not in out
+    assert main("--simulate", "bench", "--lut-sizes", "1M", "--out-bytes", "32M", "--columns", "baseline,hints",
+                *QUICK) == cli.EXIT_OK
+    (verdict,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Verdict: ")]
+    assert "eviction hints alone" in verdict
+
+
+def test_an_output_file_is_probed_without_being_changed(calls, capsys, tmp_path):
+    kept = tmp_path / "kept.json"
+    kept.write_text("an earlier run")
+    assert main("bench", "--json", str(kept), "--plot", f"{tmp_path}/p.png", "--columns", "nope") == cli.EXIT_USAGE
+    assert kept.read_text() == "an earlier run" and os.listdir(tmp_path) == ["kept.json"]
+    capsys.readouterr()
+
+
+def test_collective_sizes_that_the_ranks_cannot_split_evenly_are_refused(calls, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "3")  # torchrun's: all-gather splits a size into 3 float32 parts
+    assert main("bench", "collectives", "--sizes", "64K") == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "65536 B is not a multiple of 12 B (3 ranks x the 4-byte float32 element" in err
+    assert main("bench", "collectives", "--sizes", "48K") == cli.EXIT_OK
+
+
+def test_info_without_a_gpu_points_to_the_simulator(calls, capsys, monkeypatch):
+    monkeypatch.setattr(l2ctl, "device_count", lambda: 0)
+    assert main("info") == cli.EXIT_UNSUPPORTED
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no CUDA device" in err and "--simulate" in err
+
+
+@pytest.mark.parametrize("value", ["0", "false", "Off", "no", ""])
+def test_l2ctl_simulate_off_values_leave_the_real_backend(value):
+    r = subprocess.run([sys.executable, "-m", "l2ctl", "--version"], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, L2CTL_SIMULATE=value))
+    assert (r.returncode, r.stderr) == (0, ""), r.stderr
+    assert l2ctl.__version__ in r.stdout
+
+
+def test_a_copy_at_full_speed_is_said_so(calls, capsys, monkeypatch):
+    def untaxed(*args: Any, **kwargs: Any) -> Report:
+        report = fake_workloads(*args, **kwargs)
+        report.summary["rows"][0]["grid_best"]["copy_slowdown"] = 1.004
+        return report
+
+    monkeypatch.setattr(benchmark_gallery, "bench_workloads", untaxed)
+    assert main("bench", "workloads") == cli.EXIT_OK
+    out = capsys.readouterr().out
+    assert "(copy at full speed)" in out and "1.00x slower" not in out

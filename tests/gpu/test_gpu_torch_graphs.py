@@ -30,6 +30,8 @@ def step():
     def run() -> None:
         acc.index_add_(0, index, values)
 
+    run.index, run.values = index, values  # type: ignore[attr-defined]  # for a step that takes acc as an argument
+
     def check() -> bool:
         torch.cuda.synchronize()
         return bool(torch.equal(acc.double(), expected))
@@ -156,14 +158,18 @@ def test_tune_on_a_torch_graph(step):
 
 
 def test_torch_compile_without_its_graphs_gets_the_window_on_the_current_stream(step):
-    """An in-place step whose accumulator is not marked static: torch skips its CUDA graphs and runs the
-    kernels eagerly on the current stream; the torch_captures scope puts its window there too."""
+    """An in-place step whose accumulator is an argument not marked static: torch skips its CUDA graphs
+    ("mutated inputs") and runs the kernels eagerly on the current stream; the torch_captures scope puts its
+    window there too, and on a stream made current inside it."""
     acc, run, check = step
-    import types
+    index, values = run.index, run.values
 
-    compiled = torch.compile(types.FunctionType(run.__code__.replace(), run.__globals__, "run", None, run.__closure__),
-                             mode="reduce-overhead")
+    def scatter(a):
+        a.index_add_(0, index, values)
+
+    compiled = torch.compile(scatter, mode="reduce-overhead")
     side = torch.cuda.Stream()
+    before = l2ctl._torch_graphs.recordings(acc.device.index)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", l2ctl.SetAsideTaxWarning)
@@ -172,16 +178,16 @@ def test_torch_compile_without_its_graphs_gets_the_window_on_the_current_stream(
                 for _ in range(3):
                     acc.zero_()
                     torch.compiler.cudagraph_mark_step_begin()
-                    compiled()
+                    compiled(acc)
                 assert check()
                 with torch.cuda.stream(side):  # made current inside the scope: the window goes there first
                     assert l2ctl.get_window(side) == p.window
                     side.wait_stream(torch.cuda.default_stream())
                     acc.zero_()
-                    compiled()
+                    compiled(acc)
                 torch.cuda.current_stream().wait_stream(side)
                 assert check()
-        assert not l2ctl._torch_graphs.trees.recorded(acc.device.index)  # nothing was graphed
+        assert l2ctl._torch_graphs.recordings(acc.device.index) <= before  # nothing new was graphed
         assert l2ctl.get_window(torch.cuda.current_stream()).empty and l2ctl.get_window(side).empty
         assert torch.cuda.set_stream.__module__.startswith("torch")  # torch's own function again
     finally:
@@ -220,5 +226,42 @@ def test_replays_new_with_two_compiled_functions_and_a_graphed_callable(step):
                 assert torch.equal(graphed(x), x + bias)
             recorded = l2ctl._torch_graphs.trees.recorded(acc.device.index)
             assert l2ctl._torch_graphs.without(recorded, p.window.as_tuple()) == (0, 1)  # first's, under acc's window
+    finally:
+        torch.compiler.reset()
+
+
+def test_the_buffers_a_torch_graphs_kernels_are_given(step):
+    """Through the driver: the kernel's arguments point at acc (named), and at index and values (torch's
+    cache, nobody named them); what discover offers the tuner."""
+    acc, run, _ = step
+    g = _captured(run)
+    found = graph.buffers(g, {"acc": acc})
+    by_ptr = {b.ptr: b for b in found}
+    assert by_ptr[acc.data_ptr()].owner == "yours" and by_ptr[acc.data_ptr()].name == "acc"
+    assert by_ptr[acc.data_ptr()].nbytes == acc.numel() * 4
+    for tensor in (run.index, run.values):
+        b = next(b for b in found if b.ptr <= tensor.data_ptr() < b.ptr + b.nbytes)
+        assert b.owner in ("torch's cache", "an allocation") and b.nbytes >= tensor.numel() * tensor.element_size()
+    nodes = graph.inspect(g, {"acc": acc})
+    assert any(any(b.name == "acc" for b in k.buffers) for k in nodes), [(k.function, k.buffers) for k in nodes]
+
+
+def test_discover_names_a_compiled_graphs_temporary(step):
+    """acc.zero_(); acc.index_add_(...) compiled together and captured: Inductor scatters into a temporary of
+    the graph's private pool and copies it into acc. graph.buffers finds it, given to every kernel."""
+    acc, run, _ = step
+    index, values = run.index, run.values
+
+    def zero_and_scatter() -> None:
+        acc.zero_()
+        acc.index_add_(0, index, values)
+
+    compiled = torch.compile(zero_and_scatter)
+    try:
+        g = _captured(compiled)
+        found = graph.buffers(g, {"acc": acc})
+        shared = [b for b in found if len(b.kernels) == len(graph.inspect(g))]
+        assert shared and shared[0].owner == "a temporary of a captured graph", [b.describe() for b in found]
+        assert shared[0].nbytes >= acc.numel() * 4
     finally:
         torch.compiler.reset()

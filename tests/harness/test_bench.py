@@ -85,3 +85,22 @@ def test_timing_a_block_and_a_clean_state(sim):
         l2ctl.clear_window(s)
         timing = bench.time_gpu(lambda st: l2ctl.kernels.write_index(buf, st), s, warmup=1, repeat=3)
         assert len(timing.times_ms) == 3 and timing.median_ms > 0 and timing.spread >= 0
+
+
+def test_bench_reset_data_refuses_a_repeated_size_or_column_and_says_nothing_without_a_verdict(sim):
+    before = sim.state()
+    with pytest.raises(ValueError, match="LUT sizes: each at most once"):
+        bench.bench_reset_data([4 * MiB, MiB, 4 * MiB], out_bytes=32 * MiB, progress=False)
+    with pytest.raises(ValueError, match="columns: each at most once"):
+        bench.bench_reset_data([MiB], out_bytes=32 * MiB, columns=["hints", "hints"], progress=False)
+    assert sim.state() == before and not sim.kernel_log  # refused before any work
+    report = bench.bench_reset_data([MiB], out_bytes=32 * MiB, columns=["baseline"], repeat=1, warmup=0,
+                                    progress=False)
+    assert "verdict" not in report.summary  # the baseline alone: nothing to compare it with
+
+
+@pytest.mark.parametrize("size", [6, 65538])
+def test_bench_collectives_refuses_a_size_it_would_round_before_starting(sim, monkeypatch, size):
+    monkeypatch.setitem(__import__("sys").modules, "torch", None)  # refused before torch is needed
+    with pytest.raises(ValueError, match=f"{size} B is not a multiple of the 4-byte float32 element"):
+        bench.bench_collectives([64 << 10, size])

@@ -362,3 +362,26 @@ def test_tax_gain_raises_the_bar_above_the_cap():
     points = [_pr(9, 1.20, 0.001), _pr(20, 1.26, 0.001)]
     assert choose(points, CAP, 0.01, tax_gain=0.10).point.set_aside == 9 * MiB
     assert choose([_pr(20, 1.06, 0.001)], CAP, 0.01, tax_gain=0.10) is None
+
+
+def _tuned_with_taxes(chosen: float, grid_best: float) -> tuner.TunedPolicy:
+    """A TunedPolicy that persists, whose chosen set-aside and grid best slow a copy by the factors given."""
+    point = TunePoint("lut", 4 * MiB, 1.0, 0, 4 * MiB)
+    result = PointResult(point, 2.0, (1.9, 2.1), 1.0, 2.0, "confirm", True)
+
+    def tax(slowdown: float) -> bench.Tax:
+        return bench.Tax(4 * MiB, slowdown, (slowdown, slowdown), 256 * MiB, 0.2, 0.2 * slowdown)
+
+    return tuner.TunedPolicy(l2ctl.Policy(set_aside=4 * MiB, hit_ratio=1.0), "lut", object(), 2.0, 1.0, (1.9, 2.1),
+                             0.95, {"lut": tuner.CandidateResult("lut", 4 * MiB, [result])}, result, tax(chosen),
+                             tax(grid_best), "confirmed", [], 0.5, 9 * MiB, {})
+
+
+def test_a_copy_that_keeps_its_speed_runs_at_full_speed_in_words():
+    tuned = _tuned_with_taxes(1.004, 2.37)
+    assert "a plain copy elsewhere runs at full speed meanwhile; 1 points" in str(tuned)
+    assert tuned.candidate_table()[-1].endswith("a plain copy runs 2.37x slower (under the chosen one: at full speed)")
+    assert "1.00x" not in str(tuned) + "\n".join(tuned.candidate_table())
+    assert "runs 1.50x slower meanwhile" in str(_tuned_with_taxes(1.5, 1.5))
+    assert [bench.copy_pace(x) for x in (0.97, 1.0, 1.004, 1.006, 2.37)] == [
+        "at full speed", "at full speed", "at full speed", "1.01x slower", "2.37x slower"]

@@ -93,6 +93,9 @@ def test_cuda_array_interface_layouts():
         resolve_buffer(CAI(**cai(mask=object())))
     with pytest.raises(ValueError, match="NULL"):
         resolve_buffer(CAI(**cai(ptr=0)))
+    for ptr in (-16, 1 << 64):  # not "0x-10 is host memory" later on
+        with pytest.raises(ValueError, match=f"data pointer {ptr} is not an address: a pointer is an unsigned 64-bit"):
+            resolve_buffer(CAI(**cai(ptr=ptr)))
     with pytest.raises(ValueError, match="version"):
         resolve_buffer(CAI(**cai(version=9)))
     with pytest.raises(ValueError, match="required key"):

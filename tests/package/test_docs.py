@@ -33,6 +33,18 @@ def test_links_between_the_documents_resolve():
             assert (path.parent / target).exists(), f"{path.name} links to {target}, which does not exist"
 
 
+def test_the_command_lists_name_every_command():
+    from l2ctl import cli
+    from l2ctl.cli.parsing import Group
+
+    names = [name for entry in cli.COMMANDS for name in [entry.name] + (
+        [c.name for c in entry.commands if c is not entry.default] if isinstance(entry, Group) else [])]
+    for path in (ROOT / "README.md", ROOT / "docs" / "reference.md"):
+        section = path.read_text().split("\n## Command line\n", 1)[1].split("\n## ", 1)[0]
+        missing = [n for n in names if not re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", section)]
+        assert not missing, f"{path.name}'s command line section does not name {missing}"
+
+
 def test_the_readme_is_a_five_minute_read():
     words = len((ROOT / "README.md").read_text().split())
     assert words < 1600, f"README.md has {words} words; move details to docs/"

@@ -1,6 +1,7 @@
 """The public API as a user's type checker sees it: a script using it passes pyright (strict) and mypy
 (--strict --disallow-any-expr), and arguments given in the wrong order (a buffer for a stream, a stream for a
-buffer) are errors on their lines for both."""
+buffer), and a set-aside that is no request (``set_aside="lots"``: bytes, "auto", "max" or None), are errors on
+their lines for both."""
 
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ def swapped(stream: Stream, buf: DeviceBuffer, event: Event) -> None:
     l2ctl.graph.capture(buf)  # wrong
     event.record(buf)  # wrong
     stream.wait(buf)  # wrong
+    l2ctl.persist(stream, buf, 0.75, set_aside="lots")  # wrong
+    l2ctl.persist(stream, buf, 0.75, set_aside="max")
+    l2ctl.Policy(set_aside="lots")  # wrong
+    l2ctl.set_aside("lots")  # wrong
 """
 WRONG_LINES = {i for i, line in enumerate(WRONG_SCRIPT.splitlines(), 1) if line.endswith("# wrong")}
 PERSIST_LINE = min(WRONG_LINES)

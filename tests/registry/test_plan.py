@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -121,6 +122,15 @@ def test_shared_hit_ratios_fit(requests, set_aside):
 
 def test_shared_hit_ratios_seed_example():
     assert plan.shared_hit_ratios([(1.0, 16384), (1.0, 16384)], 16384) == [0.5, 0.5]
+
+
+@pytest.mark.parametrize("value", [10**400, -10**400, Fraction(10**400, 3)], ids=["1e400", "-1e400", "Fraction"])
+def test_a_ratio_beyond_a_float_is_a_value_error_as_every_bad_ratio(value):
+    for check in (plan.normalize_hit_ratio, lambda v: plan.shared_hit_ratios([(v, 64)], 1 << 30)):
+        with pytest.raises(ValueError, match="beyond a float's range"):
+            check(value)
+    with pytest.raises(ValueError, match="beyond a float's range"):  # a fraction of the max, as a ratio
+        plan.parse_set_aside_request(Fraction(value), 1000)
 
 
 @pytest.mark.parametrize("value,expected", [("max", 1000), ("MAX", 1000), (0.5, 500), (1.0, 1000), (0, 0), (999, 999)])

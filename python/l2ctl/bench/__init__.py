@@ -20,7 +20,7 @@ from .records import Record, Report, environment
 from .reset_data import RESET_COLUMNS, bench_reset_data, default_lut_sizes
 from .state import clean_state, flush_l2, owned_stream
 from .stride import bench_stride
-from .tax import Tax, forget_taxes, measure_tax
+from .tax import Tax, copy_pace, forget_taxes, measure_tax
 from .timing import MAX_REPEAT, Timer, Timing, check_repeats, time_gpu
 from .verify import VerificationError, check
 
@@ -28,4 +28,4 @@ __all__ = ["VerificationError", "check", "Timing", "Timer", "time_gpu", "MAX_REP
            "clean_state", "owned_stream", "Progress", "Ceilings", "measure_ceilings", "Record", "Report", "environment",
            "bench_reset_data", "bench_stride", "bench_cache_streaming", "default_lut_sizes", "RESET_COLUMNS",
            "bench_graph", "bench_concurrent", "bench_overhead", "OVERHEAD_VARIANTS", "Arm", "Comparison", "compare",
-           "bootstrap_speedup", "Tax", "measure_tax", "forget_taxes", "bench_collectives"]
+           "bootstrap_speedup", "Tax", "copy_pace", "measure_tax", "forget_taxes", "bench_collectives"]

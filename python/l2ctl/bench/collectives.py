@@ -23,14 +23,35 @@ from .records import Record, Report, environment
 from .timing import Timing, check_repeats, time_gpu
 from .verify import check
 
-__all__ = ["bench_collectives", "collective_set_asides", "bus_factor", "collectives_table", "COLLECTIVE_OPS",
-           "DEFAULT_SIZES", "SIMULATED_SIZES"]
+__all__ = ["bench_collectives", "collective_set_asides", "collective_size_problem", "bus_factor", "collectives_table",
+           "COLLECTIVE_OPS", "DEFAULT_SIZES", "SIMULATED_SIZES"]
 
 MiB = 1 << 20
 COLLECTIVE_OPS = ("all_reduce", "all_gather")
 DEFAULT_SIZES = (64 * MiB, 128 * MiB, 256 * MiB, 512 * MiB, 1024 * MiB)
 #: Under the simulator: gloo on CPU tensors, sizes that keep a CI run short.
 SIMULATED_SIZES = (64 << 10, 256 << 10)
+#: The collectives move float32 tensors.
+ELEMENT_BYTES = 4
+
+
+def collective_size_problem(nbytes: int, ranks: int = 1) -> Optional[str]:
+    """Why a message of ``nbytes`` cannot be measured exactly over ``ranks`` ranks (every op moves whole float32
+    elements, and all-gather splits the message into ``ranks`` equal parts), or None when it can: a size
+    given is measured as given, never rounded down."""
+    unit = ELEMENT_BYTES * ranks
+    if nbytes % unit == 0:
+        return None
+    if ranks == 1:
+        return f"{nbytes} B is not a multiple of the {ELEMENT_BYTES}-byte float32 element the collectives move"
+    return (f"{nbytes} B is not a multiple of {unit} B ({ranks} ranks x the {ELEMENT_BYTES}-byte float32 element: "
+            "all-gather splits it into equal parts)")
+
+
+def _check_sizes(sizes: Sequence[int], ranks: int) -> None:
+    problems = [p for p in (collective_size_problem(n, ranks) for n in sizes) if p]
+    if problems:
+        raise ValueError("sizes: " + "; ".join(problems))
 
 
 def bus_factor(op: str, ranks: int) -> float:
@@ -129,6 +150,7 @@ def bench_collectives(
     if not ops:
         raise ValueError("ops: name at least one of " + ", ".join(COLLECTIVE_OPS))
     given = None if sizes is None else [check_nbytes(s, "size") for s in sizes]
+    _check_sizes(given or (), 1)  # before torch.distributed starts; the ranks are checked once known
     extra = None if set_asides is None else [check_nbytes(s, "set_aside", allow_zero=True) for s in set_asides]
     rounds = check_count(rounds, "rounds", minimum=1, maximum=1000)
     warmup, repeat = check_repeats(warmup, repeat)
@@ -146,6 +168,7 @@ def _measure(torch: Any, dist: Any, on_gpu: bool, device: object, ops: list[str]
     info = require_persistence(device)
     simulated = _backend.simulated()
     ranks, rank = dist.get_world_size(), dist.get_rank()
+    _check_sizes(sizes or (), ranks)  # every rank refuses together, before any of them measures
     labels = collective_set_asides(info.index)
     if set_asides is not None:
         labels = {n: labels.get(n, "given") for n in sorted({0, *set_asides})}

@@ -65,6 +65,8 @@ def check_columns(columns: Optional[Sequence[str]]) -> list[str]:
             raise ValueError(f"unknown column {n!r}; one of {known}")
     if not names:
         raise ValueError("at least one column is needed")
+    if len(set(names)) < len(names):  # the table has one column per name
+        raise ValueError(f"columns: each at most once, got {names}")
     return names
 
 
@@ -89,6 +91,8 @@ def bench_reset_data(
     for size in lut_sizes or ():
         if check_nbytes(size, "LUT size") % 4:
             raise ValueError(f"LUT sizes must be positive multiples of 4 bytes, got {size}")
+    if lut_sizes is not None and len(set(lut_sizes)) < len(lut_sizes):  # the table has one row per size
+        raise ValueError(f"LUT sizes: each at most once, got {list(lut_sizes)}")
     info = require_persistence(device)
     granularity = set_aside_granularity(info.index)
     sizes = list(lut_sizes) if lut_sizes is not None else default_lut_sizes(info.l2_cache_size)
@@ -185,7 +189,8 @@ def _reset_summary(report: Report, sizes: Sequence[int], names: Sequence[str]) -
     if "hints" in names:
         sp = speedups("hints")
         verdict.append(f"eviction hints alone, with no set-aside, reach up to {max(sp):.2f}x")
-    summary["verdict"] = f"{gpu}: " + "; ".join(verdict) + "."
+    if verdict:  # none when no column it speaks of was measured (the baseline alone)
+        summary["verdict"] = f"{gpu}: " + "; ".join(verdict) + "."
     small = [r for r in report.records if r.config["lut_bytes"] <= 8 * MiB]
     summary["best_fraction_of_write_ceiling"] = (
         max(r.metrics["fraction_of_write_ceiling"] for r in small) if small else None)

@@ -18,10 +18,16 @@ from .._plan import check_nbytes, round_up
 from ..workloads.copy import CopyWorkload
 from .paired import Arm, compare
 
-__all__ = ["Tax", "measure_tax", "forget_taxes"]
+__all__ = ["Tax", "measure_tax", "forget_taxes", "copy_pace"]
 
 _cache: "weakref.WeakKeyDictionary[Any, dict[tuple[int, int], Tax]]" = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
+
+
+def copy_pace(slowdown: float) -> str:
+    """How a plain copy runs under a set-aside, in words: "at full speed" when its slowdown rounds to 1.00 or
+    less (a copy does not run faster for a set-aside: that is noise), else "2.37x slower"."""
+    return "at full speed" if round(slowdown, 2) <= 1.0 else f"{slowdown:.2f}x slower"
 
 
 @dataclass(frozen=True)
@@ -35,6 +41,11 @@ class Tax:
     copy_bytes: int
     copy_ms_without: float
     copy_ms_with: float
+
+    @property
+    def pace(self) -> str:
+        """:func:`copy_pace` of this tax: "at full speed" or "2.37x slower"."""
+        return copy_pace(self.copy_slowdown)
 
     @property
     def copy_gbps_without(self) -> float:

@@ -1,7 +1,7 @@
 """``l2ctl`` / ``python -m l2ctl``: device info, the benchmarks, the sweeps and the tuner.
 
     l2ctl info [--probe]
-    l2ctl bench [reset-data|stride|cache-streaming|graph|concurrent|overhead|workloads] [options]
+    l2ctl bench [reset-data|stride|cache-streaming|graph|concurrent|overhead|workloads|collectives] [options]
     l2ctl sweep hit-ratio|set-aside|surface|tax [options]
     l2ctl tune [options]
 
@@ -10,7 +10,7 @@ of l2ctl.testing; every output then says so); options go before or after the com
 checked before anything runs (bad values, output files that cannot be written, a --plot without
 matplotlib: one line on stderr, exit 2). Tables go to stdout; progress and "wrote PATH" to stderr.
 
-Exit codes: 0 success; 1 a CUDA error; 2 bad arguments; 3 no GPU, a GPU that cannot persist L2, or
+Exit codes: 0 success; 1 a CUDA error or out of memory; 2 bad arguments; 3 no GPU, a GPU that cannot persist L2, or
 nothing here to measure (bench workloads without PyTorch or CuPy); 4 a benchmark's output failed
 verification (no numbers are printed for it); 130 interrupted.
 
@@ -25,7 +25,7 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from .._errors import CudaError, NotSupportedError
+from .._errors import CudaError, NoDeviceError, NotSupportedError
 from . import bench_cmd, info_cmd, options, sweep_cmd, tune_cmd
 from .bench_cmd import (
     cmd_bench_concurrent,
@@ -45,7 +45,7 @@ from .exitcodes import (
     EXIT_USAGE,
     EXIT_VERIFY,
 )
-from .output import OutputError
+from .output import NO_GPU_HINT, OutputError
 from .parsing import Entry, Parser, add_entries, finish, normalize, simulate
 from .tune_cmd import cmd_tune
 
@@ -116,8 +116,12 @@ def run(args: argparse.Namespace) -> int:
         code = (EXIT_VERIFY if isinstance(exc, VerificationError) else EXIT_UNSUPPORTED
                 if isinstance(exc, NotSupportedError) else EXIT_USAGE if isinstance(exc, (ValueError, OutputError))
                 else EXIT_ERROR)
-        print(f"l2ctl: {'CUDA error: ' if code == EXIT_ERROR else ''}{exc}", file=sys.stderr)
+        hint = f"; {NO_GPU_HINT}" if isinstance(exc, NoDeviceError) else ""
+        print(f"l2ctl: {'CUDA error: ' if code == EXIT_ERROR else ''}{exc}{hint}", file=sys.stderr)
         return code
+    except MemoryError as exc:  # a host allocation (numpy's too): one line, as a CUDA out-of-memory is
+        print(f"l2ctl: out of memory: {' '.join(str(exc).split()) or 'an allocation failed'}", file=sys.stderr)
+        return EXIT_ERROR
     except KeyboardInterrupt:
         print("l2ctl: interrupted; device state restored", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable, Optional
 
-from ..bench import Report
+from ..bench import Report, copy_pace
 from .options import (COLUMN_NAMES, COMMON, CSV, DEVICE, GALLERY_NAMES, JSON, LUT_BYTES, LUT_SIZES, OUT_BYTES, PLOT,
-                      QUIET, REPEAT, ROUNDS, SET_ASIDE, SIMULATE, SIZE_HELP, WARMUP, Option, columns, count,
-                      gallery_names, items, parse_size, strides)
+                      QUIET, REPEAT, ROUNDS, SET_ASIDE, SIMULATE, SIZE_HELP, WARMUP, Option, collective_sizes, columns,
+                      count, gallery_names, strides)
 from .exitcodes import EXIT_OK, EXIT_UNSUPPORTED, EXIT_USAGE
 from .output import done, fmt_bytes, header, measure, note
 from .parsing import Command, Group
@@ -199,7 +199,7 @@ def cmd_bench_workloads(args: argparse.Namespace) -> int:
         g = r["grid_best"]
         if g is not None:
             print(f"  {r['workload']}: grid best {g['candidate']} set-aside {fmt_bytes(g['set_aside'])} hit ratio "
-                  f"{g['hit_ratio']:.2f}: {g['speedup']:.3f}x (copy {g['copy_slowdown']:.2f}x slower); "
+                  f"{g['hit_ratio']:.2f}: {g['speedup']:.3f}x (copy {copy_pace(g['copy_slowdown'])}); "
                   f"{r['tune_reason']}")
     for name, reason in s["skipped"].items():
         print(f"{name:<14} skipped: {reason}")
@@ -273,9 +273,8 @@ WORKLOADS = Command(
 
 COLLECTIVES = Command(
     "collectives", "NCCL all-reduce and all-gather bus bandwidth at each set-aside (run it under torchrun)",
-    (Option("--sizes", f"message sizes, comma-separated ({SIZE_HELP})", None,
-            "64M,128M,256M,512M,1G (simulated: 64K,256K)", lambda t: [parse_size(p) for p in items(t, "size", "64M,1G")],
-            "SIZES"),
+    (Option("--sizes", f"message sizes, comma-separated ({SIZE_HELP}; multiples of 4 x the ranks)", None,
+            "64M,128M,256M,512M,1G (simulated: 64K,256K)", collective_sizes, "SIZES", device_bytes=True),
      ROUNDS.but(default=3), REPEAT.but(default=5), WARMUP.but(default=2),
      DEVICE.but(help="this rank's CUDA device", shown_default="LOCAL_RANK"), JSON, CSV, QUIET, SIMULATE),
     cmd_bench_collectives,

@@ -6,12 +6,12 @@ __all__ = ["EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_UNSUPPORTED", "EXIT_VERI
            "EXIT_CODES_HELP"]
 
 EXIT_OK = 0  #: success
-EXIT_ERROR = 1  #: a CUDA error
+EXIT_ERROR = 1  #: a CUDA error, or memory exhausted (an allocation failed)
 EXIT_USAGE = 2  #: bad arguments, an output file that cannot be written, a missing optional dependency
 EXIT_UNSUPPORTED = 3  #: no GPU, a GPU (or process) that cannot persist L2, or nothing here to measure
 EXIT_VERIFY = 4  #: a benchmark's output failed verification (no numbers are printed for it)
 EXIT_INTERRUPTED = 130  #: Ctrl-C (the device state is restored first)
 
-EXIT_CODES_HELP = ("exit codes: 0 ok, 1 CUDA error, 2 bad arguments (or an output file that cannot be\n"
-                   "written), 3 no GPU, one that cannot persist L2, or nothing to measure (no framework\n"
-                   "for bench workloads), 4 a benchmark output failed verification, 130 interrupted")
+EXIT_CODES_HELP = ("exit codes: 0 ok, 1 CUDA error or out of memory, 2 bad arguments (or an output file\n"
+                   "that cannot be written), 3 no GPU, one that cannot persist L2, or nothing to measure (no\n"
+                   "framework for bench workloads), 4 a benchmark output failed verification, 130 interrupted")

@@ -7,7 +7,7 @@ from typing import Any
 
 from .exitcodes import EXIT_OK, EXIT_UNSUPPORTED
 from .options import CSV, DEVICE, JSON, QUIET, SIMULATE, Option
-from .output import fmt_bytes, note, simulated_line, write_table
+from .output import NO_GPU_HINT, fmt_bytes, note, simulated_line, write_table
 from .parsing import Command
 
 __all__ = ["cmd_info", "INFO"]
@@ -20,7 +20,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
     count = l2ctl.device_count()
     if count == 0:
-        note(f"no CUDA device: {_backend.current().device_count_error() or 'none visible'}")
+        note(f"no CUDA device: {_backend.current().device_count_error() or 'none visible'}; {NO_GPU_HINT}")
         return EXIT_UNSUPPORTED
     v = l2ctl.versions()
     simulated = _backend.simulated()

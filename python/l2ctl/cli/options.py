@@ -11,15 +11,17 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass, replace
-from decimal import Decimal, InvalidOperation
-from typing import Any, Callable, Optional
+from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, InvalidOperation, localcontext
+from typing import Any, Callable, Hashable, Optional, Sequence, TypeVar
 
 import l2ctl
 
 from ..bench import MAX_REPEAT, RESET_COLUMNS
+from ..bench.collectives import collective_size_problem
 from ..kernels import ResetVariant, check_variant
 from ..testing import SIMULATE_HELP, FakeDevice
 from ..workloads import gallery
+from .output import fmt_bytes, note
 
 __all__ = [
     "Option",
@@ -30,6 +32,7 @@ __all__ = [
     "simulated_gpus",
     "lut_size",
     "lut_sizes",
+    "collective_sizes",
     "count",
     "repeat_count",
     "warmup_count",
@@ -62,6 +65,9 @@ MAX_BYTES = 1 << 62  # far above any device's memory; keeps a typo from overflow
 COLUMN_NAMES = tuple(name for name, _ in RESET_COLUMNS)
 VARIANT_NAMES = tuple(v.name.lower() for v in ResetVariant)
 GALLERY_NAMES = tuple(gallery.names())
+SIZE_UNITS = "a number of bytes, optionally with a unit: K, M or G, powers of 1024 (also written KB, KiB)"
+SIZE_HELP = "e.g. 4096, 8M, 1.5MiB, 1G"
+Item = TypeVar("Item", bound=Hashable)
 
 
 def _bad(message: str) -> argparse.ArgumentTypeError:
@@ -81,11 +87,16 @@ def parse_size(text: str) -> int:
             t, scale = t[:-1], factor
             break
     try:
-        value = Decimal(t) * scale
+        number = Decimal(t)
     except InvalidOperation:
-        value = Decimal("nan")
-    if not value.is_finite():
-        raise _bad(f"not a size: {text!r} ({SIZE_HELP})")
+        number = Decimal("nan")
+    if not number.is_finite():
+        raise _bad(f"not a size: {text!r} ({SIZE_UNITS}; {SIZE_HELP})")
+    if number > 0 and number.adjusted() > 30:  # past MAX_BYTES in any unit; 1E1000000 would overflow the product
+        raise _bad(f"size too large: {text!r}")
+    # every digit kept and any exponent allowed, so that the product is exact: no rounding, no Overflow
+    with localcontext(Context(prec=len(t) + 12, Emin=MIN_EMIN, Emax=MAX_EMAX)):
+        value = number * scale
     if value <= 0:
         raise _bad(f"size must be positive: {text!r}")
     if value != value.to_integral_value():
@@ -113,9 +124,50 @@ def items(text: str, what: str, example: str) -> list[str]:
     return parts
 
 
+def _twice(times: int) -> str:
+    return "twice" if times == 2 else f"{times} times"
+
+
+def measured_once(values: Sequence[Item], parts: Sequence[str], what: str,
+                  show: Optional[Callable[[Item], str]] = None) -> list[Item]:
+    """``values`` (parsed from ``parts``) in order, each once; a repeat is said on stderr (a table with a row or
+    a column twice says nothing more, and ``8M,8MiB`` is easily typed). ``show``: how a value is written in
+    that line (none: the items are names)."""
+    texts: dict[Item, list[str]] = {}
+    for value, part in zip(values, parts):
+        texts.setdefault(value, []).append(part)
+    for value, same in texts.items():
+        if len(same) > 1:
+            said = (f"{same[0]} is named {_twice(len(same))}" if show is None
+                    else f"{', '.join(same)} are one {what} ({show(value)})")
+            note(f"l2ctl: {said}: measured once")
+    return list(texts)
+
+
 def lut_sizes(text: str) -> list[int]:
-    """Comma-separated LUT sizes: 1M,4M,8M."""
-    return [lut_size(part) for part in items(text, "size", "1M,4M,8M")]
+    """Comma-separated LUT sizes: 1M,4M,8M; each measured once."""
+    parts = items(text, "size", "1M,4M,8M")
+    return measured_once([lut_size(part) for part in parts], parts, "size", fmt_bytes)
+
+
+def _world_size() -> int:
+    """The ranks of the torchrun job this command runs in (its WORLD_SIZE), 1 outside one."""
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def collective_sizes(text: str) -> list[int]:
+    """Comma-separated collective message sizes, each one the collectives move exactly (whole float32
+    elements, split evenly over the job's ranks); each measured once."""
+    parts = items(text, "size", "64M,1G")
+    values = [parse_size(part) for part in parts]
+    for value in values:
+        problem = collective_size_problem(value, _world_size())
+        if problem:
+            raise _bad(problem)
+    return measured_once(values, parts, "size", fmt_bytes)
 
 
 def count(minimum: int, maximum: Optional[int] = None, what: str = "count") -> Callable[[str], int]:
@@ -144,7 +196,8 @@ def strides(text: str) -> list[int]:
     """Comma-separated strides in bytes, each a positive multiple of 4 up to 1 MiB."""
     parse = count(4, 1 << 20, "stride")
     values = []
-    for part in items(text, "stride", "4,8,16"):
+    parts = items(text, "stride", "4,8,16")
+    for part in parts:
         try:
             value = parse(part)
         except argparse.ArgumentTypeError as exc:
@@ -152,7 +205,7 @@ def strides(text: str) -> list[int]:
         if value % 4:
             raise _bad(f"strides must be positive multiples of 4 bytes, got {value}")
         values.append(value)
-    return values
+    return measured_once(values, parts, "stride", lambda v: f"{v} B")
 
 
 def columns(text: str) -> list[str]:
@@ -161,7 +214,7 @@ def columns(text: str) -> list[str]:
     unknown = [n for n in names if n not in COLUMN_NAMES]
     if unknown:
         raise _bad(f"unknown column(s) {', '.join(map(repr, unknown))}; choose from {', '.join(COLUMN_NAMES)}")
-    return names
+    return measured_once(names, names, "column")
 
 
 def gallery_names(text: str) -> list[str]:
@@ -170,7 +223,7 @@ def gallery_names(text: str) -> list[str]:
     unknown = [n for n in names if n not in GALLERY_NAMES]
     if unknown:
         raise _bad(f"unknown workload {', '.join(unknown)}; choose from {', '.join(GALLERY_NAMES)}")
-    return names
+    return measured_once(names, names, "workload")
 
 
 def variant(text: str) -> str:
@@ -205,7 +258,9 @@ def simulated_gpus(text: str) -> str:
 
 
 def output_path(text: str) -> str:
-    """A file to write: its directory must exist and be writable; an existing file must be writable."""
+    """A file to write: its directory must exist and be writable; an existing file must be writable. Both
+    are tried (an existing file opened to append, nothing written; a new one made and removed), so that a
+    file that cannot be written (a read-only mount, /proc) is refused before the run, not after it."""
     if not text.strip():
         raise _bad("empty path")
     if os.path.isdir(text):
@@ -217,6 +272,16 @@ def output_path(text: str) -> str:
         raise _bad(f"cannot write {text}: directory {directory} is not writable")
     if os.path.exists(text) and not os.access(text, os.W_OK):
         raise _bad(f"cannot write {text}: the file is not writable")
+    try:
+        if os.path.exists(text):
+            with open(text, "a"):
+                pass
+        else:
+            with open(text, "x"):
+                pass
+            os.remove(text)
+    except OSError as exc:
+        raise _bad(f"cannot write {text}: {exc.strerror or exc}") from None
     return text
 
 
@@ -235,6 +300,9 @@ class Option:
     metavar: Optional[str] = None
     switch: bool = False  #: a flag without a value (store_true)
     const: Optional[str] = None  #: the value of the flag given without one (--simulate); see parsing.normalize
+    #: the value (a size, or a list of sizes of which the largest counts) is device memory the command holds
+    #: while every other such option's is held too: checked against the device's memory (parsing.finish)
+    device_bytes: bool = False
 
     @property
     def dest(self) -> str:
@@ -279,13 +347,12 @@ EVERYWHERE = (DEVICE, JSON, CSV, QUIET, SIMULATE)
 #: What every benchmark, sweep and the tuner takes.
 COMMON = (DEVICE, REPEAT, WARMUP, JSON, CSV, QUIET, SIMULATE)
 
-SIZE_HELP = "e.g. 4096, 8M, 1.5MiB, 1G"
 LUT_SIZES = Option("--lut-sizes", f"LUT sizes, comma-separated ({SIZE_HELP}; multiples of 4)", None,
-                   "1,4,8,12,16,24,32,48 x L2/50: 1 to 48 MiB on a 50 MiB L2", lut_sizes, "SIZES")
+                   "1,4,8,12,16,24,32,48 x L2/50: 1 to 48 MiB on a 50 MiB L2", lut_sizes, "SIZES", device_bytes=True)
 LUT_BYTES = Option("--lut-bytes", f"LUT size of the reset-data workload ({SIZE_HELP}; a multiple of 4)", 4 << 20,
-                   "4M", lut_size, "SIZE")
+                   "4M", lut_size, "SIZE", device_bytes=True)
 OUT_BYTES = Option("--out-bytes", f"output size of the reset-data workload ({SIZE_HELP})", 1 << 30, "1G",
-                   parse_size, "SIZE")
+                   parse_size, "SIZE", device_bytes=True)
 VARIANT = Option("--variant", f"reset-data kernel variant: {', '.join(VARIANT_NAMES)}", "plain", type=variant,
                  metavar="NAME")
 SET_ASIDE = Option("--set-aside", f"persisting-L2 set-aside limit to request ({SIZE_HELP})", None, type=parse_size,

@@ -14,11 +14,13 @@ from typing import Any, Callable, Optional
 from ..bench import Report
 from .exitcodes import EXIT_OK
 
-__all__ = ["MiB", "OutputError", "fmt_bytes", "simulated_line", "header", "note", "write_report", "write_table",
+__all__ = ["MiB", "NO_GPU_HINT", "OutputError", "fmt_bytes", "simulated_line", "header", "note", "write_report", "write_table",
            "save_plot", "plot_problem",
            "numbered_path", "measure", "done"]
 
 MiB = 1 << 20
+#: Said wherever a command finds no GPU: a new user's next step.
+NO_GPU_HINT = "no GPU here? add --simulate to run this command on a simulated H100"
 
 
 class OutputError(Exception):

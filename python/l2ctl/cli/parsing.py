@@ -29,6 +29,7 @@ __all__ = ["Parser", "Command", "Group", "Entry", "add_entries", "known_options"
            "simulate", "finish"]
 
 Run = Callable[[argparse.Namespace], int]
+GiB = 1 << 30
 _NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse's negative numbers: values, not flags
 
 
@@ -144,11 +145,13 @@ def normalize(parser: argparse.ArgumentParser, argv: Sequence[str], entries: Seq
     """``argv`` with each option's value joined to it (``--lut-bytes -4M`` -> ``--lut-bytes=-4M``: argparse
     would take -4M for a flag) and an optional value made explicit (``--simulate info`` ->
     ``--simulate=h100 info``); a flag no command has is refused (exit 2, one line) before argparse takes
-    its value for a command name."""
+    its value for a command name, and so is an option given twice (argparse would keep the last value
+    silently, and the first may be what was meant)."""
     options = {o.flag: o for o in known_options(entries)}
     known = set(options) | {"-h", "--help", "--version"}
     words = command_words(entries)
     out: list[str] = []
+    given: dict[str, str] = {}  # flag -> its value as typed ("" for a switch)
     rest = list(argv)
     while rest:
         token = rest.pop(0)
@@ -167,18 +170,24 @@ def normalize(parser: argparse.ArgumentParser, argv: Sequence[str], entries: Seq
             if flag.startswith("-") and len(flag) > 1 and not _NUMBER.match(flag) and flag not in known:
                 close = difflib.get_close_matches(flag, sorted(known), n=1)
                 parser.error(f"unknown option {flag}" + (f"; did you mean {close[0]}?" if close else ""))
+        flag, _, value = token.partition("=")
+        if flag in options:
+            if flag in given:
+                values = f" ({given[flag]}, then {value})" if value or given[flag] else ""
+                parser.error(f"{flag} is given twice{values}: give each option once")
+            given[flag] = value
         out.append(token)
     return out
 
 
 def simulate(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
-    """The last ``--simulate=GPU`` of a normalized ``argv`` put into effect (l2ctl.testing.simulate) before
+    """The ``--simulate=GPU`` of a normalized ``argv`` put into effect (l2ctl.testing.simulate) before
     the line is parsed, so that --device is checked against the simulated GPUs."""
     given = [t.split("=", 1)[1] for t in argv[:argv.index("--") if "--" in argv else len(argv)]
              if t.startswith(SIMULATE.flag + "=")]
-    if given:
+    if given:  # once at most: normalize refuses a repeated option
         try:
-            gpus = SIMULATE.type(given[-1])
+            gpus = SIMULATE.type(given[0])
         except argparse.ArgumentTypeError as exc:
             parser.error(f"argument {SIMULATE.flag}: {exc}")
         from ..testing import simulate as use_simulator
@@ -186,10 +195,31 @@ def simulate(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
         use_simulator(gpus)
 
 
+def _memory_problem(own: dict[str, Option], values: dict[str, Any], typed: set[str]) -> Optional[str]:
+    """Why the sizes given cannot fit the device's memory together (the options marked ``device_bytes``:
+    what the command holds at once, the largest of a list), or None. Checked only when one was typed, on
+    --device (the current device without it); with no device, the command itself says so."""
+    import l2ctl
+
+    held = [o for o in own.values() if o.device_bytes and values.get(o.dest) is not None]
+    if not any(o.dest in typed for o in held):
+        return None
+    need = sum(max(v) if isinstance(v, list) else int(v) for v in (values[o.dest] for o in held))
+    try:
+        info = l2ctl.device_info(values.get("device"))
+    except l2ctl.L2ctlError:
+        return None
+    if need <= info.total_memory:
+        return None
+    return (f"{' and '.join(o.flag for o in held)} {'need' if len(held) > 1 else 'needs'} {need / GiB:.2f} GiB of "
+            f"device memory at once; device {info.index} ({info.name}) has {info.total_memory / GiB:.2f} GiB")
+
+
 def finish(ns: argparse.Namespace) -> argparse.Namespace:
     """The namespace the command runs with: only its own options, each given or at its default, plus
     ``func`` (the function to run) and ``command`` (its words, e.g. "bench stride"). Exits 2 with one
-    line for an option the command does not take, or a ``--plot`` that cannot be drawn."""
+    line for an option the command does not take, a ``--plot`` that cannot be drawn, or sizes that do
+    not fit the device's memory."""
     given = dict(vars(ns))
     chosen, default = given.pop("_command", None), given.pop("_default", None)
     command: Command
@@ -205,5 +235,8 @@ def finish(ns: argparse.Namespace) -> argparse.Namespace:
         problem = plot_problem(plot)
         if problem:
             parser.error(problem)
+    too_large = _memory_problem(own, values, set(given))
+    if too_large:
+        parser.error(too_large)
     return argparse.Namespace(**values, func=command.run, command=path)
 

@@ -533,15 +533,17 @@ class FakeBackend:
 
     def launch_modeled_kernel(self, stream: int, name: str = "modeled_kernel", *, streamed_bytes: float = 0,
                               hot: Optional[tuple[int, int]] = None, hot_reads: float = 0,
-                              compute_ms: float = 0.0, read_fraction: float = 0.5) -> None:
+                              compute_ms: float = 0.0, read_fraction: float = 0.5,
+                              args: tuple[int, ...] = ()) -> None:
         """A kernel that only takes time: it streams ``streamed_bytes`` (a ``read_fraction`` of them
         reads, the rest writes), re-reads the hot buffer ``hot = (ptr, nbytes)`` for ``hot_reads``
-        bytes in total, and needs at least ``compute_ms``. Like every kernel, a kernel node inside a
-        capture; ``kernel_log[-1]`` has the model's account of it."""
+        bytes in total, and needs at least ``compute_ms``. ``args``: the pointers it is given (the hot
+        buffer's by default), what ``kernel_node_words`` shows of its node. Like every kernel, a kernel
+        node inside a capture; ``kernel_log[-1]`` has the model's account of it."""
         with self._locked:
             st = self._stream(stream, f"launch of {name}")
             launch = self._kernels[st.device].modeled(name, float(streamed_bytes), hot, float(hot_reads),
-                                                      float(compute_ms), float(read_fraction))
+                                                      float(compute_ms), float(read_fraction), tuple(args))
             self._launch(st.device, stream, launch)
 
     # ---- internals --------------------------------------------------------------------------------------
@@ -1088,6 +1090,18 @@ class FakeBackend:
             g = self._graph(graph, "cudaGraphGetNodes(graph, nullptr, &count)")
             return [(n.handle, n.launch.name, n.launch.grid, n.launch.block) for n in g.nodes
                     if n.kind == "kernel" and n.launch is not None]
+
+    def kernel_node_words(self, node: int) -> list[tuple[int, int, int]]:
+        """(parameter, offset, value) of the node's pointer arguments, as the driver reads them."""
+        with self._locked:
+            n = self._node(node, "cuGraphKernelNodeGetParams(node, &params)")
+            return [(i, 0, ptr) for i, ptr in enumerate(n.launch.args if n.launch is not None else ()) if ptr]
+
+    def address_range(self, address: int) -> tuple[int, int]:
+        """(base, size) of the allocation holding ``address`` (cuMemGetAddressRange); (0, 0) outside any."""
+        with self._locked:
+            alloc: Optional[Allocation] = self.memory.find(int(address))
+            return (0, 0) if alloc is None else (alloc.base, alloc.size)
 
     def _node(self, node: int, call: str) -> _Node:
         n = self._nodes.get(node)

@@ -55,6 +55,7 @@ class KernelLaunch:
     run: Callable[[], Any]
     result: Any = None
     synchronous: bool = False  # reads a result back and waits (cannot be captured)
+    args: tuple[int, ...] = ()  # the pointer arguments it is given, in order (what the driver shows of a node)
 
 
 def _require_aligned(alignment: int, *ptrs: int) -> None:
@@ -246,7 +247,7 @@ class Kernels:
             self.memory.write(out, nbytes, Pattern(self.memory.read(lut, 4 * lut_len), 0))  # the LUT repeated
 
         return KernelLaunch(name, (blocks, 1, 1), (threads, 1, 1), traffic, run,
-                            (blocks, threads, vector_out, vector_lut))
+                            (blocks, threads, vector_out, vector_lut), args=(out, lut))
 
     def reset_data_verify(self, out: int, out_len: int, lut: int, lut_len: int) -> KernelLaunch:
         if lut_len == 0:
@@ -426,7 +427,7 @@ class Kernels:
         return KernelLaunch("fake_kernel", (1, 1, 1), (32, 1, 1), Traffic("fake_kernel"), lambda: None)
 
     def modeled(self, name: str, streamed_bytes: float, hot: Optional[tuple[int, int]], hot_reads: float,
-                compute_ms: float, read_fraction: float) -> KernelLaunch:
+                compute_ms: float, read_fraction: float, args: tuple[int, ...] = ()) -> KernelLaunch:
         if not 0.0 <= read_fraction <= 1.0:
             raise ValueError("read_fraction must be in [0, 1]")
         if streamed_bytes < 0 or hot_reads < 0 or compute_ms < 0:
@@ -442,5 +443,6 @@ class Kernels:
                 self.memory.resolve(hot[0], hot[1])
 
         blocks = self.grid_for(max(1, int(streamed_bytes) // 16))
-        return KernelLaunch(name, (blocks, 1, 1), (THREADS, 1, 1), traffic, run)
+        given = args if args else (() if hot is None else (hot[0],))
+        return KernelLaunch(name, (blocks, 1, 1), (THREADS, 1, 1), traffic, run, args=tuple(int(a) for a in given))
 

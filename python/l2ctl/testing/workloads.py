@@ -36,6 +36,7 @@ class ModeledKernel:
     hot_reads: float = 0.0
     compute_ms: float = 0.0
     read_fraction: float = 0.5
+    given: tuple[str, ...] = ()  # the buffers passed to it (the hot one when empty): what its node's arguments show
 
 
 class ModeledWorkload:
@@ -44,12 +45,14 @@ class ModeledWorkload:
     its kernels on the stream it was given."""
 
     def __init__(self, name: str, buffers: dict[str, int], kernels: Sequence[ModeledKernel], *,
-                 hot: Optional[str] = None, device: object = None) -> None:
+                 hot: Optional[str] = None, device: object = None, hidden: tuple[str, ...] = ()) -> None:
         if not hasattr(_backend.current(), "launch_modeled_kernel"):
             raise RuntimeError("modeled workloads run on the simulator only (l2ctl.testing.FakeBackend)")
         for k in kernels:
-            if k.hot is not None and k.hot not in buffers:
-                raise ValueError(f"kernel {k.name}: no buffer named {k.hot!r}")
+            for used in ((k.hot,) if k.hot is not None else ()) + k.given:
+                if used not in buffers:
+                    raise ValueError(f"kernel {k.name}: no buffer named {used!r}")
+        self.hidden = hidden  # buffers a user never sees (a compiler's temporaries): not offered as candidates
         self.name, self.kernels, self.hot = name, tuple(kernels), hot or next(iter(buffers))
         self.device = resolve_device(device)
         self.buffers = {n: DeviceBuffer(nbytes, device) for n, nbytes in buffers.items()}
@@ -73,6 +76,19 @@ class ModeledWorkload:
         return cls("scatter-add", {"acc": acc, "index": GiB, "values": GiB // 2},
                    [ModeledKernel("index_add", 1.5 * GiB, "acc", 32 * (1.5 * GiB / 12), read_fraction=0.98)],
                    hot="acc", device=device)
+
+    @classmethod
+    def scatter_add_into_temporary(cls, device: object = None) -> "ModeledWorkload":
+        """What Inductor makes of ``acc.zero_(); acc.index_add_(...)`` compiled together: it zeroes a temporary
+        of its own, scatters into it and copies it into ``acc``. The user sees ``acc``, ``index``, ``values``;
+        the re-read buffer is the temporary (``hidden``), which only the graph's kernel arguments show."""
+        acc = fraction_of_l2(0.64, device)
+        return cls("scatter-add-temp", {"acc": acc, "tmp": acc, "index": GiB, "values": GiB // 2},
+                   [ModeledKernel("triton_poi_fused_zero_0", acc, given=("tmp",), read_fraction=0.0),
+                    ModeledKernel("triton_poi_fused_index_add_1", 1.5 * GiB, "tmp", 32 * (1.5 * GiB / 12),
+                                  read_fraction=0.98, given=("tmp", "index", "values")),
+                    ModeledKernel("triton_poi_fused_copy_2", 2 * acc, given=("tmp", "acc"))],
+                   hot="acc", device=device, hidden=("tmp",))
 
     @classmethod
     def gather(cls, device: object = None) -> "ModeledWorkload":
@@ -101,7 +117,8 @@ class ModeledWorkload:
             hot = None if k.hot is None else (self.buffers[k.hot].ptr, self.buffers[k.hot].nbytes)
             backend.launch_modeled_kernel(handle, k.name, streamed_bytes=k.streamed_bytes, hot=hot,
                                           hot_reads=k.hot_reads, compute_ms=k.compute_ms,
-                                          read_fraction=k.read_fraction)
+                                          read_fraction=k.read_fraction,
+                                          args=tuple(self.buffers[n].ptr for n in k.given))
         self._launched += len(self.kernels)
 
     def prepare(self) -> None:
@@ -126,7 +143,7 @@ class ModeledWorkload:
         return self._launched >= len(self.kernels)
 
     def candidates(self) -> dict[str, DeviceBuffer]:
-        return dict(self.buffers)
+        return {n: b for n, b in self.buffers.items() if n not in self.hidden}
 
     def describe(self) -> dict[str, Any]:
         return {"workload": self.name, "modeled": True,

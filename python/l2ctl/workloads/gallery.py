@@ -67,8 +67,8 @@ GALLERY: tuple[GalleryEntry, ...] = (
                  "torch", 4 * GiB, lambda device=None: Graphed(ScatterAdd(device))),
     GalleryEntry("scatter-add-compiled", "the scatter-add compiled with torch.compile(mode='reduce-overhead')", "torch",
                  4 * GiB, lambda device=None: Compiled(ScatterAdd(device))),
-    GalleryEntry("scatter-add-compiled-eager", "the in-place scatter-add compiled, its accumulator not marked static: "
-                 "torch.compile skips its CUDA graphs and runs it eagerly", "torch", 4 * GiB,
+    GalleryEntry("scatter-add-compiled-eager", "the scatter-add compiled, its accumulator not marked static (a tensor "
+                 "the step reads from an object: whether torch graphs it is in the record)", "torch", 4 * GiB,
                  lambda device=None: Compiled(ScatterAdd(device), static_inputs=False,
                                               name="scatter-add-compiled-eager")),
     GalleryEntry("scatter-add-compiled-temp", "the scatter-add compiled with its zeroing, accumulator static: Inductor "

@@ -1,0 +1,213 @@
+"""Candidates for the tuner that nobody has to list: the tensors of a ``torch.nn.Module`` (its parameters,
+their gradients, its buffers) and, with an optimizer, the optimizer's state, named by module path
+(``encoder.layers.3.bias``, ``encoder.layers.3.weight.exp_avg``); or the memory a graph's kernels are given
+(:func:`from_graph`, ``tune(step, graph, "discover")``: a compiled graph's temporaries included). Both are
+filtered by size before anything is measured, so that a model of hundreds of tensors is tuned over the few
+a window could serve.
+
+The rule (``CandidateRule``, sizes from the device's own properties):
+
+- **large enough to miss**: at least 1/64 of the L2 (0.78 MiB on a 50 MiB L2). A smaller tensor stays in the
+  L2 beside the data streaming past or costs too little DRAM traffic when it misses for a window to show;
+- **small enough to hold**: at most 4 x the largest set-aside (125 MiB on an H100): the set-aside then holds
+  at least a quarter of it; of a larger tensor read evenly, too small a share hits to pay the tax;
+- **one name per memory**: tensors over the same bytes (tied weights) are one candidate, named by both;
+- **the largest first**: of those, the ``most`` (8) that the largest set-aside covers best (their bytes, up
+  to the set-aside's) are tried; the rest are listed as skipped.
+
+Torch is never imported: a module is anything with ``named_parameters()`` and ``named_buffers()``, an
+optimizer anything with ``state`` (parameter -> dict of tensors), a tensor anything l2ctl takes as a
+buffer. ``tune(step, target, model)`` uses this; call :func:`from_module` to see the list first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Optional, Protocol
+
+from ._device import properties, resolve_device
+from ._interop import BufferRef, resolve_buffer
+from ._memory import BufferLike
+from .graph import as_graph, buffers
+
+__all__ = ["SupportsNamedTensors", "CandidateRule", "ModelCandidates", "is_module", "rule_for", "from_module",
+           "from_graph"]
+
+#: Tried at most, by default: each costs the tuner a screen of a few points.
+MOST = 8
+MiB = 1 << 20
+
+
+class SupportsNamedTensors(Protocol):
+    """What l2ctl reads of a ``torch.nn.Module``."""
+
+    def named_parameters(self) -> Iterator[tuple[str, Any]]: ...
+    def named_buffers(self) -> Iterator[tuple[str, Any]]: ...
+
+
+def is_module(obj: object) -> bool:
+    """A torch.nn.Module, or anything that lists its tensors the same way."""
+    return callable(getattr(obj, "named_parameters", None)) and callable(getattr(obj, "named_buffers", None))
+
+
+@dataclass(frozen=True)
+class CandidateRule:
+    """Which tensors the tuner tries: ``min_bytes <= bytes <= max_bytes``, the ``most`` largest."""
+
+    min_bytes: int
+    max_bytes: int
+    most: int
+
+    def describe(self) -> str:
+        return (f"tensors of {self.min_bytes / MiB:.2f} MiB (1/64 of the L2) to {self.max_bytes / MiB:.2f} MiB "
+                f"(4 x the largest set-aside), tied ones once, the {self.most} largest")
+
+
+def rule_for(device: object = None, most: int = MOST) -> CandidateRule:
+    """The rule on ``device``, from its L2 size and largest set-aside."""
+    if isinstance(most, bool) or not isinstance(most, int) or most < 1:
+        raise ValueError(f"most must be a positive int, got {most!r}")
+    props = properties(resolve_device(device))
+    return CandidateRule(props.l2_cache_size // 64, 4 * props.persisting_l2_cache_max_size, most)
+
+
+@dataclass
+class ModelCandidates(Mapping[str, BufferLike]):
+    """The tensors to try (name -> tensor, a Mapping: ``tune`` takes it as its candidates), every tensor
+    that was not tried with the reason (``skipped``), the ``rule`` and how many tensors the model has."""
+
+    tried: dict[str, BufferLike]
+    skipped: dict[str, str]
+    rule: CandidateRule
+    total: int
+    device: int
+    nbytes: dict[str, int] = field(default_factory=dict)
+    details: dict[str, str] = field(default_factory=dict)  # a discovered range: what it is, which kernels use it
+    kind: str = "tensor"  # what was listed: a model's tensors, or the ranges a graph's kernels are given
+
+    def __getitem__(self, name: str) -> BufferLike:
+        return self.tried[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.tried)
+
+    def __len__(self) -> int:
+        return len(self.tried)
+
+    def summary(self) -> str:
+        """One line: how many tensors, how many tried, and why the others were not."""
+        reasons: dict[str, int] = {}
+        for why in self.skipped.values():
+            key = why.split(":")[0]
+            reasons[key] = reasons.get(key, 0) + 1
+        why = "; ".join(f"{n} {key}" for key, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
+        return (f"{self.total} {self.kind}{'s' * (self.total != 1)}, {len(self.tried)} tried "
+                f"({self.rule.describe()})" + (f"; not tried: {why}" if why else ""))
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def _named_tensors(module: SupportsNamedTensors, optimizer: Optional[object]) -> list[tuple[str, Any]]:
+    """(name, tensor) for the parameters, their gradients, the buffers and the optimizer's state."""
+    found: list[tuple[str, Any]] = []
+    names: dict[int, str] = {}
+    for name, param in module.named_parameters():
+        found.append((name, param))
+        names[id(param)] = name
+        grad = getattr(param, "grad", None)
+        if grad is not None:
+            found.append((f"{name}.grad", grad))
+    found.extend(module.named_buffers())
+    if optimizer is not None:
+        state = getattr(optimizer, "state", None)
+        if not isinstance(state, Mapping):
+            raise TypeError(f"optimizer: expected an object with a state mapping (a torch.optim.Optimizer), got "
+                            f"{type(optimizer).__name__}")
+        for param, values in state.items():
+            owner = names.get(id(param), "(a parameter not in the module)")
+            for key, value in (values.items() if isinstance(values, Mapping) else ()):
+                if getattr(value, "ndim", 1) != 0:  # skip scalars (a step count)
+                    found.append((f"{owner}.{key}", value))
+    return found
+
+
+def _filtered(entries: list[tuple[list[str], Any, BufferRef]], skipped: dict[str, str], rule: CandidateRule,
+              device: int) -> tuple[dict[str, BufferLike], dict[str, int]]:
+    """The ``rule.most`` entries the largest set-aside covers best, by label; the rest into ``skipped``."""
+    cover = properties(device).persisting_l2_cache_max_size
+    tried: dict[str, BufferLike] = {}
+    nbytes: dict[str, int] = {}
+    for names, obj, ref in sorted(entries, key=lambda e: -min(e[2].nbytes, cover)):
+        label = " = ".join(names)
+        if len(tried) < rule.most:
+            tried[label], nbytes[label] = obj, ref.nbytes
+        else:
+            skipped[label] = f"ranked below the {rule.most} largest: {ref.nbytes / MiB:.2f} MiB"
+    return tried, nbytes
+
+
+def _size_reason(nbytes: int, rule: CandidateRule) -> Optional[str]:
+    if nbytes < rule.min_bytes:
+        return f"too small: {nbytes / MiB:.2f} MiB"
+    if nbytes > rule.max_bytes:
+        return f"too large: {nbytes / MiB:.2f} MiB"
+    return None
+
+
+def from_graph(graph: object, names: Optional[Mapping[str, object]] = None, *, most: int = MOST) -> ModelCandidates:
+    """The tuner's candidates from the memory ``graph``'s kernel nodes are given (l2ctl.graph.buffers: an l2ctl
+    Graph or a torch.cuda.CUDAGraph(keep_graph=True)), by the same rule; ``names`` (name -> tensor) names the
+    ranges that are yours, the rest are named by the kernels given them. ``details`` says of each what it
+    is (yours, a temporary of a captured graph, torch's cache, an allocation) and which kernels use it."""
+    g = as_graph(graph)
+    rule = rule_for(g.device, most)
+    found = buffers(g, names)
+    skipped: dict[str, str] = {}
+    entries = []
+    details = {}
+    for b in found:
+        why = _size_reason(b.nbytes, rule)
+        if why is not None:
+            skipped[b.name] = why
+            continue
+        entries.append(([b.name], (b.ptr, b.nbytes), resolve_buffer((b.ptr, b.nbytes))))
+        details[b.name] = b.describe()
+    tried, nbytes = _filtered(entries, skipped, rule, g.device)
+    return ModelCandidates(tried, skipped, rule, len(found), g.device, nbytes,
+                           {name: details[name] for name in tried}, "range")
+
+
+def from_module(module: SupportsNamedTensors, optimizer: Optional[object] = None, *, device: object = None,
+                most: int = MOST) -> ModelCandidates:
+    """The tuner's candidates from ``module`` (and ``optimizer``'s state) on ``device`` (None: the current
+    one), by the rule in the module docstring."""
+    if not is_module(module):
+        raise TypeError(f"expected a torch.nn.Module (named_parameters() and named_buffers()), got "
+                        f"{type(module).__name__}")
+    dev = resolve_device(device)
+    rule = rule_for(dev, most)
+    tensors = _named_tensors(module, optimizer)
+    skipped: dict[str, str] = {}
+    eligible: dict[tuple[int, int], tuple[list[str], Any, BufferRef]] = {}
+    for name, tensor in tensors:
+        try:
+            ref = resolve_buffer(tensor)
+        except (TypeError, ValueError):
+            skipped[name] = "not on a GPU: host memory or not a tensor l2ctl can read"
+            continue
+        if ref.device is not None and ref.device != dev:
+            skipped[name] = f"on another device: device {ref.device}"
+            continue
+        why = _size_reason(ref.nbytes, rule)
+        if why is not None:
+            skipped[name] = why
+            continue
+        key = (ref.ptr, ref.nbytes)
+        if key in eligible:
+            eligible[key][0].append(name)  # tied: the same bytes under another name
+        else:
+            eligible[key] = ([name], tensor, ref)
+    tried, nbytes = _filtered(list(eligible.values()), skipped, rule, dev)
+    return ModelCandidates(tried, skipped, rule, len(tensors), dev, nbytes)
