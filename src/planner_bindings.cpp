@@ -503,6 +503,10 @@ py::object scope_exit(py::object self, py::object, py::object exc, py::object) {
   ending.core->ending = true;
   try {
     end_scope(ending);
+    // An l2ctl Graph's executable is marked stale here, in compiled code: `_changed` (Python) could be cut short
+    // before it marks it, and the next launch would replay the scope's windows.
+    py::object executables = py::getattr(self, "_executables", py::none());
+    if (!executables.is_none()) executables.attr("_dirty") = true;
     py::object changed = py::getattr(self, "_changed", py::none());
     if (!changed.is_none()) changed(scope);
   } catch (py::error_already_set& error) {

@@ -154,7 +154,7 @@ class Persist:
 
     __slots__ = ("_ref", "_target_object", "_buffer", "_offset", "_num_bytes", "_hit_prop", "_miss_prop",
                  "_requested_hit_ratio", "_limit_request", "_reset_on_exit", "_share", "_enabled", "_scope", "_slots",
-                 "_changed", "_device", "window", "clipped", "__weakref__")
+                 "_changed", "_executables", "_device", "window", "clipped", "__weakref__")
 
     window: AccessPolicyWindow
     clipped: bool
@@ -222,6 +222,7 @@ class Persist:
         self._scope: Optional[_registry.Scope] = None
         self._slots: tuple[_registry.Slot, ...] = ()
         self._changed: Optional[Callable[[_registry.Scope], None]] = None
+        self._executables: Any = None  # an l2ctl Graph the compiled end marks stale (Target.executables)
         self._device = -1
         self.window = _NO_WINDOW
         self.clipped = False
@@ -310,6 +311,7 @@ class Persist:
         try:
             limit, demand, capped = _registry.enter(scope, props.persisting_l2_cache_max_size, self)
             self._slots, self._changed, self._device, self.clipped = slots, changed, device, clipped
+            self._executables = None if target is None else target.executables
             self.window = scope.window  # type: ignore[assignment]  # the hit ratio resolved
             if changed is not None:
                 changed(scope)

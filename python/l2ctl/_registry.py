@@ -93,6 +93,10 @@ class Target(NamedTuple):
     owner: Any = None
     changed: Optional[Callable[[], None]] = None
     admit: Optional[Callable[[AccessPolicyWindow], Callable[["Scope"], None]]] = None
+    #: An l2ctl Graph whose executable a change of these slots makes stale: the compiled end marks it (its
+    #: ``_dirty``) before ``changed`` runs, so an interrupt inside ``changed`` cannot leave it replaying the old
+    #: windows.
+    executables: Any = None
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ and ``scoped_window``, a fixed window on any of them for a block."""
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Union, cast
+from typing import Any, Callable, Optional, Union, cast
 
 from . import _registry, _torch_graphs
 from ._device import check_stream_context, properties, stream_device
@@ -83,13 +83,14 @@ class ScopedWindow:
     the registry: ``with l2ctl.scoped_window(s, l2ctl.AccessPolicyWindow()):`` runs the block with no window
     on ``s``, whatever scopes are live around it. The limit is left alone."""
 
-    __slots__ = ("_window", "_object", "_scope", "_changed", "__weakref__")
+    __slots__ = ("_window", "_object", "_scope", "_changed", "_executables", "__weakref__")
 
     def __init__(self, target: object, window: AccessPolicyWindow) -> None:
         self._window = validate_window(window)
         self._object = target
         self._scope: Optional[_registry.Scope] = None
         self._changed: Optional[Callable[[_registry.Scope], None]] = None
+        self._executables: Any = None
 
     def __enter__(self) -> "ScopedWindow":
         if self._scope is not None:
@@ -100,7 +101,7 @@ class ScopedWindow:
         scope = _registry.Scope(target.device, target.slots, self._window, owner=target.owner)
         _registry.enter(scope, properties(target.device).persisting_l2_cache_max_size, self)
         try:
-            self._changed = changed
+            self._changed, self._executables = changed, target.executables
             if changed is not None:
                 changed(scope)
         except BaseException as error:

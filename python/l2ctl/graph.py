@@ -203,7 +203,8 @@ class Graph:
         if not nodes:
             raise ValueError("the graph has no kernel node to put the window on")
         owner = (self, self._torch() if self._torch is not None else None)  # a scope keeps both alive
-        return _registry.Target(self.device, _registry.node_slots(nodes), owner, self._node_windows_changed)
+        return _registry.Target(self.device, _registry.node_slots(nodes), owner, self._node_windows_changed,
+                                executables=self)
 
     def __repr__(self) -> str:
         if self._impl is None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import l2ctl
-from l2ctl import _device, _registry
+from l2ctl import _device, _registry, graph
 from l2ctl.testing import FakeBackend, FakeDevice
 
 MiB = 1 << 20
@@ -180,3 +180,34 @@ def test_a_finalizer_that_ends_a_scope_inside_an_l2ctl_call_ends_it_as_that_call
     with l2ctl.persist(s, buf, 0.25, set_aside=None):
         assert not inner.active and l2ctl.get_window(t).empty and l2ctl.get_window(s).hit_ratio == 0.25
     assert _registry.live_scopes(0) == [] and fake.state() == initial
+
+
+def test_an_interrupt_in_a_graphs_change_callback_still_remakes_its_executable(fake):
+    """A graph scope's end cut short inside the graph's own callback (Python, where it marks its executable
+    stale): the compiled end marked it already, so the next launch replays the windows it holds again."""
+    s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(MiB)
+    with graph.capture(s) as g:
+        for _ in range(3):
+            fake.launch_fake_kernel(s.handle)
+    g.launch(s)  # the executable exists before the scope
+
+    def interrupt_in_callback(frame: Any, event: str, arg: Any) -> Any:
+        if event == "call" and frame.f_code.co_name == "_node_windows_changed" and ending:
+            raise KeyboardInterrupt
+        return None
+
+    ending = False
+    scope = l2ctl.persist(g, buf, 0.5, set_aside=None, reset_on_exit=False)
+    scope.__enter__()
+    g.launch(s)
+    assert all(w[2] == 0.5 for w in fake.launched[-1][1])  # remade with the scope's windows
+    ending = True
+    sys.settrace(interrupt_in_callback)
+    try:
+        scope.__exit__(None, None, None)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sys.settrace(None)
+    g.launch(s)
+    assert all(w[1] == 0 for w in fake.launched[-1][1]), fake.launched[-1]
