@@ -51,8 +51,9 @@ def workload_runs(gpu: str) -> list[dict[str, Any]]:
 
 def workload_rows(gpu: str) -> dict[str, dict[str, Any]]:
     """Each gallery row over every run: the row of its lowest run (by its lowest tuned speedup), with
-    ``runs``, ``gpus`` (distinct GPUs: separate machines), ``tuned_low``/``tuned_high`` over all runs, and
-    ``disagree`` when some runs persist a buffer and others choose no persistence."""
+    ``runs``, ``gpus`` (distinct GPUs: separate machines), ``tuned_low``/``tuned_high`` (the lowest and the
+    highest of each run's lowest re-measure), and ``disagree`` when some runs persist a buffer and others
+    choose no persistence. Rows a run skipped are listed from the first run."""
     found: dict[str, list[tuple[str, dict[str, Any]]]] = {}
     for run in workload_runs(gpu):
         uuid = run["environment"]["device"].get("uuid", "")
@@ -62,9 +63,12 @@ def workload_rows(gpu: str) -> dict[str, dict[str, Any]]:
     for name, entries in found.items():
         lows = [min(row["tuned_speedups"]) for _, row in entries]
         lowest = entries[lows.index(min(lows))][1]
+        # whether torch graphed the row: from the lowest run where it says, else from another run (older runs
+        # did not record it)
         described = [row["described"] for _, row in entries if "graphed_compilations" in row.get("described", {})]
+        own = lowest.get("described", {})
         out[name] = {**lowest, "runs": len(entries), "gpus": len({uuid for uuid, _ in entries}),
-                     "described": described[-1] if described else lowest.get("described", {}),
+                     "described": own if "graphed_compilations" in own else (described[-1] if described else own),
                      "tuned_low": min(lows), "tuned_high": max(min(row["tuned_speedups"]) for _, row in entries),
                      "disagree": len({row["tuned_buffer"] is None for _, row in entries}) > 1}
     return out

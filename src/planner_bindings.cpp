@@ -501,17 +501,37 @@ py::object scope_exit(py::object self, py::object, py::object exc, py::object) {
   if (scope.is_none()) return py::none();
   Scope_object& ending = scope.cast<Scope_object&>();
   ending.core->ending = true;
+  // An l2ctl Graph's executable is marked stale first, in compiled code: `_changed` (Python) could be cut short,
+  // and an end that fails may have changed node windows already; either way the next launch remakes it.
+  py::object executables = py::getattr(self, "_executables", py::none());
+  if (!executables.is_none()) executables.attr("_dirty") = true;
+  py::object changed = py::getattr(self, "_changed", py::none());
+  auto noted = [&](py::error_already_set& error) {
+    if (exc.is_none() || !py::hasattr(exc, "add_note")) return false;
+    exc.attr("add_note")(py::str("l2ctl: restoring device state after the error also failed: {!r}").format(error.value()));
+    return true;
+  };
   try {
     end_scope(ending);
-    // An l2ctl Graph's executable is marked stale here, in compiled code: `_changed` (Python) could be cut short
-    // before it marks it, and the next launch would replay the scope's windows.
-    py::object executables = py::getattr(self, "_executables", py::none());
-    if (!executables.is_none()) executables.attr("_dirty") = true;
-    py::object changed = py::getattr(self, "_changed", py::none());
-    if (!changed.is_none()) changed(scope);
   } catch (py::error_already_set& error) {
-    if (exc.is_none() || !py::hasattr(exc, "add_note")) throw;
-    exc.attr("add_note")(py::str("l2ctl: restoring device state after the error also failed: {!r}").format(error.value()));
+    // The scope ends even when its end failed: the target still hears of it (a torch_captures scope stops
+    // watching streams and remembers its recordings), then the error is raised or noted.
+    if (!changed.is_none()) {
+      try {
+        changed(scope);
+      } catch (py::error_already_set&) {
+        // the end's error is the one to see
+      }
+    }
+    if (!noted(error)) throw;
+    return py::none();
+  }
+  if (!changed.is_none()) {
+    try {
+      changed(scope);
+    } catch (py::error_already_set& error) {
+      if (!noted(error)) throw;
+    }
   }
   return py::none();
 }
@@ -768,11 +788,12 @@ void bind_planner(py::module_& core) {
         const std::shared_ptr<Registry_object> r = scope.registry;
         if (!r || r->epoch != fork_epoch.load() || scope.core->ending) return false;
         const std::vector<pl::Slot> more = slots_of(slots);
+        // The owner is kept first: while the planner covers the new slot, its stream must stay alive.
+        if (!owner.is_none()) scope.owner = py::make_tuple(scope.owner, owner);
         const int added = translated([&] {
           Locked locked(r.get());
           return r->planner.add_slots(*scope.core, more);
         });
-        if (added > 0 && !owner.is_none()) scope.owner = py::make_tuple(scope.owner, owner);
         return added >= 0;
       },
       "scope"_a, "slots"_a, "owner"_a = py::none());

@@ -87,8 +87,13 @@ def map_pointers(device: int, nodes: Iterable[tuple[int, str]], names: Optional[
             if key not in seen:
                 seen.append(key)
         per_node[node] = seen
-    buffers = {key: GraphBuffer(key[0], key[1], owner, name or _label(kernels), tuple(kernels))
-               for key, (owner, name, kernels) in found.items()}
+    labels = {key: name or _label(kernels) for key, (_owner, name, kernels) in found.items()}
+    taken = [label for label in labels.values()]
+    for key, label in labels.items():  # two ranges given to the same kernels: each its own name
+        if taken.count(label) > 1:
+            labels[key] = f"{label} @0x{key[0]:x}"
+    buffers = {key: GraphBuffer(key[0], key[1], owner, labels[key], tuple(kernels))
+               for key, (owner, _name, kernels) in found.items()}
     ordered = sorted(buffers.values(), key=lambda b: (-b.nbytes, b.ptr))
     return ordered, {node: [buffers[k] for k in keys] for node, keys in per_node.items()}
 

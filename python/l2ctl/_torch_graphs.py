@@ -165,35 +165,35 @@ class TorchGraphTrees:
 
 
 class _StreamWatch:
-    """Who is told when torch makes a stream current. ``torch.cuda.set_stream`` is the one function through
-    which ``torch.cuda.stream(s)`` and user code make a stream current; l2ctl wraps it while a watcher is
-    registered (a live ``torch_captures()`` scope) and puts torch's own back when the last one goes, so a
-    process with no such scope runs torch's function untouched."""
+    """Who is told when torch makes a stream current. ``torch.cuda.set_stream`` is the function through which
+    ``torch.cuda.stream(s)`` and user code make a stream current; l2ctl wraps it while a watcher is
+    registered (a live ``torch_captures()`` scope) and puts back what it wrapped when the last one goes, so
+    a process with no such scope runs torch's function untouched. Watchers are per device, not per thread: a
+    stream any thread makes current gets the window. Not seen: ``with s:`` on a ``torch.Stream`` and
+    ``torch.accelerator.set_stream``, which go to torch's C++ directly (docs/reference.md)."""
 
     def __init__(self) -> None:
         self._watchers: dict[int, tuple[int, Callable[[object], None]]] = {}  # token -> (device, callback)
         self._tokens = itertools.count(1)
-        self._original: Optional[Callable[..., Any]] = None  # torch's set_stream, kept once seen
+        self._original: Optional[Callable[..., Any]] = None  # what l2ctl wrapped, read at each install
         self._module: Any = None
-        self._installed = False
 
     def watch(self, module: Any, device: int, made_current: Callable[[object], None]) -> Callable[[], None]:
         with _lock:
             token = next(self._tokens)
             self._watchers[token] = (device, made_current)
-            if not self._installed:
-                if self._original is None:
-                    self._module, self._original = module, module.set_stream
+            if self._module is None:  # not installed: wrap what is there now (torch's, or another wrapper)
+                self._module, self._original = module, module.set_stream
                 module.set_stream = self._set_stream
-                self._installed = True
         return lambda: self._unwatch(token)
 
     def _unwatch(self, token: int) -> None:
         with _lock:
             self._watchers.pop(token, None)
-            if not self._watchers and self._installed and self._module.set_stream == self._set_stream:
-                self._module.set_stream = self._original  # nobody wrapped it after l2ctl: torch's own again
-                self._installed = False
+            if not self._watchers and self._module is not None:
+                if self._module.set_stream == self._set_stream:  # nobody wrapped it after l2ctl
+                    self._module.set_stream = self._original
+                self._module = None  # a later watch wraps whatever is there then
 
     def _set_stream(self, stream: Any) -> None:
         # First the watchers (the window goes on the stream), then torch's set_stream: no kernel can launch on
@@ -205,7 +205,7 @@ class _StreamWatch:
             for made_current in callbacks:
                 made_current(stream)
         original = self._original
-        assert original is not None  # set before this wrapper was installed, never cleared
+        assert original is not None  # set before this wrapper was installed
         original(stream)
 
 

@@ -329,8 +329,10 @@ class TorchCaptures:
     ``torch.cuda.graph`` capture made inside it, a compiled function first called inside it), or a function
     of the window that returns the recordings it replays (l2ctl.workloads.Compiled knows them). l2ctl sees
     the graph trees only, not what make_graphed_callables or torch.cuda.graph captured before the scope:
-    capture those inside it. The current stream is torch's per thread: a kernel another thread launches on
-    a stream it makes current is not covered."""
+    capture those inside it. The current stream at entry is the entering thread's (torch's is per thread);
+    a stream any thread makes current through ``torch.cuda.set_stream`` or ``torch.cuda.stream(s)`` while the
+    scope lives gets the window too. ``with s:`` on a ``torch.Stream`` and ``torch.accelerator.set_stream``
+    bypass that function: l2ctl does not see those."""
 
     def __init__(self, device: object = None, *, replays: Optional[Replays] = None) -> None:
         if replays is not None and replays != "new" and not callable(replays):
@@ -372,11 +374,13 @@ class _CaptureScope:
 
     def __init__(self, device: int, window: Optional[tuple[int, int, float, int, int]]) -> None:
         self.device, self.window = device, window
-        self.before: Optional[set[int]] = None
+        self.before: set[int] = set()
+        self.entered = False  # the first call is the entry's, every later one an end's
         self.unwatch: Optional[Callable[[], None]] = None
 
     def __call__(self, scope: _registry.Scope) -> None:
-        if self.before is None:
+        if not self.entered:
+            self.entered = True  # first: an entry cut short is ended as an end, never entered twice
             self.before = _torch_graphs.recordings(self.device)
             self.unwatch = _torch_graphs.trees.watch_current(self.device, lambda stream: self._made_current(scope, stream))
         else:

@@ -527,14 +527,27 @@ int Registry::add_slots(Scope& scope, const std::vector<Slot>& slots) {
   settle(*st);
   const auto it = st->scopes.find(scope.id);
   if (it == st->scopes.end() || it->second.get() != &scope) return -1;
-  int added = 0;
+  std::vector<Slot> added;
   for (const Slot& slot : slots)
-    if (std::find(scope.slots.begin(), scope.slots.end(), slot) == scope.slots.end()) {
-      scope.slots.push_back(slot);  // the next plan (this one, or a settle) covers it
-      ++added;
+    if (std::find(scope.slots.begin(), scope.slots.end(), slot) == scope.slots.end() &&
+        std::find(added.begin(), added.end(), slot) == added.end())
+      added.push_back(slot);
+  if (added.empty()) return 0;
+  scope.slots.insert(scope.slots.end(), added.begin(), added.end());  // the next plan (this one, or a settle) covers them
+  try {
+    sync(*st);
+  } catch (...) {
+    // Atomic as an entry: a slot that could not be written is not kept (a later plan would write it again, and
+    // its handle may be reused); the device is put back to the plan without it.
+    for (const Slot& slot : added) scope.slots.erase(std::remove(scope.slots.begin(), scope.slots.end(), slot), scope.slots.end());
+    try {
+      sync(*st, false, true);
+    } catch (...) {
+      // the first error is the one to see; the device stays dirty for the next call
     }
-  if (added) sync(*st);
-  return added;
+    throw;
+  }
+  return static_cast<int>(added.size());
 }
 
 void Registry::set_base_window(const std::vector<Slot>& slots, int device, long long maximum,

@@ -88,3 +88,15 @@ def test_discover_needs_a_graph_it_can_read(fake):
             fake.launch_modeled_kernel(s.handle, "k", streamed_bytes=1e6, args=(buf.ptr,))  # 64 KiB: too small
         with pytest.raises(ValueError, match="no range the graph's kernels are given can be tried: 1 range, 0 tried"):
             l2ctl.tune(lambda st: g.launch(st), g, "discover", stream=s)
+
+
+def test_two_unnamed_ranges_given_to_the_same_kernels_keep_their_own_names(fake):
+    with l2ctl.Stream() as s, l2ctl.DeviceBuffer(8 << 20) as a, l2ctl.DeviceBuffer(16 << 20) as b:
+        with graph.capture(s) as g:
+            fake.launch_modeled_kernel(s.handle, "k", streamed_bytes=1e6, args=(a.ptr, b.ptr))
+        found = graph.buffers(g)
+        assert len({x.name for x in found}) == 2 and all(x.name.startswith("memory of k @0x") for x in found)
+        from l2ctl import candidates
+
+        listed = candidates.from_graph(g)
+        assert len(listed) == 2 and "2 ranges, 2 tried" in listed.summary()

@@ -422,3 +422,90 @@ def resolve_handle(stream):
     from l2ctl._interop import resolve_stream
 
     return resolve_stream(stream).handle
+
+
+def test_the_stream_watch_wraps_set_stream_only_while_a_scope_lives():
+    """l2ctl wraps torch.cuda.set_stream (here a stand-in module) while a watcher lives, calls the watchers of
+    the stream's device before the stream becomes current, and puts back what it wrapped, also a wrapper
+    another library installed after l2ctl's last scope ended."""
+    import types
+
+    from l2ctl._torch_graphs import _StreamWatch
+
+    made_current = []
+    module = types.SimpleNamespace()
+    module.set_stream = lambda s: made_current.append(("torch", s))
+    torch_own = module.set_stream
+    watch = _StreamWatch()
+
+    class Stream:
+        def __init__(self, device):
+            self.device = types.SimpleNamespace(index=device)
+
+    seen = []
+    stop = watch.watch(module, 0, lambda s: seen.append(s))
+    assert module.set_stream != torch_own
+    on0, on1 = Stream(0), Stream(1)
+    module.set_stream(on0)
+    module.set_stream(on1)
+    assert seen == [on0] and made_current == [("torch", on0), ("torch", on1)]  # watchers first, then torch
+    stop()
+    assert module.set_stream is torch_own
+    module.set_stream = other = lambda s: made_current.append(("other", s))  # another library wraps it now
+    stop = watch.watch(module, 0, lambda s: seen.append(s))
+    module.set_stream(on0)
+    assert made_current[-1] == ("other", on0) and seen[-1] is on0
+    stop()
+    assert module.set_stream is other  # what l2ctl wrapped this time, not torch's from before
+
+
+def test_an_entry_cut_short_is_ended_once_and_never_entered_again(fake, trees, monkeypatch):
+    """If the scope's after-entry call fails, the scope ends through the same object: it stops watching and is
+    not taken for a second entry (no watch left for a scope that ended)."""
+    with l2ctl.DeviceBuffer(4 * MiB) as acc:
+        calls = []
+        real = trees.watch_current
+
+        def failing_watch(device, made_current):
+            calls.append(device)
+            stop = real(device, made_current)
+            stop()
+            raise RuntimeError("interrupted")
+
+        monkeypatch.setattr(trees, "watch_current", failing_watch)
+        before = fake.state()
+        with pytest.raises(RuntimeError, match="interrupted"):
+            with l2ctl.persist(graph.torch_captures(), acc, 1.0):
+                pass
+        assert calls == [0] and trees.watching == 0 and fake.state() == before
+
+
+def test_a_stream_whose_window_cannot_be_set_is_not_kept_in_the_scope(fake, trees, monkeypatch):
+    """add_slots is atomic as an entry: when writing the new stream's window fails, the stream is not kept
+    (no later plan writes it), the error is raised where the stream was made current, and the scope goes on."""
+    from l2ctl import CudaError
+    from l2ctl.testing.errors import cuda_error
+
+    with l2ctl.Stream() as entry, l2ctl.Stream() as later, l2ctl.DeviceBuffer(4 * MiB) as acc:
+        trees.set_stream(entry)
+        before = fake.state()
+        real = type(fake).apply_window
+
+        def refuse_later(self, device, kind, handles, *rest):
+            if later.handle in list(handles):
+                raise cuda_error("cudaStreamSetAttribute(stream, cudaStreamAttributeAccessPolicyWindow, &value)",
+                                 "cudaErrorInvalidResourceHandle", f"stream 0x{later.handle:x}")
+            return real(self, device, kind, handles, *rest)
+
+        with l2ctl.persist(graph.torch_captures(), acc, 1.0) as p:
+            monkeypatch.setattr(type(fake), "apply_window", refuse_later)
+            with pytest.raises(CudaError):
+                trees.set_stream(later)
+            monkeypatch.setattr(type(fake), "apply_window", real)
+            assert fake.windows.get(later.handle, (0, 0))[1] == 0
+            with l2ctl.Stream() as third, l2ctl.scoped_window(third, AccessPolicyWindow()):
+                pass  # another plan of the device: the refused stream is not written by it
+            assert fake.windows.get(later.handle, (0, 0))[1] == 0 and fake.windows[entry.handle] == p.window.as_tuple()
+            trees.set_stream(later)  # now it can be: it gets the window
+            assert fake.windows[later.handle] == p.window.as_tuple()
+        assert fake.state() == before
