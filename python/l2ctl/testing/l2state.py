@@ -221,9 +221,20 @@ class L2State:
                     signal.signal(valid, lambda number, frame: caught.append(number))
             yield
         finally:
-            for number, handler in handlers.items():
-                signal.signal(number, handler)
+            # The mask first, while every handler still only notes its signal (nothing can raise here): a
+            # handler restored first could run, raise, and leave this thread with every signal blocked, and a
+            # timer's signal pending until a default action kills the process.
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            error: Optional[BaseException] = None
+            for number, handler in handlers.items():
+                while True:  # a handler restored before this one may run here and raise: restore them all
+                    try:
+                        signal.signal(number, handler)
+                        break
+                    except BaseException as exc:  # noqa: B036 - re-raised below, after every handler is back
+                        error = error or exc
+            if error is not None:
+                raise error
             for number in caught:
                 handlers[number](number, None)
 
