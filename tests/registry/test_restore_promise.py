@@ -89,7 +89,16 @@ class Timer:
 
     def __exit__(self, *exc: object) -> None:
         signal.setitimer(signal.ITIMER_REAL, 0, 0)
-        signal.signal(signal.SIGALRM, self._old)
+        self.armed = False
+        # A SIGALRM already on its way (caught by another thread, not yet handled here) must still find a
+        # Python handler: with the default action put back it ends the process ("Alarm clock"), and CPython
+        # reports one it finds without a handler as "ignored due to race condition". So a handler that does
+        # nothing stays (the default action of a timer nobody arms is never needed again in the suite).
+        signal.signal(signal.SIGALRM, _late_alarm if self._old in (signal.SIG_DFL, signal.SIG_IGN, None) else self._old)
+
+
+def _late_alarm(signum: int, frame: Any) -> None:
+    """A timer's signal that arrives after its Timer ended: nothing to do."""
 
 
 def _no_lock_held() -> None:
