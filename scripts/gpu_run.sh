@@ -14,6 +14,7 @@
 #   recipes: the GPU tests of torch, graphs and the README, the torch recipes (scripts/torch_recipes.py)
 #     and the gallery GALLERY_RUNS times (default 3), each run a record of its own under workloads/;
 #   gallery-runs: only those gallery runs;
+#   planner: the overhead benchmark first (a quiet process), then the test suite (Nsight comparison left out);
 #   multigpu: the two-GPU runs under torchrun (examples/ddp_step.py, bench collectives, the two-GPU test),
 #     then the recipes' gallery runs on GPU 0.
 # PYTEST_K adds a -k filter to the test run.
@@ -124,6 +125,18 @@ if [ "$mode" = gallery ]; then
   python3 -m pytest -q -p no:cacheprovider "$src/tests/test_gpu_workloads.py" "$src/tests/test_gpu.py" -k "auto or persist" 2>&1 | tail -15 | tee "$OUT/pytest.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   gallery
+  exit $status
+fi
+
+if [ "$mode" = planner ]; then
+  overhead
+  step "tests"
+  L2CTL_NOTEBOOK_OUT="$OUT/notebooks" python3 -m pytest -q -p no:cacheprovider "$src/tests" \
+    -k "not committed_with_gpu_outputs and not agrees_with_nsight_compute${PYTEST_K:+ and ($PYTEST_K)}" \
+    --junitxml="$OUT/junit.xml" 2>&1 | tail -40 | tee "$OUT/pytest.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  step "limit left as found"
+  python3 -c "import l2ctl; print('limit now', l2ctl.get_set_aside())"
   exit $status
 fi
 

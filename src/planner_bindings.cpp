@@ -16,6 +16,8 @@
 #include <mutex>
 #include <thread>
 
+#include "planner_bindings.hpp"
+
 #include "l2ctl/device.hpp"
 #include "l2ctl/error.hpp"
 #include "l2ctl/planner.hpp"
@@ -28,50 +30,6 @@ namespace pl = l2ctl::planner;
 
 namespace l2ctl_bindings {
 
-namespace {
-
-// ---- the lock -------------------------------------------------------------------------------------------------
-
-// One lock for every backend, as a Python object too (`_registry.lock`: acquire/release/with, reentrant for its
-// owner). Entry points refuse the thread that holds it. Waiting happens with the GIL released: the holder may
-// need the GIL to finish (the simulator's calls).
-struct Registry_lock {
-  std::timed_mutex mutex;
-  std::atomic<std::thread::id> owner{};
-  int depth = 0;
-
-  bool owned() const { return owner.load() == std::this_thread::get_id(); }
-
-  bool acquire(bool blocking, double timeout) {
-    if (owned()) {
-      ++depth;
-      return true;
-    }
-    bool got = mutex.try_lock();
-    if (!got && blocking) {
-      py::gil_scoped_release released;
-      if (timeout < 0) {
-        mutex.lock();
-        got = true;
-      } else {
-        got = mutex.try_lock_for(std::chrono::duration<double>(timeout));
-      }
-    }
-    if (got) {
-      owner = std::this_thread::get_id();
-      depth = 1;
-    }
-    return got;
-  }
-
-  void release() {
-    if (!owned()) throw py::value_error("cannot release the registry's lock: this thread does not hold it");
-    if (--depth == 0) {
-      owner = std::thread::id();
-      mutex.unlock();
-    }
-  }
-};
 
 Registry_lock* lock_instance = nullptr;  // never freed: the at-fork hook and atexit may use it late
 std::atomic<std::uint64_t> fork_epoch{0};
@@ -85,9 +43,6 @@ void after_fork_in_child() {
 
 // ---- Python objects the planner hands back --------------------------------------------------------------------
 
-struct Python_names {
-  py::object window_type, property_type, cuda_error, not_supported, namespace_type, weakref_type;
-};
 Python_names& names() {
   static Python_names* n = [] {
     auto* out = new Python_names;
@@ -223,10 +178,10 @@ class Python_calls final : public pl::Calls {
   explicit Python_calls(py::handle backend) : backend_(backend.ptr()) {}  // borrowed: the registry lives with it
 
   long long get_limit(int device) override {
-    return call([&] { return backend().attr("get_persisting_limit")(device).cast<long long>(); });
+    return call([&] { return backend().attr(L2CTL_NAME("get_persisting_limit"))(device).cast<long long>(); });
   }
   long long set_limit(int device, long long nbytes) override {
-    return call([&] { return backend().attr("set_persisting_limit")(device, nbytes).cast<long long>(); });
+    return call([&] { return backend().attr(L2CTL_NAME("set_persisting_limit"))(device, nbytes).cast<long long>(); });
   }
   pl::Plan_window get_window(const pl::Slot& slot) override {
     return call([&] {
@@ -236,7 +191,7 @@ class Python_calls final : public pl::Calls {
   }
   void reset_lines(int device) override {
     call([&] {
-      backend().attr("reset_persisting_lines")(device);
+      backend().attr(L2CTL_NAME("reset_persisting_lines"))(device);
       return 0;
     });
   }
@@ -257,7 +212,7 @@ class Python_calls final : public pl::Calls {
                                      py::bool_(batch.at_least), py::bool_(batch.reset_lines), entries};
           PyObject* stack[13];
           for (int i = 0; i < 13; ++i) stack[i] = args[i].ptr();
-          py::object method = backend().attr("apply_window");
+          py::object method = backend().attr(L2CTL_NAME("apply_window"));
           PyObject* result = PyObject_Vectorcall(method.ptr(), stack, journal != nullptr ? 13 : 12, nullptr);
           if (result == nullptr) throw py::error_already_set();
           Py_DECREF(result);
@@ -265,7 +220,7 @@ class Python_calls final : public pl::Calls {
           py::list streams, nodes;
           for (const auto& [slot, w] : batch.changes)
             (slot.kind == pl::stream_slot ? streams : nodes).append(py::make_tuple(slot.handle, window_tuple(w)));
-          backend().attr("apply_state")(batch.device, batch.limit, batch.at_least, streams, nodes, batch.reset_lines,
+          backend().attr(L2CTL_NAME("apply_state"))(batch.device, batch.limit, batch.at_least, streams, nodes, batch.reset_lines,
                                         batch.read_previous, journal != nullptr ? py::object(entries) : py::none());
         }
         return 0;
@@ -312,26 +267,9 @@ class Python_calls final : public pl::Calls {
 
 // ---- scopes and registries ----------------------------------------------------------------------------------------
 
-struct Registry_object;
-
-// `_registry.Scope`: what one scope asks of its device (the planner's Scope), and what Python ties to it.
-struct Scope_object {
-  pl::Scope_ptr core = std::make_shared<pl::Scope>();
-  py::object window = py::none();
-  py::object limit = py::none();
-  py::object owner = py::none();
-  py::object backend = py::none();
-  py::object holder = py::none();  // a weak reference to the object whose `_scope` names this one while live
-  std::shared_ptr<Registry_object> registry;
-};
-
-struct Registry_object {
-  explicit Registry_object(py::handle backend, bool cuda)
-      : planner(cuda ? std::unique_ptr<pl::Calls>(new Cuda_calls) : std::unique_ptr<pl::Calls>(new Python_calls(backend))),
-        epoch(fork_epoch.load()) {}
-  pl::Registry planner;
-  std::uint64_t epoch;
-};
+Registry_object::Registry_object(py::handle backend, bool cuda)
+    : planner(cuda ? std::unique_ptr<pl::Calls>(new Cuda_calls) : std::unique_ptr<pl::Calls>(new Python_calls(backend))),
+      epoch(fork_epoch.load()) {}
 
 // Registries with scopes whose end a finalizer asked for inside an l2ctl call on the lock's own thread (the GIL
 // guards it): the call in progress ends them as it returns.
@@ -342,62 +280,55 @@ std::vector<std::shared_ptr<Registry_object>>& deferred_ends() {
 
 const char* const already_active = "this scope is already active (entered in another thread?); create a new one";
 
-py::object scope_object_of(const pl::Scope& scope) { return *static_cast<py::object*>(scope.anchor.get()); }
+py::object scope_object_of(const pl::Scope& scope) { return static_cast<Anchor*>(scope.anchor.get())->object; }
 
 // The lock for one call into a registry: the reentry check, the wait (GIL released), and at the end, after the
 // lock is released, the references the call dropped.
-class Locked {
- public:
-  explicit Locked(Registry_object* registry) : registry_(registry) {
-    if (lock_instance->owned()) {
-      PyErr_SetString(PyExc_RuntimeError, pl::reentry_hint);
-      throw py::error_already_set();
-    }
-    lock_instance->acquire(true, -1);
+Locked::Locked(Registry_object* registry) : registry_(registry) {
+  if (lock_instance->owned()) {
+    PyErr_SetString(PyExc_RuntimeError, pl::reentry_hint);
+    throw py::error_already_set();
   }
-  ~Locked() {
-    std::vector<std::shared_ptr<void>> released =
-        registry_ != nullptr ? registry_->planner.take_released() : std::vector<std::shared_ptr<void>>{};
-    // Ends asked for by finalizers that ran inside this call (on this thread, the lock held): made now, before
-    // the lock goes, so the device is back when this call returns. A failure stays a mark for the next call.
-    while (!deferred_ends().empty()) {
-      const std::shared_ptr<Registry_object> registry = deferred_ends().back();
-      deferred_ends().pop_back();
-      PyObject *type, *value, *traceback;
-      PyErr_Fetch(&type, &value, &traceback);
-      try {
-        registry->planner.settle_all();
-      } catch (...) {
-      }
-      PyErr_Clear();
-      PyErr_Restore(type, value, traceback);
-      for (auto& anchor : registry->planner.take_released()) released.push_back(std::move(anchor));
-    }
-    lock_instance->release();
-    if (released.empty()) return;
-    // A scope that left the registry: its holder no longer names it. Then the references go, lock released.
-    PyObject *type, *value, *traceback;
-    PyErr_Fetch(&type, &value, &traceback);  // an error on its way out stays the one to see
-    for (const auto& anchor : released) {
-      const py::object& scope = *static_cast<py::object*>(anchor.get());
-      const Scope_object& ended = scope.cast<const Scope_object&>();
-      if (ended.holder.is_none()) continue;
-      PyObject* holder = PyWeakref_GetObject(ended.holder.ptr());  // borrowed
-      if (holder == Py_None) continue;
-      PyObject* named = PyObject_GetAttrString(holder, "_scope");
-      if (named == scope.ptr()) PyObject_SetAttrString(holder, "_scope", Py_None);
-      Py_XDECREF(named);
-      PyErr_Clear();
-    }
-    released.clear();
-    PyErr_Restore(type, value, traceback);
-  }
-  Locked(const Locked&) = delete;
-  Locked& operator=(const Locked&) = delete;
+  lock_instance->acquire(true, -1);
+}
 
- private:
-  Registry_object* registry_;
-};
+Locked::~Locked() {
+  std::vector<std::shared_ptr<void>> released =
+      registry_ != nullptr ? registry_->planner.take_released() : std::vector<std::shared_ptr<void>>{};
+  // Ends asked for by finalizers that ran inside this call (on this thread, the lock held): made now, before
+  // the lock goes, so the device is back when this call returns. A failure stays a mark for the next call.
+  while (!deferred_ends().empty()) {
+    const std::shared_ptr<Registry_object> registry = deferred_ends().back();
+    deferred_ends().pop_back();
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    try {
+      registry->planner.settle_all();
+    } catch (...) {
+    }
+    PyErr_Clear();
+    PyErr_Restore(type, value, traceback);
+    for (auto& anchor : registry->planner.take_released()) released.push_back(std::move(anchor));
+  }
+  lock_instance->release();
+  if (released.empty()) return;
+  // A scope that left the registry: its holder no longer names it. Then the references go, lock released.
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);  // an error on its way out stays the one to see
+  for (const auto& anchor : released) {
+    const py::object& scope = static_cast<Anchor*>(anchor.get())->object;
+    const Scope_object& ended = *static_cast<Anchor*>(anchor.get())->record;
+    if (ended.holder.is_none()) continue;
+    PyObject* holder = PyWeakref_GetObject(ended.holder.ptr());  // borrowed
+    if (holder == Py_None) continue;
+    PyObject* named = PyObject_GetAttrString(holder, "_scope");
+    if (named == scope.ptr()) PyObject_SetAttrString(holder, "_scope", Py_None);
+    Py_XDECREF(named);
+    PyErr_Clear();
+  }
+  released.clear();
+  PyErr_Restore(type, value, traceback);
+}
 
 // Planner errors as Python exceptions: a failed call as the backend raised it; a refused limit as
 // NotSupportedError from the CUDA error.
@@ -416,27 +347,6 @@ py::object exception_object(const std::exception_ptr& cause) {
 [[noreturn]] void raise(py::handle error) {
   PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
   throw py::error_already_set();
-}
-
-// Every planner error as the Python exception it stands for (py::error_already_set), so that callers in C++
-// (a scope's __exit__) see one kind of error.
-template <typename F>
-auto translated(F&& f) -> decltype(f()) {
-  try {
-    return f();
-  } catch (const pl::Call_failed& failure) {
-    py::object error = exception_object(failure.cause);
-    if (!failure.note.empty() && py::hasattr(error, "add_note")) error.attr("add_note")(failure.note);
-    raise(error);
-  } catch (const pl::Limit_refused& refused) {
-    py::object cause = exception_object(refused.cause);
-    py::object error = names().not_supported(refused.what());
-    error.attr("__cause__") = cause;
-    raise(error);
-  } catch (const std::invalid_argument& e) {
-    PyErr_SetString(PyExc_ValueError, e.what());
-    throw py::error_already_set();
-  }
 }
 
 pl::Request request_of(py::handle limit, long long* bytes) {
@@ -475,6 +385,75 @@ std::vector<pl::Slot> slots_of(py::handle slots) {
   return out;
 }
 
+pl::Entered enter_scope(const std::shared_ptr<Registry_object>& r, const py::object& scope_obj, long long maximum,
+                        const py::object& holder, const py::object& backend, Scope_object* record) {
+  Scope_object& scope = record != nullptr ? *record : scope_obj.cast<Scope_object&>();
+  scope.backend = backend;
+  try {
+    return translated([&] {
+      Locked locked(r.get());
+      if (!holder.is_none()) {
+        if (!holder.attr(L2CTL_NAME("_scope")).is_none()) {
+          PyErr_SetString(PyExc_RuntimeError, already_active);
+          throw py::error_already_set();
+        }
+        // A holder freed while live ends its scope at the next call (its __exit__ was cut short): the planner
+        // asks the weak reference, which lives as long as the scope object.
+        scope.holder = py::reinterpret_steal<py::object>(PyWeakref_NewRef(holder.ptr(), nullptr));
+        if (!scope.holder) throw py::error_already_set();
+        scope.core->holder = scope.holder.ptr();
+        scope.core->holder_alive = [](const void* weak) {
+          return PyWeakref_GetObject(static_cast<PyObject*>(const_cast<void*>(weak))) != Py_None;
+        };
+      }
+      scope.registry = r;
+      scope.core->anchor = std::shared_ptr<void>(new Anchor{scope_obj, &scope}, [](void* p) {
+        delete static_cast<Anchor*>(p);
+      });
+      pl::Entered entered;
+      try {
+        entered = r->planner.enter(scope.core, maximum);
+      } catch (...) {
+        scope.core->anchor.reset();
+        throw;
+      }
+      if (!holder.is_none()) holder.attr(L2CTL_NAME("_scope")) = scope_obj;
+      if (scope.core->fit_hit_ratio && scope.core->has_window && !scope.window.is_none())
+        scope.window = scope.window.attr("_replace")("hit_ratio"_a = scope.core->window.hit_ratio);
+      return entered;
+    });
+  } catch (...) {
+    scope.core->ending = true;  // registered and cut short: the next call ends it
+    throw;
+  }
+}
+
+// The registry of the backend in use: `_registry._planner(_backend._active)`, asked again only when the backend
+// changed (a weak reference to the last one) or a fork made the last registry stale.
+std::shared_ptr<Registry_object> active_registry(py::object* backend) {
+  // Leaked on purpose: released at exit without the GIL otherwise.
+  static py::object* backend_module = new py::object(py::module_::import("l2ctl._backend"));
+  static py::object* last_backend = new py::object();  // a weak reference
+  // Weakly: a simulator's registry goes with the simulator (the facade keeps it in a WeakKeyDictionary).
+  static std::weak_ptr<Registry_object>* last = new std::weak_ptr<Registry_object>();
+  py::object active = backend_module->attr("_active");
+  if (last_backend->ptr() != nullptr && PyWeakref_GetObject(last_backend->ptr()) == active.ptr()) {
+    std::shared_ptr<Registry_object> known = last->lock();
+    if (known && known->epoch == fork_epoch.load()) {
+      *backend = std::move(active);
+      return known;
+    }
+  }
+  static py::object* registry_module = new py::object(py::module_::import("l2ctl._registry"));
+  std::shared_ptr<Registry_object> registry =
+      registry_module->attr("_planner")(active).cast<std::shared_ptr<Registry_object>>();
+  *last_backend = py::reinterpret_steal<py::object>(PyWeakref_NewRef(active.ptr(), nullptr));
+  if (!*last_backend) PyErr_Clear();  // not weakly referable: asked every time
+  *last = registry;
+  *backend = std::move(active);
+  return registry;
+}
+
 // A scope's end: marked ending first; ended on the registry it was entered with (nothing if never entered,
 // or entered before a fork).
 void end_scope(Scope_object& scope) {
@@ -494,18 +473,16 @@ void end_scope(Scope_object& scope) {
   });
 }
 
-// The object's live scope (`_scope`) ended, then its `_changed` called (a graph's executables remade: Python, the
-// one part of an end that is). When the block raised, an error of the end becomes a note on the block's own.
-py::object scope_exit(py::object self, py::object, py::object exc, py::object) {
-  py::object scope = py::getattr(self, "_scope", py::none());
-  if (scope.is_none()) return py::none();
-  Scope_object& ending = scope.cast<Scope_object&>();
+// A holder's scope ended: `executables` (an l2ctl Graph, or None) marked stale first, in compiled code (`changed`
+// is Python and could be cut short, and an end that fails may have changed node windows already; either way the
+// next launch remakes it), then the end, then `changed(scope)` (a graph's executables remade: Python, the one part
+// of an end that is). The target hears of the end even when the end failed (a torch_captures scope stops watching
+// streams). When `exc` (the block's exception) is given, an error of the end becomes a note on it.
+void finish_scope(const py::object& scope, const py::object& executables, const py::object& changed,
+                  const py::object& exc, Scope_object* record) {
+  Scope_object& ending = record != nullptr ? *record : scope.cast<Scope_object&>();
   ending.core->ending = true;
-  // An l2ctl Graph's executable is marked stale first, in compiled code: `_changed` (Python) could be cut short,
-  // and an end that fails may have changed node windows already; either way the next launch remakes it.
-  py::object executables = py::getattr(self, "_executables", py::none());
-  if (!executables.is_none()) executables.attr("_dirty") = true;
-  py::object changed = py::getattr(self, "_changed", py::none());
+  if (!executables.is_none()) executables.attr(L2CTL_NAME("_dirty")) = true;
   auto noted = [&](py::error_already_set& error) {
     if (exc.is_none() || !py::hasattr(exc, "add_note")) return false;
     exc.attr("add_note")(py::str("l2ctl: restoring device state after the error also failed: {!r}").format(error.value()));
@@ -514,8 +491,6 @@ py::object scope_exit(py::object self, py::object, py::object exc, py::object) {
   try {
     end_scope(ending);
   } catch (py::error_already_set& error) {
-    // The scope ends even when its end failed: the target still hears of it (a torch_captures scope stops
-    // watching streams and remembers its recordings), then the error is raised or noted.
     if (!changed.is_none()) {
       try {
         changed(scope);
@@ -524,7 +499,7 @@ py::object scope_exit(py::object self, py::object, py::object exc, py::object) {
       }
     }
     if (!noted(error)) throw;
-    return py::none();
+    return;
   }
   if (!changed.is_none()) {
     try {
@@ -533,6 +508,14 @@ py::object scope_exit(py::object self, py::object, py::object exc, py::object) {
       if (!noted(error)) throw;
     }
   }
+}
+
+// `__exit__` of the scoped window and the set_aside scope: the object's live scope (`_scope`) ended, with its
+// `_executables` and `_changed` (finish_scope).
+py::object scope_exit(py::object self, py::object, py::object exc, py::object) {
+  py::object scope = py::getattr(self, "_scope", py::none());
+  if (scope.is_none()) return py::none();
+  finish_scope(scope, py::getattr(self, "_executables", py::none()), py::getattr(self, "_changed", py::none()), exc);
   return py::none();
 }
 
@@ -550,7 +533,7 @@ py::object stream_exit(py::object self, py::object, py::object, py::object) {
   return py::none();
 }
 
-}  // namespace
+void bind_scope_types(py::module_& planner);  // scope_types.cpp
 
 void bind_planner(py::module_& core) {
   // A submodule, not backend functions: the backend contract (tests/simulator/test_backend_contract.py) holds
@@ -600,7 +583,13 @@ void bind_planner(py::module_& core) {
                                for (std::size_t i = 0; i < s.core->slots.size(); ++i) out[i] = slot_tuple(s.core->slots[i]);
                                return out;
                              })
-      .def_property_readonly("window", [](const Scope_object& s) { return s.window; })
+      .def_property_readonly("window",
+                             [](Scope_object& s) {
+                               // Made when first read: a scope entered by a compiled scope object has no Python
+                               // window until someone asks.
+                               if (s.window.is_none() && s.core->has_window) s.window = window_object(s.core->window);
+                               return s.window;
+                             })
       .def_property_readonly("limit", [](const Scope_object& s) { return s.limit; })
       .def_property_readonly("share", [](const Scope_object& s) { return s.core->share; })
       .def_property_readonly("reset_on_exit", [](const Scope_object& s) { return s.core->reset_on_exit; })
@@ -624,7 +613,8 @@ void bind_planner(py::module_& core) {
                              })
       .def("__repr__", [](const Scope_object& s) {
         return py::str("Scope(id={}, device={}, slots={}, window={}, limit={!r}, standing={}, ending={})")
-            .format(s.core->id, s.core->device, s.core->slots.size(), s.window, s.limit, s.core->standing,
+            .format(s.core->id, s.core->device, s.core->slots.size(),
+                    s.core->has_window ? window_object(s.core->window) : py::object(py::none()), s.limit, s.core->standing,
                     s.core->ending.load());
       });
 
@@ -644,45 +634,8 @@ void bind_planner(py::module_& core) {
       .def("enter",
            [](const std::shared_ptr<Registry_object>& r, py::object scope_obj, long long maximum, py::object holder,
               py::object backend) {
-             Scope_object& scope = scope_obj.cast<Scope_object&>();
-             scope.backend = backend;
-             try {
-               return translated([&] {
-                 Locked locked(r.get());
-                 if (!holder.is_none()) {
-                   if (!holder.attr("_scope").is_none()) {
-                     PyErr_SetString(PyExc_RuntimeError, already_active);
-                     throw py::error_already_set();
-                   }
-                   // A holder freed while live ends its scope at the next call (its __exit__ was cut short): the
-                   // planner asks the weak reference, which lives as long as the scope object.
-                   scope.holder = py::reinterpret_steal<py::object>(PyWeakref_NewRef(holder.ptr(), nullptr));
-                   if (!scope.holder) throw py::error_already_set();
-                   scope.core->holder = scope.holder.ptr();
-                   scope.core->holder_alive = [](const void* weak) {
-                     return PyWeakref_GetObject(static_cast<PyObject*>(const_cast<void*>(weak))) != Py_None;
-                   };
-                 }
-                 scope.registry = r;
-                 scope.core->anchor = std::shared_ptr<void>(new py::object(scope_obj), [](void* p) {
-                   delete static_cast<py::object*>(p);
-                 });
-                 pl::Entered entered;
-                 try {
-                   entered = r->planner.enter(scope.core, maximum);
-                 } catch (...) {
-                   scope.core->anchor.reset();
-                   throw;
-                 }
-                 if (!holder.is_none()) holder.attr("_scope") = scope_obj;
-                 if (scope.core->fit_hit_ratio && scope.core->has_window)
-                   scope.window = scope.window.attr("_replace")("hit_ratio"_a = scope.core->window.hit_ratio);
-                 return py::make_tuple(entered.limit, entered.demand, entered.capped);
-               });
-             } catch (...) {
-               scope.core->ending = true;  // registered and cut short: the next call ends it
-               throw;
-             }
+             const pl::Entered entered = enter_scope(r, scope_obj, maximum, holder, backend);
+             return py::make_tuple(entered.limit, entered.demand, entered.capped);
            },
            "scope"_a, "maximum"_a, "holder"_a = py::none(), "backend"_a = py::none())
       .def("set_base_window",
@@ -773,6 +726,7 @@ void bind_planner(py::module_& core) {
            })
       .def_property_readonly("stale", [](const Registry_object& r) { return r.epoch != fork_epoch.load(); });
 
+  bind_scope_types(m);
   m.def("exit_scope", &end_scope, "scope"_a);
   // `__exit__` of persist's scope, the scoped window and the set_aside scope: compiled, so that no Python code of
   // l2ctl's runs between the with statement's end and the scope's (an interrupt there would leave it live).

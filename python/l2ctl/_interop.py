@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 import threading
-from typing import Any, NamedTuple, Optional, Protocol, TypeGuard
+from typing import Any, Callable, NamedTuple, Optional, Protocol, TypeGuard
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from ._dlpack import HOST_HINT, check_dlpack_device, read_capsule, request_capsu
 from ._plan import MAX_BYTES
 
 __all__ = ["StreamRef", "BufferRef", "resolve_stream", "resolve_buffer", "parse_cuda_array_interface",
-           "current_streams", "SupportsCudaStream", "SupportsCudaArrayInterface", "SupportsDLPack", "SupportsReplay",
+           "current_streams", "remembered", "SupportsCudaStream", "SupportsCudaArrayInterface", "SupportsDLPack", "SupportsReplay",
            "SupportsL2ctlTarget"]
 
 #: Special stream handles CUDA understands.
@@ -324,3 +324,22 @@ def _torch_buffer(tensor: Any) -> BufferRef:
         raise ValueError("the tensor is empty (0 bytes); a window must cover at least one byte")
     # get_device() is an int; tensor.device builds a torch.device object (a microsecond, on every scope).
     return BufferRef(int(tensor.data_ptr()), nbytes, int(tensor.get_device()), "torch.Tensor", tensor)
+
+
+def _torch_stamp(tensor: Any) -> tuple[int, int]:
+    return int(tensor.data_ptr()), int(tensor.nbytes)
+
+
+def remembered(buf: object, ref: BufferRef) -> Optional[tuple[Optional[Callable[[Any], Any]], Any]]:
+    """Whether ``ref`` (``buf`` resolved) may be remembered for as long as ``buf`` lives, so that later scopes on
+    it skip the resolution and the pointer checks: ``(stamp_of, stamp)``, where ``stamp_of(buf)`` must still equal
+    ``stamp`` at each use (None: nothing to compare), or None to resolve it every time. A torch tensor's memory can
+    move under the same object (``set_``, ``resize_``, ``.data =``), so its pointer and size are compared; a CuPy
+    array's cannot. Other objects are resolved every time (their protocol may answer differently)."""
+    if ref.owner is not buf:
+        return None
+    if ref.source == "torch.Tensor":
+        return _torch_stamp, _torch_stamp(buf)
+    if _module_of(buf).startswith("cupy"):
+        return None, None
+    return None

@@ -4,7 +4,7 @@ the driver's granularity, and resetting persisting lines. Every change goes thro
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Optional, Union
+from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
 from . import _backend, _registry
 from ._device import DeviceProperties, properties, require_persistence, resolve_device
@@ -82,9 +82,11 @@ class SetAside(int):
     def granted(self) -> int:
         return int(self)
 
-    def __enter__(self) -> "SetAside":
-        self._scope.standing = False  # now a block-scoped request, ended by __exit__
-        return self
+    #: ``__enter__``, compiled: the request, standing until now, becomes the block's, ended by ``__exit__``.
+    if TYPE_CHECKING:
+        def __enter__(self) -> "SetAside": ...
+    else:
+        __enter__ = _registry.set_aside_enter
 
     __exit__ = _registry.scope_exit  # compiled, as persist's (see Persist.__exit__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 import numpy as np
 
@@ -12,7 +12,7 @@ from . import _backend, _registry
 from ._device import properties, resolve_device, stream_device
 from ._dlpack import DL_CUDA, DLPACK_VERSION, export_capsule
 from ._interop import (BufferRef, StreamRef, SupportsCudaArrayInterface, SupportsCudaStream, SupportsDLPack,
-                       current_streams, resolve_stream)
+                       resolve_stream)
 from ._plan import check_count, check_nbytes
 
 __all__ = ["Stream", "Event", "DeviceBuffer", "synchronize_stream", "StreamLike", "BufferLike"]
@@ -92,10 +92,11 @@ class Stream:
         self._ref = None
         self._impl.close()
 
-    def __enter__(self) -> "Stream":
-        self._l2ctl_stream_ref()  # a closed stream cannot become current
-        current_streams().append(self)
-        return self
+    #: ``__enter__``, compiled: a closed stream is refused, an open one joins this thread's current streams.
+    if TYPE_CHECKING:
+        def __enter__(self) -> "Stream": ...
+    else:
+        __enter__ = _registry.stream_enter
 
     #: ``__exit__``, compiled: the innermost entry of this stream leaves this thread's stack of current streams
     #: (blocks nest) by list operations alone, so no interrupt can leave it current.

@@ -79,6 +79,11 @@ add_slots: Callable[..., bool] = _native.add_slots
 #: compiled instance methods (src/planner_bindings.cpp), so every with block l2ctl gives ends in compiled code.
 scope_exit: Any = _native.scope_exit
 stream_exit: Any = _native.stream_exit
+#: ``__enter__`` of the scoped window (after its ``_prepare_entry``), the set_aside scope and ``with Stream()``:
+#: compiled too (src/scope_types.cpp).
+holder_enter: Any = _native.holder_enter
+set_aside_enter: Any = _native.set_aside_enter
+stream_enter: Any = _native.stream_enter
 
 
 class Target(NamedTuple):

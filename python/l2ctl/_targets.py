@@ -4,7 +4,7 @@ and ``scoped_window``, a fixed window on any of them for a block."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Union, cast
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union, cast
 
 from . import _registry, _torch_graphs
 from ._device import check_stream_context, properties, stream_device
@@ -14,7 +14,7 @@ from ._stream_window import check_window_fits
 from ._window import AccessPolicyWindow, validate_window
 from .graph import as_graph
 
-__all__ = ["as_target", "resolve_target", "ScopedWindow", "after_changes", "end_after"]
+__all__ = ["as_target", "resolve_target", "ScopedWindow", "after_changes"]
 
 
 #: Where persist (and tune) put a window: a stream (StreamLike), or a graph: l2ctl's own, ``graph.select(...)``,
@@ -51,16 +51,6 @@ def resolve_target(obj: object) -> _registry.Target:
     return _registry.Target(device, (_registry.stream_slot(ref.handle),), ref.owner)
 
 
-def end_after(end: Callable[[], None], error: BaseException) -> None:
-    """An entry failed after its scope was registered (a warning filter raised, a graph's update failed): end
-    the scope, keeping ``error`` the one to see (a failure of the end becomes a note on it)."""
-    try:
-        end()
-    except BaseException as cleanup:
-        if hasattr(error, "add_note"):
-            error.add_note(f"l2ctl: ending the scope after this error also failed: {cleanup!r}")
-
-
 def after_changes(target: _registry.Target, window: AccessPolicyWindow) -> Optional[Callable[[_registry.Scope], None]]:
     """What to call with the scope after the target's slots changed (at entry and at end): the target's own
     ``changed`` and what its ``admit`` returns; ``admit`` runs here, so a refused scope has changed nothing."""
@@ -92,28 +82,23 @@ class ScopedWindow:
         self._changed: Optional[Callable[[_registry.Scope], None]] = None
         self._executables: Any = None
 
-    def __enter__(self) -> "ScopedWindow":
+    def _prepare_entry(self) -> tuple[_registry.Scope, int, Optional[Callable[[_registry.Scope], None]], Any]:
+        """What the compiled entry needs, changing nothing: the scope, the device's max, what to call after the
+        slots changed, and the executables to mark stale at the end."""
         if self._scope is not None:
             raise RuntimeError("this scope is already active; create a new one")
         target = resolve_target(self._object)
         check_window_fits(self._window, target.device)
         changed = after_changes(target, self._window)
         scope = _registry.Scope(target.device, target.slots, self._window, owner=target.owner)
-        _registry.enter(scope, properties(target.device).persisting_l2_cache_max_size, self)
-        try:
-            self._changed, self._executables = changed, target.executables
-            if changed is not None:
-                changed(scope)
-        except BaseException as error:
-            scope.ending = True  # first: if the end is cut short too, the next call ends the scope
-            end_after(lambda: self._end(scope), error)
-            raise
-        return self
+        return scope, properties(target.device).persisting_l2_cache_max_size, changed, target.executables
 
-    def _end(self, scope: _registry.Scope) -> None:
-        _registry.exit(scope)
-        if self._changed is not None:
-            self._changed(scope)
+    #: ``__enter__``, compiled (src/scope_types.cpp): _prepare_entry, then the entry and the target's callback;
+    #: an error after the entry ends the scope there.
+    if TYPE_CHECKING:
+        def __enter__(self) -> "ScopedWindow": ...
+    else:
+        __enter__ = _registry.holder_enter
 
     __exit__ = _registry.scope_exit  # compiled, as persist's (see Persist.__exit__)
 

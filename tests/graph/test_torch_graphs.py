@@ -167,19 +167,20 @@ def test_a_recording_under_another_window_refuses_the_scope_unless_told_what_rep
 
 
 def test_a_graph_recorded_before_the_window_is_on_the_streams_is_not_taken_for_windowed(fake, trees, monkeypatch):
-    from l2ctl import _registry
-
-    enter = _registry.enter
+    apply_window = fake.apply_window
+    recorded = []
 
     def record_first(*args):  # a recording that happens after the scope was admitted, before it applies
-        trees.record(_scatter(fake, acc))
-        return enter(*args)
+        if not recorded:
+            recorded.append(trees.record(_scatter(fake, acc)))
+        return apply_window(*args)
 
     with l2ctl.DeviceBuffer(4 * MiB) as acc:
-        monkeypatch.setattr(_registry, "enter", record_first)
+        monkeypatch.setattr(fake, "apply_window", record_first)  # the planner looks it up at every call
         with l2ctl.persist(graph.torch_captures(), acc, 1.0):
             pass
-        monkeypatch.setattr(_registry, "enter", enter)
+        monkeypatch.setattr(fake, "apply_window", apply_window)
+        assert recorded
         with pytest.raises(ValueError, match="1 graph"):
             with l2ctl.persist(graph.torch_captures(), acc, 1.0):
                 pass

@@ -400,8 +400,8 @@ def test_a_persist_object_is_collected_with_its_cycles(fake):
     p = l2ctl.persist(s, lut, 0.5)
     with p:
         pass
-    p.clipped = [p]  # type: ignore[assignment]  # a cycle through one of its fields
+    lut.scope = p  # type: ignore[attr-defined]  # a cycle through the buffer the scope holds
     gone = weakref.ref(p)
-    del p
+    del p, lut
     gc.collect()
     assert gone() is None

@@ -161,6 +161,12 @@ class L2State:
         """One window on every handle (kind 0: streams, 1: kernel nodes), with apply_state's limit and reset;
         the result is appended to ``journal`` before the call returns (atomically, as the C++ call does:
         see ``atomic_calls``)."""
+        if not self.atomic_calls:  # the commonest path, without the journal's wrapper (a scope crosses here twice)
+            result = self._apply_window(device, kind, handles, base, num_bytes, hit_ratio, hit_prop, miss_prop,
+                                        read_previous, limit, at_least, reset_lines)
+            if journal is not None:
+                journal.append(result)
+            return result
         return self._journaled(journal, lambda: self._apply_window(
             device, kind, handles, base, num_bytes, hit_ratio, hit_prop, miss_prop, read_previous, limit, at_least,
             reset_lines))

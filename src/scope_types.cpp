@@ -1,0 +1,920 @@
+// The compiled scope objects: `l2ctl.persist`'s scope as a plain CPython type (`_core._planner.Persist`), and the
+// compiled `__enter__` of the scoped window, the set_aside scope and `with l2ctl.Stream()`.
+//
+// Why a plain CPython type and not a pybind11 class: a lean scope's whole budget is about 2 us, and a pybind11
+// class cost 1.15 us more per scope in the probe the issue cites (argument loaders on every call). The scope's
+// hot state lives in C-typed fields; its entry and end run here, so between a device change and its record no
+// bytecode runs: an interrupt lands before the entry (nothing changed) or after the record (the end undoes it).
+//
+// What stays Python, all before anything changes or after the record with the end compiled: checking and
+// normalising unusual arguments (`_persist._prepare`: policies, byte ranges, foreign objects on first sight),
+// resolving a graph-like target (its predicate), first-time checks of a foreign stream's context and of a
+// pointer, and the warnings of an entry. The rules of device state are the planner's (planner.cpp).
+#include <Python.h>
+#include <structmember.h>
+
+#include <cmath>
+#include <unordered_map>
+
+#include "planner_bindings.hpp"
+
+namespace l2ctl_bindings {
+
+namespace {
+
+// Python functions and objects of l2ctl's the scope calls, set once by l2ctl._persist (set_scope_hooks).
+struct Hooks {
+  PyObject* prepare = nullptr;              // _persist._prepare(11 arguments) -> the normalised tuple
+  PyObject* stream_device = nullptr;        // _device.stream_device(ref) -> int
+  PyObject* check_stream_context = nullptr;  // _device.check_stream_context(ref, device)
+  PyObject* check_owned_pointer = nullptr;   // _device.check_owned_pointer(ptr, nbytes, device, owner, what)
+  PyObject* properties = nullptr;            // _device.properties(device)
+  PyObject* require_persistence = nullptr;   // _device.require_persistence(device): raises where unsupported
+  PyObject* resolve_target = nullptr;        // _targets.resolve_target(obj) -> _registry.Target
+  PyObject* after_changes = nullptr;         // _targets.after_changes(target, window) -> changed | None
+  PyObject* announce = nullptr;              // _persist._announce(scope, clip, limit, demand, capped)
+  PyObject* stream_type = nullptr;           // l2ctl.Stream
+  PyObject* buffer_type = nullptr;           // l2ctl.DeviceBuffer
+  PyObject* persisting = nullptr;            // AccessProperty.PERSISTING
+  PyObject* streaming = nullptr;             // AccessProperty.STREAMING
+  PyObject* no_window = nullptr;             // AccessPolicyWindow(): an unentered scope's window
+  bool set = false;
+};
+Hooks hooks;
+
+PyObject* str_ref;    // "_ref"
+PyObject* str_auto;   // "auto"
+PyObject* str_max;    // "max"
+PyObject* str_scope;  // "_scope"
+
+enum Arg { a_stream, a_buf, a_hit_ratio, a_num_bytes, a_offset, a_hit_prop, a_miss_prop, a_set_aside, a_reset_on_exit,
+           a_share, a_policy, n_args };
+const char* const arg_names[n_args] = {"stream",  "buf",       "hit_ratio", "num_bytes",     "offset", "hit_prop",
+                                       "miss_prop", "set_aside", "reset_on_exit", "share", "policy"};
+PyObject* interned_args[n_args];
+
+// Hit ratios up to here stay below 1.0 in float32 too: taken as they are (others go through _prepare).
+constexpr double surely_float32 = 0.9999999;
+
+// ---- foreign objects, resolved once ----------------------------------------------------------------------------
+
+// A torch or CuPy stream or array resolved by l2ctl._interop, remembered while the object lives (a weak
+// reference), with what was checked of it on which device. `stamp`: for objects whose memory can move under the
+// same object (a torch tensor's set_ or resize_), `stamp_of(obj)` must still equal it, or it is resolved again.
+struct Resolved {
+  py::object weak, ref, stamp_of, stamp;
+  // The stream's context, or the buffer's pointer range, checked for this device of this registry's backend.
+  int checked_device = -1;
+  const void* checked_on = nullptr;
+};
+std::unordered_map<const void*, Resolved>& resolved() {
+  static auto* known = new std::unordered_map<const void*, Resolved>;
+  return *known;
+}
+constexpr std::size_t resolved_bound = 1024;
+
+Resolved* known_object(PyObject* obj) {
+  auto& table = resolved();
+  auto it = table.find(obj);
+  if (it == table.end()) return nullptr;
+  if (PyWeakref_GetObject(it->second.weak.ptr()) != obj) {  // another object at a freed one's address
+    table.erase(it);
+    return nullptr;
+  }
+  if (!it->second.stamp_of.is_none()) {
+    PyObject* now = PyObject_CallOneArg(it->second.stamp_of.ptr(), obj);
+    if (now == nullptr) throw py::error_already_set();
+    const int same = PyObject_RichCompareBool(now, it->second.stamp.ptr(), Py_EQ);
+    Py_DECREF(now);
+    if (same < 0) throw py::error_already_set();
+    if (!same) {
+      table.erase(it);
+      return nullptr;
+    }
+  }
+  return &it->second;
+}
+
+void remember_object(PyObject* obj, const py::object& ref, const py::object& stamp_of, const py::object& stamp) {
+  PyObject* weak = PyWeakref_NewRef(obj, nullptr);
+  if (weak == nullptr) {  // not weakly referable: resolved at every scope
+    PyErr_Clear();
+    return;
+  }
+  auto& table = resolved();
+  if (table.size() >= resolved_bound) table.clear();
+  table[obj] = Resolved{py::reinterpret_steal<py::object>(weak), ref, stamp_of, stamp, -1, nullptr};
+}
+
+void mark_checked(PyObject* obj, int device, const void* registry) {
+  auto it = resolved().find(obj);
+  if (it != resolved().end() && PyWeakref_GetObject(it->second.weak.ptr()) == obj) {
+    it->second.checked_device = device;
+    it->second.checked_on = registry;
+  }
+}
+
+// ---- the Persist type ------------------------------------------------------------------------------------------
+
+enum class Limit { none, automatic, max, exact };
+
+struct Persist {
+  PyObject_HEAD
+  PyObject* weakrefs;
+  // What the scope asks, checked at construction.
+  PyObject* stream_ref;  // StreamRef, or NULL for a graph-like target
+  PyObject* target;      // the target as given (a graph-like one is resolved at entry)
+  PyObject* buffer_ref;  // BufferRef
+  PyObject* stream_object;  // a foreign stream resolved once (its checks are remembered on it), or NULL
+  PyObject* buffer_object;  // a foreign buffer resolved once, or NULL
+  std::uintptr_t handle;
+  int stream_device;  // -1: ask the backend
+  bool own_stream;    // an l2ctl.Stream (made in the primary context; closed when its _ref is None)
+  std::uintptr_t ptr;
+  long long nbytes;
+  int buffer_device;  // -1: unknown
+  bool allocation;    // one l2ctl.DeviceBuffer (no pointer check; freed when its _ref is None)
+  long long offset, num_bytes;  // num_bytes -1: to the buffer's end
+  double requested;             // NaN: fit the hit ratio to the set-aside
+  int hit_prop, miss_prop;
+  Limit limit;
+  long long limit_bytes;
+  bool reset_on_exit, share, enabled;
+  // The device (and the registry, one per backend) a foreign stream's context / the pointer was checked for.
+  int stream_checked, buffer_checked;
+  const void *stream_checked_on, *buffer_checked_on;
+  // The live scope and what entering it learnt.
+  PyObject* scope;        // the registry's Scope, or NULL
+  Scope_object* record;   // its record (valid while `scope` is held)
+  PyObject* changed;      // called with the scope after the slots changed (graph targets), or NULL
+  PyObject* executables;  // an l2ctl Graph to mark stale at the end, or NULL
+  PyObject* window;       // the window object, made when first read, or NULL
+  pl::Plan_window entered_window;
+  bool has_window;
+  bool clipped;
+  int device;
+  std::uintptr_t first_slot;
+  bool has_slots;
+};
+
+PyTypeObject* persist_type = nullptr;
+
+void clear_request(Persist* self) {
+  Py_CLEAR(self->stream_ref);
+  Py_CLEAR(self->target);
+  Py_CLEAR(self->buffer_ref);
+  Py_CLEAR(self->stream_object);
+  Py_CLEAR(self->buffer_object);
+}
+
+int persist_traverse(Persist* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  Py_VISIT(self->stream_ref);
+  Py_VISIT(self->target);
+  Py_VISIT(self->buffer_ref);
+  Py_VISIT(self->stream_object);
+  Py_VISIT(self->buffer_object);
+  Py_VISIT(self->scope);
+  Py_VISIT(self->changed);
+  Py_VISIT(self->executables);
+  Py_VISIT(self->window);
+  return 0;
+}
+
+int persist_clear(Persist* self) {
+  clear_request(self);
+  Py_CLEAR(self->scope);
+  self->record = nullptr;
+  Py_CLEAR(self->changed);
+  Py_CLEAR(self->executables);
+  Py_CLEAR(self->window);
+  return 0;
+}
+
+void persist_dealloc(Persist* self) {
+  PyObject_GC_UnTrack(self);
+  if (self->weakrefs != nullptr) PyObject_ClearWeakRefs(reinterpret_cast<PyObject*>(self));
+  // A live scope whose object goes: the planner sees its holder dead and ends it at the next call (the
+  // documented fallback for a holder whose __exit__ never ran).
+  persist_clear(self);
+  PyTypeObject* type = Py_TYPE(self);
+  type->tp_free(self);
+  Py_DECREF(type);
+}
+
+PyObject* persist_new(PyTypeObject* type, PyObject*, PyObject*) {
+  auto* self = reinterpret_cast<Persist*>(type->tp_alloc(type, 0));  // zeroed
+  if (self == nullptr) return nullptr;
+  self->stream_device = self->buffer_device = self->device = -1;
+  self->stream_checked = self->buffer_checked = -1;
+  self->num_bytes = -1;
+  self->requested = std::nan("");
+  self->enabled = true;
+  return reinterpret_cast<PyObject*>(self);
+}
+
+long long as_ll(PyObject* value) {
+  const long long out = PyLong_AsLongLong(value);
+  if (out == -1 && PyErr_Occurred()) throw py::error_already_set();
+  return out;
+}
+
+// A StreamRef (handle, device, source, owner) into the scope's fields.
+void take_stream_ref(Persist* self, PyObject* ref) {
+  PyObject* handle = PyTuple_GET_ITEM(ref, 0);
+  self->handle = static_cast<std::uintptr_t>(PyLong_AsUnsignedLongLong(handle));
+  if (PyErr_Occurred()) throw py::error_already_set();
+  PyObject* device = PyTuple_GET_ITEM(ref, 1);
+  self->stream_device = device == Py_None ? -1 : static_cast<int>(as_ll(device));
+  self->own_stream = Py_TYPE(PyTuple_GET_ITEM(ref, 3)) == reinterpret_cast<PyTypeObject*>(hooks.stream_type);
+  Py_INCREF(ref);
+  Py_XSETREF(self->stream_ref, ref);
+}
+
+// A BufferRef (ptr, nbytes, device, source, owner, allocation) into the scope's fields.
+void take_buffer_ref(Persist* self, PyObject* ref) {
+  self->ptr = static_cast<std::uintptr_t>(PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(ref, 0)));
+  if (PyErr_Occurred()) throw py::error_already_set();
+  self->nbytes = as_ll(PyTuple_GET_ITEM(ref, 1));
+  PyObject* device = PyTuple_GET_ITEM(ref, 2);
+  self->buffer_device = device == Py_None ? -1 : static_cast<int>(as_ll(device));
+  self->allocation = PyTuple_GET_ITEM(ref, 5) == Py_True;
+  Py_INCREF(ref);
+  Py_XSETREF(self->buffer_ref, ref);
+}
+
+// An l2ctl Stream's or DeviceBuffer's reference (`_ref`), or NULL when it is closed or freed (new reference).
+PyObject* own_ref(PyObject* obj) {
+  PyObject* ref = PyObject_GetAttr(obj, str_ref);
+  if (ref == nullptr) throw py::error_already_set();
+  if (ref == Py_None || !PyTuple_Check(ref)) {
+    Py_DECREF(ref);
+    return nullptr;
+  }
+  return ref;
+}
+
+bool is_bool(PyObject* v) { return v == Py_True || v == Py_False; }
+
+// The common forms of every argument, taken without Python; true when all of them were.
+bool take_common(Persist* self, PyObject* const* v) {
+  PyObject* hit_ratio = v[a_hit_ratio];
+  double requested = std::nan("");
+  if (hit_ratio != nullptr && hit_ratio != Py_None) {
+    if (!PyFloat_CheckExact(hit_ratio)) return false;
+    requested = PyFloat_AS_DOUBLE(hit_ratio);
+    if (!(requested >= 0.0 && requested <= surely_float32)) return false;
+  }
+  if (v[a_num_bytes] != nullptr && v[a_num_bytes] != Py_None) return false;
+  if (v[a_offset] != nullptr && !(PyLong_CheckExact(v[a_offset]) && PyLong_AsLongLong(v[a_offset]) == 0)) return false;
+  if (v[a_hit_prop] != nullptr && v[a_hit_prop] != hooks.persisting) return false;
+  if (v[a_miss_prop] != nullptr && v[a_miss_prop] != hooks.streaming) return false;
+  PyObject* limit = v[a_set_aside];
+  Limit kind = Limit::automatic;
+  if (limit == Py_None) {
+    kind = Limit::none;
+  } else if (limit != nullptr && !(PyUnicode_CheckExact(limit) && PyUnicode_Compare(limit, str_auto) == 0)) {
+    return false;
+  }
+  if (v[a_reset_on_exit] != nullptr && !is_bool(v[a_reset_on_exit])) return false;
+  if (v[a_share] != nullptr && !is_bool(v[a_share])) return false;
+  if (v[a_policy] != nullptr && v[a_policy] != Py_None) return false;
+  // The stream and the buffer: l2ctl's own, or foreign objects already resolved.
+  PyObject* stream = v[a_stream];
+  PyObject* buf = v[a_buf];
+  py::object stream_ref, buffer_ref;
+  Resolved* stream_known = nullptr;
+  Resolved* buffer_known = nullptr;
+  if (Py_TYPE(stream) == reinterpret_cast<PyTypeObject*>(hooks.stream_type)) {
+    PyObject* ref = own_ref(stream);
+    if (ref == nullptr) return false;  // closed: _prepare says so
+    stream_ref = py::reinterpret_steal<py::object>(ref);
+  } else if ((stream_known = known_object(stream)) != nullptr) {
+    stream_ref = stream_known->ref;
+  } else {
+    return false;
+  }
+  if (Py_TYPE(buf) == reinterpret_cast<PyTypeObject*>(hooks.buffer_type)) {
+    PyObject* ref = own_ref(buf);
+    if (ref == nullptr) return false;
+    buffer_ref = py::reinterpret_steal<py::object>(ref);
+  } else if ((buffer_known = known_object(buf)) != nullptr) {
+    buffer_ref = buffer_known->ref;
+  } else {
+    return false;
+  }
+  take_stream_ref(self, stream_ref.ptr());
+  take_buffer_ref(self, buffer_ref.ptr());
+  Py_CLEAR(self->target);
+  Py_XSETREF(self->stream_object, stream_known != nullptr ? Py_NewRef(stream) : nullptr);
+  Py_XSETREF(self->buffer_object, buffer_known != nullptr ? Py_NewRef(buf) : nullptr);
+  self->stream_checked = stream_known != nullptr ? stream_known->checked_device : -1;
+  self->stream_checked_on = stream_known != nullptr ? stream_known->checked_on : nullptr;
+  self->buffer_checked = buffer_known != nullptr ? buffer_known->checked_device : -1;
+  self->buffer_checked_on = buffer_known != nullptr ? buffer_known->checked_on : nullptr;
+  self->offset = 0;
+  self->num_bytes = -1;
+  self->requested = requested;
+  self->hit_prop = l2ctl::access_persisting;
+  self->miss_prop = l2ctl::access_streaming;
+  self->limit = kind;
+  self->limit_bytes = 0;
+  self->reset_on_exit = v[a_reset_on_exit] == nullptr || v[a_reset_on_exit] == Py_True;
+  self->share = v[a_share] == Py_True;
+  self->enabled = true;
+  return true;
+}
+
+// Any other form: l2ctl._persist._prepare checks and normalises every argument (the one place their rules are
+// written), and says which foreign objects may be remembered.
+void take_prepared(Persist* self, PyObject* const* v) {
+  PyObject* args[n_args];
+  PyObject* zero = PyLong_FromLong(0);
+  for (int i = 0; i < n_args; ++i) args[i] = v[i];
+  if (args[a_hit_ratio] == nullptr) args[a_hit_ratio] = Py_None;
+  if (args[a_num_bytes] == nullptr) args[a_num_bytes] = Py_None;
+  if (args[a_offset] == nullptr) args[a_offset] = zero;
+  if (args[a_hit_prop] == nullptr) args[a_hit_prop] = hooks.persisting;
+  if (args[a_miss_prop] == nullptr) args[a_miss_prop] = hooks.streaming;
+  if (args[a_set_aside] == nullptr) args[a_set_aside] = str_auto;
+  if (args[a_reset_on_exit] == nullptr) args[a_reset_on_exit] = Py_True;
+  if (args[a_share] == nullptr) args[a_share] = Py_False;
+  if (args[a_policy] == nullptr) args[a_policy] = Py_None;
+  PyObject* result = PyObject_Vectorcall(hooks.prepare, args, n_args, nullptr);
+  Py_DECREF(zero);
+  if (result == nullptr) throw py::error_already_set();
+  py::tuple t = py::reinterpret_steal<py::tuple>(result);
+  // (stream_ref | None, target, buffer_ref, offset, num_bytes | None, hit_prop, miss_prop, hit_ratio | None,
+  //  limit (None, "auto", "max" or bytes), reset_on_exit, share, enabled, stream_remembered, buffer_stamp)
+  //  buffer_stamp: None (not remembered), or (stamp_of | None, stamp).
+  if (t.size() != 14) throw py::type_error("_prepare returned the wrong number of fields");
+  py::object stream_ref = t[0];
+  if (stream_ref.is_none()) {
+    Py_CLEAR(self->stream_ref);
+    self->handle = 0;
+    self->stream_device = -1;
+    self->own_stream = false;
+  } else {
+    take_stream_ref(self, stream_ref.ptr());
+  }
+  Py_XSETREF(self->target, Py_NewRef(t[1].ptr()));
+  take_buffer_ref(self, t[2].ptr());
+  self->offset = t[3].cast<long long>();
+  self->num_bytes = t[4].is_none() ? -1 : t[4].cast<long long>();
+  self->hit_prop = t[5].cast<int>();
+  self->miss_prop = t[6].cast<int>();
+  self->requested = t[7].is_none() ? std::nan("") : t[7].cast<double>();
+  py::object limit = t[8];
+  if (limit.is_none()) {
+    self->limit = Limit::none;
+  } else if (PyUnicode_Check(limit.ptr())) {
+    self->limit = PyUnicode_Compare(limit.ptr(), str_max) == 0 ? Limit::max : Limit::automatic;
+  } else {
+    self->limit = Limit::exact;
+    self->limit_bytes = limit.cast<long long>();
+  }
+  self->reset_on_exit = t[9].cast<bool>();
+  self->share = t[10].cast<bool>();
+  self->enabled = t[11].cast<bool>();
+  Py_CLEAR(self->stream_object);
+  Py_CLEAR(self->buffer_object);
+  self->stream_checked = self->buffer_checked = -1;
+  if (t[12].cast<bool>()) {
+    remember_object(v[a_stream], stream_ref, py::none(), py::none());
+    Py_XSETREF(self->stream_object, Py_NewRef(v[a_stream]));
+  }
+  if (!t[13].is_none()) {
+    py::tuple stamp = t[13];
+    remember_object(v[a_buf], t[2], stamp[0], stamp[1]);
+    Py_XSETREF(self->buffer_object, Py_NewRef(v[a_buf]));
+  }
+}
+
+int initialise(Persist* self, PyObject* const* v) {
+  if (self->scope != nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "this persist scope is live: end it before initialising it again");
+    return -1;
+  }
+  if (!hooks.set) {
+    PyErr_SetString(PyExc_RuntimeError, "l2ctl._persist was not imported: use l2ctl.persist");
+    return -1;
+  }
+  try {
+    if (!take_common(self, v)) take_prepared(self, v);
+    self->has_window = false;
+    self->clipped = false;
+    self->device = -1;
+    self->has_slots = false;
+    Py_CLEAR(self->window);
+    Py_CLEAR(self->changed);
+    Py_CLEAR(self->executables);
+    return 0;
+  } catch (py::error_already_set& e) {
+    e.restore();
+    return -1;
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return -1;
+  }
+}
+
+// Arguments in the declared order from positional values and keyword names (vectorcall's form).
+bool place_arguments(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, PyObject** out) {
+  for (int i = 0; i < n_args; ++i) out[i] = nullptr;
+  if (nargs > 3) {
+    PyErr_Format(PyExc_TypeError, "persist() takes from 2 to 3 positional arguments but %zd were given", nargs);
+    return false;
+  }
+  for (Py_ssize_t i = 0; i < nargs; ++i) out[i] = args[i];
+  const Py_ssize_t nkw = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
+  for (Py_ssize_t k = 0; k < nkw; ++k) {
+    PyObject* name = PyTuple_GET_ITEM(kwnames, k);
+    int found = -1;
+    for (int i = 0; i < n_args && found < 0; ++i)
+      if (name == interned_args[i]) found = i;
+    for (int i = 0; i < n_args && found < 0; ++i)
+      if (PyUnicode_Compare(name, interned_args[i]) == 0) found = i;
+    if (found < 0) {
+      PyErr_Format(PyExc_TypeError, "persist() got an unexpected keyword argument '%U'", name);
+      return false;
+    }
+    if (out[found] != nullptr) {
+      PyErr_Format(PyExc_TypeError, "persist() got multiple values for argument '%s'", arg_names[found]);
+      return false;
+    }
+    out[found] = args[nargs + k];
+  }
+  for (int i = 0; i < 2; ++i)
+    if (out[i] == nullptr) {
+      PyErr_Format(PyExc_TypeError, "persist() missing required argument '%s'", arg_names[i]);
+      return false;
+    }
+  return true;
+}
+
+int persist_init(PyObject* self, PyObject* args, PyObject* kwargs) {
+  // The tuple-and-dict form (Persist.__init__ called directly): into vectorcall's form.
+  const Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+  std::vector<PyObject*> flat(args == nullptr ? 0 : static_cast<std::size_t>(nargs));
+  for (Py_ssize_t i = 0; i < nargs; ++i) flat[i] = PyTuple_GET_ITEM(args, i);
+  py::object names;
+  if (kwargs != nullptr && PyDict_GET_SIZE(kwargs) > 0) {
+    names = py::reinterpret_steal<py::object>(PyTuple_New(PyDict_GET_SIZE(kwargs)));
+    PyObject *key, *value;
+    Py_ssize_t pos = 0, k = 0;
+    while (PyDict_Next(kwargs, &pos, &key, &value)) {
+      PyTuple_SET_ITEM(names.ptr(), k++, Py_NewRef(key));
+      flat.push_back(value);
+    }
+  }
+  PyObject* v[n_args];
+  if (!place_arguments(flat.data(), nargs, names ? names.ptr() : nullptr, v)) return -1;
+  return initialise(reinterpret_cast<Persist*>(self), v);
+}
+
+// `persist(...)`: made and initialised in one vectorcall (no argument tuple or dict).
+PyObject* persist_vectorcall(PyObject* type, PyObject* const* args, std::size_t nargsf, PyObject* kwnames) {
+  PyObject* v[n_args];
+  if (!place_arguments(args, PyVectorcall_NARGS(nargsf), kwnames, v)) return nullptr;
+  PyObject* self = persist_new(reinterpret_cast<PyTypeObject*>(type), nullptr, nullptr);
+  if (self == nullptr) return nullptr;
+  if (initialise(reinterpret_cast<Persist*>(self), v) < 0) {
+    Py_DECREF(self);
+    return nullptr;
+  }
+  return self;
+}
+
+// ---- entry --------------------------------------------------------------------------------------------------
+
+const Device_limits& limits_of(Registry_object& registry, int device) {
+  auto it = registry.limits.find(device);
+  if (it != registry.limits.end()) return it->second;
+  PyObject* props = PyObject_CallOneArg(hooks.properties, py::int_(device).ptr());
+  if (props == nullptr) throw py::error_already_set();
+  py::object p = py::reinterpret_steal<py::object>(props);
+  Device_limits out;
+  out.max_window = p.attr("access_policy_max_window_size").cast<long long>();
+  out.persisting_max = p.attr("persisting_l2_cache_max_size").cast<long long>();
+  out.supported = p.attr("supports_persistence").cast<bool>();
+  return registry.limits.emplace(device, out).first->second;
+}
+
+[[noreturn]] void value_error(const std::string& message) {
+  PyErr_SetString(PyExc_ValueError, message.c_str());
+  throw py::error_already_set();
+}
+
+// After the scope was registered, something failed (a graph's update, a warning filter, an interrupt): the scope
+// ends in compiled code and the first error stays the one to see; an error of the end is a note on it.
+[[noreturn]] void end_after(Persist* self, py::error_already_set& error) {
+  py::object scope = py::reinterpret_borrow<py::object>(self->scope);
+  py::object executables = self->executables ? py::reinterpret_borrow<py::object>(self->executables) : py::none();
+  py::object changed = self->changed ? py::reinterpret_borrow<py::object>(self->changed) : py::none();
+  try {
+    finish_scope(scope, executables, changed, error.value());
+  } catch (py::error_already_set&) {
+    // noted on `error` already where it can be
+  }
+  Py_CLEAR(self->scope);
+  self->record = nullptr;
+  throw error;
+}
+
+PyObject* enter(Persist* self) {
+  if (self->scope != nullptr) {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "this persist scope is already active; create a new one with l2ctl.persist(...)");
+    throw py::error_already_set();
+  }
+  if (!self->enabled) return Py_NewRef(self);
+  py::object backend;
+  const std::shared_ptr<Registry_object> registry = active_registry(&backend);
+  int device;
+  std::vector<pl::Slot> slots;
+  py::object owner, changed, executables, target;
+  if (self->stream_ref != nullptr) {  // a stream: the common case
+    device = self->stream_device;
+    if (device < 0) {
+      PyObject* d = PyObject_CallOneArg(hooks.stream_device, self->stream_ref);
+      if (d == nullptr) throw py::error_already_set();
+      device = static_cast<int>(as_ll(d));
+      Py_DECREF(d);
+    }
+    PyObject* stream_owner = PyTuple_GET_ITEM(self->stream_ref, 3);
+    if (self->own_stream) {
+      PyObject* ref = own_ref(stream_owner);  // checked again: it may have been closed since the scope was made
+      if (ref == nullptr) value_error("the stream is closed");
+      Py_DECREF(ref);
+    } else if (self->stream_checked != device || self->stream_checked_on != registry.get()) {
+      PyObject* r = PyObject_CallFunctionObjArgs(hooks.check_stream_context, self->stream_ref, py::int_(device).ptr(),
+                                                 nullptr);
+      if (r == nullptr) throw py::error_already_set();
+      Py_DECREF(r);
+      self->stream_checked = device;
+      self->stream_checked_on = registry.get();
+      if (self->stream_object != nullptr) mark_checked(self->stream_object, device, registry.get());
+    }
+    slots.push_back(registry->planner.slot(pl::stream_slot, self->handle));
+    owner = py::reinterpret_borrow<py::object>(stream_owner);
+  }
+  PyObject* buffer_owner = PyTuple_GET_ITEM(self->buffer_ref, 4);
+  if (self->allocation) {
+    PyObject* ref = own_ref(buffer_owner);  // an l2ctl buffer freed since the scope was made
+    if (ref == nullptr) value_error("the device buffer has been freed");
+    Py_DECREF(ref);
+  }
+  // A graph-like target: resolved now (its predicate runs here), after the buffer was found alive.
+  pl::Plan_window window;
+  if (self->stream_ref == nullptr) {
+    py::object resolved = py::reinterpret_steal<py::object>(PyObject_CallOneArg(hooks.resolve_target, self->target));
+    if (!resolved) throw py::error_already_set();
+    target = resolved;
+    device = target.attr(L2CTL_NAME("device")).cast<int>();
+    slots = [&] {
+      std::vector<pl::Slot> out;
+      for (py::handle s : target.attr(L2CTL_NAME("slots"))) {
+        py::tuple t = py::reinterpret_borrow<py::tuple>(s);
+        out.push_back(pl::Slot{t[0].cast<int>(), t[1].cast<std::uintptr_t>(), t[2].cast<std::uint64_t>()});
+      }
+      return out;
+    }();
+    owner = target.attr(L2CTL_NAME("owner"));
+    executables = target.attr(L2CTL_NAME("executables"));
+  }
+  if (self->buffer_device >= 0 && self->buffer_device != device) {
+    value_error("the buffer is on device " + std::to_string(self->buffer_device) + " but the " +
+                (self->stream_ref != nullptr ? "stream" : "target") + " is on device " + std::to_string(device) + "; " +
+                (self->stream_ref != nullptr ? "use a stream of the buffer's device"
+                                             : "for a graph of another device, pass l2ctl.graph.as_graph(g, device=N)"));
+  }
+  const Device_limits limits = limits_of(*registry, device);
+  if (!limits.supported) {
+    PyObject* r = PyObject_CallOneArg(hooks.require_persistence, py::int_(device).ptr());  // raises, saying why
+    if (r == nullptr) throw py::error_already_set();
+    Py_DECREF(r);
+  }
+  const long long full = self->num_bytes < 0 ? self->nbytes - self->offset : self->num_bytes;
+  const bool clipped = limits.max_window > 0 && full > limits.max_window;
+  const long long nbytes = clipped ? limits.max_window : full;
+  if (!self->allocation && (self->buffer_checked != device || self->buffer_checked_on != registry.get())) {
+    // The whole range the object spans, checked once per object and device; a sub-range needs no more.
+    PyObject* r = PyObject_CallFunctionObjArgs(
+        hooks.check_owned_pointer, py::int_(self->ptr).ptr(), py::int_(self->nbytes).ptr(), py::int_(device).ptr(),
+        buffer_owner, py::str("the buffer").ptr(), nullptr);
+    if (r == nullptr) throw py::error_already_set();
+    Py_DECREF(r);
+    if (self->buffer_object != nullptr) {
+      self->buffer_checked = device;
+      self->buffer_checked_on = registry.get();
+      mark_checked(self->buffer_object, device, registry.get());
+    }
+  }
+  const bool fit = std::isnan(self->requested);
+  window.base = self->ptr + static_cast<std::uintptr_t>(self->offset);
+  window.num_bytes = static_cast<std::size_t>(nbytes);
+  window.hit_ratio = fit ? 1.0 : self->requested;
+  window.hit_prop = self->hit_prop;
+  window.miss_prop = self->miss_prop;
+  long long request = self->limit_bytes;
+  if (self->limit == Limit::max) {
+    request = limits.persisting_max;
+  } else if (self->limit == Limit::exact && request > limits.persisting_max) {
+    value_error("set_aside of " + std::to_string(request) + " bytes exceeds persistingL2CacheMaxSize (" +
+                std::to_string(limits.persisting_max) + " bytes) of device " + std::to_string(device) +
+                "; ask for at most that, or 'max'");
+  }
+  if (target) {  // a graph-like target may refuse a window that would not reach what it launches
+    py::object requested_window = window_object(window);
+    py::object after = py::reinterpret_steal<py::object>(
+        PyObject_CallFunctionObjArgs(hooks.after_changes, target.ptr(), requested_window.ptr(), nullptr));
+    if (!after) throw py::error_already_set();
+    if (!after.is_none()) changed = after;
+  }
+  // The registry's record of the scope.
+  auto record = std::make_shared<Scope_object>();
+  pl::Scope& core = *record->core;
+  core.device = device;
+  core.slots = std::move(slots);
+  core.has_window = true;
+  core.window = core.effective = window;
+  switch (self->limit) {
+    case Limit::none:
+      core.request = pl::Request::none;
+      break;
+    case Limit::automatic:
+      core.request = pl::Request::automatic;
+      record->limit = py::reinterpret_borrow<py::object>(str_auto);
+      break;
+    default:
+      core.request = pl::Request::exact;
+      core.request_bytes = request;
+      record->limit = py::int_(request);
+  }
+  core.share = self->share;
+  core.reset_on_exit = self->reset_on_exit;
+  core.fit_hit_ratio = fit;
+  record->owner = py::make_tuple(owner ? owner : py::none(), py::reinterpret_borrow<py::object>(buffer_owner));
+  py::object scope_obj = py::cast(record);
+  py::object holder = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(self));
+  const pl::Entered entered = enter_scope(registry, scope_obj, limits.persisting_max, holder, backend, record.get());
+  // Registered, and the device matches. From here an error ends the scope (end_after).
+  Py_XSETREF(self->scope, Py_NewRef(scope_obj.ptr()));
+  self->record = record.get();
+  self->device = device;
+  self->clipped = clipped;
+  self->has_slots = !core.slots.empty();
+  self->first_slot = self->has_slots ? core.slots.front().handle : 0;
+  self->entered_window = core.window;  // the hit ratio resolved
+  self->has_window = true;
+  Py_CLEAR(self->window);
+  Py_XSETREF(self->changed, changed ? Py_NewRef(changed.ptr()) : nullptr);
+  Py_XSETREF(self->executables, executables && !executables.is_none() ? Py_NewRef(executables.ptr()) : nullptr);
+  try {
+    if (self->changed != nullptr) {
+      PyObject* r = PyObject_CallOneArg(self->changed, scope_obj.ptr());
+      if (r == nullptr) throw py::error_already_set();
+      Py_DECREF(r);
+    }
+    const bool thrash = window.hit_prop == l2ctl::access_persisting &&
+                        entered.demand > static_cast<double>(entered.limit) * (1 + 1e-9);
+    if (clipped || entered.capped || thrash) {
+      py::object clip = clipped ? py::object(py::make_tuple(full, nbytes, limits.max_window)) : py::object(py::none());
+      PyObject* r = PyObject_CallFunctionObjArgs(hooks.announce, reinterpret_cast<PyObject*>(self), clip.ptr(),
+                                                 py::int_(entered.limit).ptr(), py::float_(entered.demand).ptr(),
+                                                 entered.capped ? Py_True : Py_False, nullptr);
+      if (r == nullptr) throw py::error_already_set();
+      Py_DECREF(r);
+    }
+  } catch (py::error_already_set& error) {
+    end_after(self, error);
+  }
+  return Py_NewRef(self);
+}
+
+PyObject* persist_enter(PyObject* self, PyObject*) {
+  try {
+    return enter(reinterpret_cast<Persist*>(self));
+  } catch (py::error_already_set& e) {
+    e.restore();
+    return nullptr;
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
+PyObject* persist_exit(PyObject* o, PyObject* const* args, Py_ssize_t nargs) {
+  auto* self = reinterpret_cast<Persist*>(o);
+  if (self->scope == nullptr) Py_RETURN_NONE;
+  py::object scope = py::reinterpret_borrow<py::object>(self->scope);
+  py::object executables = self->executables ? py::reinterpret_borrow<py::object>(self->executables) : py::none();
+  py::object changed = self->changed ? py::reinterpret_borrow<py::object>(self->changed) : py::none();
+  py::object exc = nargs >= 2 ? py::reinterpret_borrow<py::object>(args[1]) : py::none();
+  Scope_object* record = self->record;  // set with `scope` by the entry, forgotten when `_scope` is set otherwise
+  try {
+    finish_scope(scope, executables, changed, exc, record);
+  } catch (py::error_already_set& e) {
+    Py_CLEAR(self->scope);
+    self->record = nullptr;
+    e.restore();
+    return nullptr;
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+  // The registry told the holder already (Locked), unless the scope was ended before (restore_all): either way
+  // no scope is live on this object any more.
+  Py_CLEAR(self->scope);
+  self->record = nullptr;
+  Py_RETURN_NONE;
+}
+
+// ---- attributes ------------------------------------------------------------------------------------------------
+
+PyObject* get_window(PyObject* o, void*) {
+  auto* self = reinterpret_cast<Persist*>(o);
+  if (!self->has_window) return Py_NewRef(hooks.no_window);
+  if (self->window == nullptr) {
+    try {
+      self->window = window_object(self->entered_window).release().ptr();
+    } catch (py::error_already_set& e) {
+      e.restore();
+      return nullptr;
+    }
+  }
+  return Py_NewRef(self->window);
+}
+
+PyObject* get_clipped(PyObject* o, void*) { return PyBool_FromLong(reinterpret_cast<Persist*>(o)->clipped); }
+PyObject* get_active(PyObject* o, void*) { return PyBool_FromLong(reinterpret_cast<Persist*>(o)->scope != nullptr); }
+
+PyObject* get_device(PyObject* o, void*) {
+  auto* self = reinterpret_cast<Persist*>(o);
+  if (self->device < 0) {
+    PyErr_SetString(PyExc_RuntimeError, "the scope has not been entered");
+    return nullptr;
+  }
+  return PyLong_FromLong(self->device);
+}
+
+PyObject* get_stream(PyObject* o, void*) {
+  auto* self = reinterpret_cast<Persist*>(o);
+  if (!self->has_slots) {
+    PyErr_SetString(PyExc_RuntimeError, "the scope has not been entered");
+    return nullptr;
+  }
+  return PyLong_FromUnsignedLongLong(self->first_slot);
+}
+
+// `_scope`: the registry's live scope or None; set to None by the registry when the scope left it another way.
+PyObject* get_scope(PyObject* o, void*) {
+  PyObject* scope = reinterpret_cast<Persist*>(o)->scope;
+  return Py_NewRef(scope != nullptr ? scope : Py_None);
+}
+
+int set_scope(PyObject* o, PyObject* value, void*) {
+  auto* self = reinterpret_cast<Persist*>(o);
+  self->record = nullptr;
+  if (value == nullptr || value == Py_None) {
+    Py_CLEAR(self->scope);
+  self->record = nullptr;
+    return 0;
+  }
+  Py_XSETREF(self->scope, Py_NewRef(value));
+  return 0;
+}
+
+PyObject* get_requested(PyObject* o, void*) {
+  auto* self = reinterpret_cast<Persist*>(o);
+  if (std::isnan(self->requested)) Py_RETURN_NONE;
+  return PyFloat_FromDouble(self->requested);
+}
+
+PyGetSetDef persist_getset[] = {
+    {"window", get_window, nullptr,
+     "The window as applied (hit ratio resolved); empty before entry and for a \"no persistence\" policy.", nullptr},
+    {"clipped", get_clipped, nullptr, "Whether the window was clipped to accessPolicyMaxWindowSize.", nullptr},
+    {"active", get_active, nullptr, "Whether the scope is live.", nullptr},
+    {"device", get_device, nullptr, "The device of the stream (or graph) the window is on, once entered.", nullptr},
+    {"stream", get_stream, nullptr, "The handle of the stream (or graph node) the window is on, once entered.", nullptr},
+    {"_scope", get_scope, set_scope, "The registry's live scope, or None.", nullptr},
+    {"_requested_hit_ratio", get_requested, nullptr, "The hit ratio asked for (None: fitted to the set-aside).",
+     nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyMemberDef persist_members[] = {
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(Persist, weakrefs), READONLY, nullptr},
+    {nullptr, 0, 0, 0, nullptr}};
+
+PyMethodDef persist_methods[] = {
+    {"__enter__", persist_enter, METH_NOARGS, "Apply the window (and limit) through the registry."},
+    {"__exit__", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(persist_exit)), METH_FASTCALL,
+     "End the scope: the device holds what the live scopes still ask for."},
+    {nullptr, nullptr, 0, nullptr}};
+
+// ---- the other scopes' compiled entries ----------------------------------------------------------------------------
+
+// `__enter__` of the scoped window: `self._prepare_entry()` (Python: resolves the target and checks the window,
+// changing nothing) gives (scope, maximum, changed, executables); the entry and what follows are compiled, and an
+// error after the entry ends the scope here.
+py::object holder_enter(py::object self) {
+  py::tuple prepared = self.attr(L2CTL_NAME("_prepare_entry"))();
+  py::object scope = prepared[0], changed = prepared[2], executables = prepared[3];
+  py::object backend;
+  const std::shared_ptr<Registry_object> registry = active_registry(&backend);
+  enter_scope(registry, scope, prepared[1].cast<long long>(), self, backend);
+  self.attr(L2CTL_NAME("_changed")) = changed;
+  self.attr(L2CTL_NAME("_executables")) = executables;
+  if (!changed.is_none()) {
+    try {
+      changed(scope);
+    } catch (py::error_already_set& error) {
+      try {
+        finish_scope(scope, executables, changed, error.value());
+      } catch (py::error_already_set&) {
+      }
+      throw;
+    }
+  }
+  return self;
+}
+
+// `__enter__` of a set_aside scope: the request, standing until now, ends with the block.
+py::object set_aside_enter(py::object self) {
+  py::object scope = self.attr(L2CTL_NAME("_scope"));
+  scope.cast<Scope_object&>().core->standing = false;
+  return self;
+}
+
+// `with stream:`: a closed stream is refused; otherwise the stream joins this thread's stack of current streams.
+py::object stream_enter(py::object self) {
+  PyObject* ref = own_ref(self.ptr());
+  if (ref == nullptr) value_error("the stream is closed");
+  Py_DECREF(ref);
+  static py::object* current = new py::object(py::module_::import("l2ctl._interop").attr("_current"));
+  py::list streams = current->attr("streams");
+  streams.append(self);
+  return self;
+}
+
+py::object instance_method(py::cpp_function f) {
+  return py::reinterpret_steal<py::object>(PyInstanceMethod_New(f.ptr()));
+}
+
+}  // namespace
+
+void bind_scope_types(py::module_& planner) {
+  str_ref = PyUnicode_InternFromString("_ref");
+  str_auto = PyUnicode_InternFromString("auto");
+  str_max = PyUnicode_InternFromString("max");
+  str_scope = PyUnicode_InternFromString("_scope");
+  for (int i = 0; i < n_args; ++i) interned_args[i] = PyUnicode_InternFromString(arg_names[i]);
+
+  PyType_Slot slots[] = {
+      {Py_tp_new, reinterpret_cast<void*>(persist_new)},
+      {Py_tp_init, reinterpret_cast<void*>(persist_init)},
+      {Py_tp_dealloc, reinterpret_cast<void*>(persist_dealloc)},
+      {Py_tp_traverse, reinterpret_cast<void*>(persist_traverse)},
+      {Py_tp_clear, reinterpret_cast<void*>(persist_clear)},
+      {Py_tp_methods, persist_methods},
+      {Py_tp_getset, persist_getset},
+      {Py_tp_members, persist_members},
+      {0, nullptr}};
+  PyType_Spec spec = {"l2ctl.Persist", sizeof(Persist), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, slots};
+  PyObject* type = PyType_FromSpec(&spec);
+  if (type == nullptr) throw py::error_already_set();
+  persist_type = reinterpret_cast<PyTypeObject*>(type);
+  // Calls of the type itself skip the argument tuple and dict (CPython reads tp_vectorcall of a type).
+  persist_type->tp_vectorcall = persist_vectorcall;
+  planner.attr("Persist") = py::reinterpret_steal<py::object>(type);
+
+  planner.def(
+      "set_scope_hooks",
+      [](py::kwargs k) {
+        auto take = [&](const char* name) { return Py_NewRef(k[name].ptr()); };
+        hooks.prepare = take("prepare");
+        hooks.stream_device = take("stream_device");
+        hooks.check_stream_context = take("check_stream_context");
+        hooks.check_owned_pointer = take("check_owned_pointer");
+        hooks.properties = take("properties");
+        hooks.require_persistence = take("require_persistence");
+        hooks.resolve_target = take("resolve_target");
+        hooks.after_changes = take("after_changes");
+        hooks.announce = take("announce");
+        hooks.stream_type = take("stream_type");
+        hooks.buffer_type = take("buffer_type");
+        hooks.persisting = take("persisting");
+        hooks.streaming = take("streaming");
+        hooks.no_window = take("no_window");
+        hooks.set = true;
+      },
+      "Python functions and objects of l2ctl's that the compiled scope calls (set by l2ctl._persist).");
+  planner.def("forget_resolved", [] { resolved().clear(); },
+              "Forget the foreign streams and buffers resolved so far (after a fork, or a backend change).");
+  planner.attr("holder_enter") = instance_method(py::cpp_function(&holder_enter, py::name("__enter__")));
+  planner.attr("set_aside_enter") = instance_method(py::cpp_function(&set_aside_enter, py::name("__enter__")));
+  planner.attr("stream_enter") = instance_method(py::cpp_function(&stream_enter, py::name("__enter__")));
+}
+
+}  // namespace l2ctl_bindings
