@@ -280,7 +280,11 @@ std::vector<std::shared_ptr<Registry_object>>& deferred_ends() {
 
 const char* const already_active = "this scope is already active (entered in another thread?); create a new one";
 
-py::object scope_object_of(const pl::Scope& scope) { return static_cast<Anchor*>(scope.anchor.get())->object; }
+Compiled_holders compiled_holders;
+
+py::object scope_object(const std::shared_ptr<Scope_object>& record) { return py::cast(record); }
+
+py::object scope_object_of(const pl::Scope& scope) { return scope_object(static_cast<Anchor*>(scope.anchor.get())->record); }
 
 // The lock for one call into a registry: the reentry check, the wait (GIL released), and at the end, after the
 // lock is released, the references the call dropped.
@@ -316,13 +320,18 @@ Locked::~Locked() {
   PyObject *type, *value, *traceback;
   PyErr_Fetch(&type, &value, &traceback);  // an error on its way out stays the one to see
   for (const auto& anchor : released) {
-    const py::object& scope = static_cast<Anchor*>(anchor.get())->object;
     const Scope_object& ended = *static_cast<Anchor*>(anchor.get())->record;
     if (ended.holder.is_none()) continue;
     PyObject* holder = PyWeakref_GetObject(ended.holder.ptr());  // borrowed
     if (holder == Py_None) continue;
-    PyObject* named = PyObject_GetAttrString(holder, "_scope");
-    if (named == scope.ptr()) PyObject_SetAttrString(holder, "_scope", Py_None);
+    if (Py_TYPE(holder) == compiled_holders.type) {
+      compiled_holders.forget(holder, &ended);
+      continue;
+    }
+    PyObject* named = PyObject_GetAttr(holder, L2CTL_NAME("_scope").ptr());
+    if (named != nullptr && named != Py_None && py::isinstance<Scope_object>(named) &&
+        &py::handle(named).cast<const Scope_object&>() == &ended)
+      PyObject_SetAttr(holder, L2CTL_NAME("_scope").ptr(), Py_None);
     Py_XDECREF(named);
     PyErr_Clear();
   }
@@ -385,15 +394,17 @@ std::vector<pl::Slot> slots_of(py::handle slots) {
   return out;
 }
 
-pl::Entered enter_scope(const std::shared_ptr<Registry_object>& r, const py::object& scope_obj, long long maximum,
-                        const py::object& holder, const py::object& backend, Scope_object* record) {
-  Scope_object& scope = record != nullptr ? *record : scope_obj.cast<Scope_object&>();
+pl::Entered enter_scope(const std::shared_ptr<Registry_object>& r, const std::shared_ptr<Scope_object>& record,
+                        long long maximum, const py::object& holder, const py::object& backend) {
+  Scope_object& scope = *record;
   scope.backend = backend;
+  const bool compiled = !holder.is_none() && Py_TYPE(holder.ptr()) == compiled_holders.type;
   try {
     return translated([&] {
       Locked locked(r.get());
       if (!holder.is_none()) {
-        if (!holder.attr(L2CTL_NAME("_scope")).is_none()) {
+        const bool live = compiled ? compiled_holders.is_live(holder.ptr()) : !holder.attr(L2CTL_NAME("_scope")).is_none();
+        if (live) {
           PyErr_SetString(PyExc_RuntimeError, already_active);
           throw py::error_already_set();
         }
@@ -407,9 +418,7 @@ pl::Entered enter_scope(const std::shared_ptr<Registry_object>& r, const py::obj
         };
       }
       scope.registry = r;
-      scope.core->anchor = std::shared_ptr<void>(new Anchor{scope_obj, &scope}, [](void* p) {
-        delete static_cast<Anchor*>(p);
-      });
+      scope.core->anchor = std::shared_ptr<void>(new Anchor{record}, [](void* p) { delete static_cast<Anchor*>(p); });
       pl::Entered entered;
       try {
         entered = r->planner.enter(scope.core, maximum);
@@ -417,7 +426,10 @@ pl::Entered enter_scope(const std::shared_ptr<Registry_object>& r, const py::obj
         scope.core->anchor.reset();
         throw;
       }
-      if (!holder.is_none()) holder.attr(L2CTL_NAME("_scope")) = scope_obj;
+      if (compiled)
+        compiled_holders.take(holder.ptr(), record);
+      else if (!holder.is_none())
+        holder.attr(L2CTL_NAME("_scope")) = scope_object(record);
       if (scope.core->fit_hit_ratio && scope.core->has_window && !scope.window.is_none())
         scope.window = scope.window.attr("_replace")("hit_ratio"_a = scope.core->window.hit_ratio);
       return entered;
@@ -436,7 +448,7 @@ std::shared_ptr<Registry_object> active_registry(py::object* backend) {
   static py::object* last_backend = new py::object();  // a weak reference
   // Weakly: a simulator's registry goes with the simulator (the facade keeps it in a WeakKeyDictionary).
   static std::weak_ptr<Registry_object>* last = new std::weak_ptr<Registry_object>();
-  py::object active = backend_module->attr("_active");
+  py::object active = backend_module->attr(L2CTL_NAME("_active"));
   if (last_backend->ptr() != nullptr && PyWeakref_GetObject(last_backend->ptr()) == active.ptr()) {
     std::shared_ptr<Registry_object> known = last->lock();
     if (known && known->epoch == fork_epoch.load()) {
@@ -478,9 +490,10 @@ void end_scope(Scope_object& scope) {
 // next launch remakes it), then the end, then `changed(scope)` (a graph's executables remade: Python, the one part
 // of an end that is). The target hears of the end even when the end failed (a torch_captures scope stops watching
 // streams). When `exc` (the block's exception) is given, an error of the end becomes a note on it.
-void finish_scope(const py::object& scope, const py::object& executables, const py::object& changed,
-                  const py::object& exc, Scope_object* record) {
-  Scope_object& ending = record != nullptr ? *record : scope.cast<Scope_object&>();
+void finish_scope(Scope_object& ending, const py::object& executables, const py::object& changed,
+                  const py::object& exc) {
+  // The scope's Python object, for `changed` only (made when there is one to call).
+  const py::object scope = changed.is_none() ? py::object() : scope_object(ending.shared_from_this());
   ending.core->ending = true;
   if (!executables.is_none()) executables.attr(L2CTL_NAME("_dirty")) = true;
   auto noted = [&](py::error_already_set& error) {
@@ -513,9 +526,10 @@ void finish_scope(const py::object& scope, const py::object& executables, const 
 // `__exit__` of the scoped window and the set_aside scope: the object's live scope (`_scope`) ended, with its
 // `_executables` and `_changed` (finish_scope).
 py::object scope_exit(py::object self, py::object, py::object exc, py::object) {
-  py::object scope = py::getattr(self, "_scope", py::none());
+  py::object scope = py::getattr(self, L2CTL_NAME("_scope"), py::none());
   if (scope.is_none()) return py::none();
-  finish_scope(scope, py::getattr(self, "_executables", py::none()), py::getattr(self, "_changed", py::none()), exc);
+  finish_scope(scope.cast<Scope_object&>(), py::getattr(self, L2CTL_NAME("_executables"), py::none()),
+               py::getattr(self, L2CTL_NAME("_changed"), py::none()), exc);
   return py::none();
 }
 
@@ -634,7 +648,8 @@ void bind_planner(py::module_& core) {
       .def("enter",
            [](const std::shared_ptr<Registry_object>& r, py::object scope_obj, long long maximum, py::object holder,
               py::object backend) {
-             const pl::Entered entered = enter_scope(r, scope_obj, maximum, holder, backend);
+             const pl::Entered entered =
+                 enter_scope(r, scope_obj.cast<std::shared_ptr<Scope_object>>(), maximum, holder, backend);
              return py::make_tuple(entered.limit, entered.demand, entered.capped);
            },
            "scope"_a, "maximum"_a, "holder"_a = py::none(), "backend"_a = py::none())

@@ -73,7 +73,7 @@ extern std::atomic<std::uint64_t> fork_epoch;
 struct Registry_object;
 
 // `_registry.Scope`: what one scope asks of its device (the planner's Scope), and what Python ties to it.
-struct Scope_object {
+struct Scope_object : std::enable_shared_from_this<Scope_object> {
   pl::Scope_ptr core = std::make_shared<pl::Scope>();
   py::object window = py::none();  // as asked, None until first read when the scope was made in C++ (lazy)
   py::object limit = py::none();
@@ -83,11 +83,14 @@ struct Scope_object {
   std::shared_ptr<Registry_object> registry;
 };
 
-// What the planner keeps of a registered scope (its `anchor`): the Python object, and its record without a cast.
+// What the planner keeps of a registered scope (its `anchor`): the record, which keeps the scope's owners alive.
+// Its Python object is made only when Python asks for it (scope_object), since a compiled scope never needs one.
 struct Anchor {
-  py::object object;
-  Scope_object* record;
+  std::shared_ptr<Scope_object> record;
 };
+
+// The Python object of a record (the one that exists, or a new one).
+py::object scope_object(const std::shared_ptr<Scope_object>& record);
 
 // What a scope needs of a device's properties, per backend (properties never change while a backend lives).
 struct Device_limits {
@@ -149,15 +152,25 @@ auto translated(F&& f) -> decltype(f()) {
 
 // Registers `scope_obj` (a Scope_object) with `registry` and makes the device match, for `holder` (the object
 // whose `_scope` names it while live; None: none): the entry every scope object makes.
-// `record`: the Scope_object of `scope_obj` when the caller has it (it skips pybind11's cast).
-pl::Entered enter_scope(const std::shared_ptr<Registry_object>& registry, const py::object& scope_obj, long long maximum,
-                        const py::object& holder, const py::object& backend, Scope_object* record = nullptr);
+// A compiled holder (persist's scope) is told of its scope without Python: `is_live(holder)` (null for any other
+// type), `take(holder, record)`, and `forget(holder, record)` when the scope left the registry another way
+// (returns whether `holder` is such a holder). Set by scope_types.cpp.
+struct Compiled_holders {
+  PyTypeObject* type = nullptr;
+  bool (*is_live)(PyObject* holder) = nullptr;
+  void (*take)(PyObject* holder, const std::shared_ptr<Scope_object>& record) = nullptr;
+  void (*forget)(PyObject* holder, const Scope_object* record) = nullptr;
+};
+extern Compiled_holders compiled_holders;
+
+pl::Entered enter_scope(const std::shared_ptr<Registry_object>& registry, const std::shared_ptr<Scope_object>& record,
+                        long long maximum, const py::object& holder, const py::object& backend);
 // A scope's end: marked ending first; ended on the registry it was entered with.
 void end_scope(Scope_object& scope);
 // A holder's scope ended (its executables marked stale, the end, then `changed(scope)`); with `exc` (the block's
 // exception, or None), an error of the end is a note on it instead of raised.
-void finish_scope(const py::object& scope, const py::object& executables, const py::object& changed,
-                  const py::object& exc, Scope_object* record = nullptr);
+void finish_scope(Scope_object& record, const py::object& executables, const py::object& changed,
+                  const py::object& exc);
 // The registry of the backend in use (`_registry._planner(_backend._active)`), and that backend.
 std::shared_ptr<Registry_object> active_registry(py::object* backend);
 

@@ -144,8 +144,7 @@ struct Persist {
   int stream_checked, buffer_checked;
   const void *stream_checked_on, *buffer_checked_on;
   // The live scope and what entering it learnt.
-  PyObject* scope;        // the registry's Scope, or NULL
-  Scope_object* record;   // its record (valid while `scope` is held)
+  std::shared_ptr<Scope_object> live;  // the registry's record of the live scope, or empty (made in persist_new)
   PyObject* changed;      // called with the scope after the slots changed (graph targets), or NULL
   PyObject* executables;  // an l2ctl Graph to mark stale at the end, or NULL
   PyObject* window;       // the window object, made when first read, or NULL
@@ -174,7 +173,6 @@ int persist_traverse(Persist* self, visitproc visit, void* arg) {
   Py_VISIT(self->buffer_ref);
   Py_VISIT(self->stream_object);
   Py_VISIT(self->buffer_object);
-  Py_VISIT(self->scope);
   Py_VISIT(self->changed);
   Py_VISIT(self->executables);
   Py_VISIT(self->window);
@@ -183,8 +181,7 @@ int persist_traverse(Persist* self, visitproc visit, void* arg) {
 
 int persist_clear(Persist* self) {
   clear_request(self);
-  Py_CLEAR(self->scope);
-  self->record = nullptr;
+  self->live.reset();
   Py_CLEAR(self->changed);
   Py_CLEAR(self->executables);
   Py_CLEAR(self->window);
@@ -197,6 +194,7 @@ void persist_dealloc(Persist* self) {
   // A live scope whose object goes: the planner sees its holder dead and ends it at the next call (the
   // documented fallback for a holder whose __exit__ never ran).
   persist_clear(self);
+  self->live.~shared_ptr();
   PyTypeObject* type = Py_TYPE(self);
   type->tp_free(self);
   Py_DECREF(type);
@@ -205,6 +203,7 @@ void persist_dealloc(Persist* self) {
 PyObject* persist_new(PyTypeObject* type, PyObject*, PyObject*) {
   auto* self = reinterpret_cast<Persist*>(type->tp_alloc(type, 0));  // zeroed
   if (self == nullptr) return nullptr;
+  new (&self->live) std::shared_ptr<Scope_object>();
   self->stream_device = self->buffer_device = self->device = -1;
   self->stream_checked = self->buffer_checked = -1;
   self->num_bytes = -1;
@@ -285,10 +284,13 @@ bool take_common(Persist* self, PyObject* const* v) {
   py::object stream_ref, buffer_ref;
   Resolved* stream_known = nullptr;
   Resolved* buffer_known = nullptr;
+  bool graph_like = false;
   if (Py_TYPE(stream) == reinterpret_cast<PyTypeObject*>(hooks.stream_type)) {
     PyObject* ref = own_ref(stream);
     if (ref == nullptr) return false;  // closed: _prepare says so
     stream_ref = py::reinterpret_steal<py::object>(ref);
+  } else if (PyObject_HasAttr(reinterpret_cast<PyObject*>(Py_TYPE(stream)), L2CTL_NAME("_l2ctl_target").ptr())) {
+    graph_like = true;  // an l2ctl graph, a node selection, torch_captures(): resolved at entry (as _prepare does)
   } else if ((stream_known = known_object(stream)) != nullptr) {
     stream_ref = stream_known->ref;
   } else {
@@ -303,9 +305,17 @@ bool take_common(Persist* self, PyObject* const* v) {
   } else {
     return false;
   }
-  take_stream_ref(self, stream_ref.ptr());
+  if (graph_like) {
+    Py_CLEAR(self->stream_ref);
+    self->handle = 0;
+    self->stream_device = -1;
+    self->own_stream = false;
+    Py_XSETREF(self->target, Py_NewRef(stream));
+  } else {
+    take_stream_ref(self, stream_ref.ptr());
+    Py_CLEAR(self->target);
+  }
   take_buffer_ref(self, buffer_ref.ptr());
-  Py_CLEAR(self->target);
   Py_XSETREF(self->stream_object, stream_known != nullptr ? Py_NewRef(stream) : nullptr);
   Py_XSETREF(self->buffer_object, buffer_known != nullptr ? Py_NewRef(buf) : nullptr);
   self->stream_checked = stream_known != nullptr ? stream_known->checked_device : -1;
@@ -391,7 +401,7 @@ void take_prepared(Persist* self, PyObject* const* v) {
 }
 
 int initialise(Persist* self, PyObject* const* v) {
-  if (self->scope != nullptr) {
+  if (self->live) {
     PyErr_SetString(PyExc_RuntimeError, "this persist scope is live: end it before initialising it again");
     return -1;
   }
@@ -508,21 +518,20 @@ const Device_limits& limits_of(Registry_object& registry, int device) {
 // After the scope was registered, something failed (a graph's update, a warning filter, an interrupt): the scope
 // ends in compiled code and the first error stays the one to see; an error of the end is a note on it.
 [[noreturn]] void end_after(Persist* self, py::error_already_set& error) {
-  py::object scope = py::reinterpret_borrow<py::object>(self->scope);
+  const std::shared_ptr<Scope_object> record = self->live;
   py::object executables = self->executables ? py::reinterpret_borrow<py::object>(self->executables) : py::none();
   py::object changed = self->changed ? py::reinterpret_borrow<py::object>(self->changed) : py::none();
   try {
-    finish_scope(scope, executables, changed, error.value());
+    finish_scope(*record, executables, changed, error.value());
   } catch (py::error_already_set&) {
     // noted on `error` already where it can be
   }
-  Py_CLEAR(self->scope);
-  self->record = nullptr;
+  self->live.reset();
   throw error;
 }
 
 PyObject* enter(Persist* self) {
-  if (self->scope != nullptr) {
+  if (self->live) {
     PyErr_SetString(PyExc_RuntimeError,
                     "this persist scope is already active; create a new one with l2ctl.persist(...)");
     throw py::error_already_set();
@@ -625,7 +634,8 @@ PyObject* enter(Persist* self) {
                 "; ask for at most that, or 'max'");
   }
   if (target) {  // a graph-like target may refuse a window that would not reach what it launches
-    py::object requested_window = window_object(window);
+    // The window object only for a target that looks at it (its `admit`).
+    py::object requested_window = target.attr(L2CTL_NAME("admit")).is_none() ? py::none() : window_object(window);
     py::object after = py::reinterpret_steal<py::object>(
         PyObject_CallFunctionObjArgs(hooks.after_changes, target.ptr(), requested_window.ptr(), nullptr));
     if (!after) throw py::error_already_set();
@@ -655,12 +665,9 @@ PyObject* enter(Persist* self) {
   core.reset_on_exit = self->reset_on_exit;
   core.fit_hit_ratio = fit;
   record->owner = py::make_tuple(owner ? owner : py::none(), py::reinterpret_borrow<py::object>(buffer_owner));
-  py::object scope_obj = py::cast(record);
   py::object holder = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(self));
-  const pl::Entered entered = enter_scope(registry, scope_obj, limits.persisting_max, holder, backend, record.get());
-  // Registered, and the device matches. From here an error ends the scope (end_after).
-  Py_XSETREF(self->scope, Py_NewRef(scope_obj.ptr()));
-  self->record = record.get();
+  const pl::Entered entered = enter_scope(registry, record, limits.persisting_max, holder, backend);
+  // Registered (self->live is the record), and the device matches. From here an error ends the scope (end_after).
   self->device = device;
   self->clipped = clipped;
   self->has_slots = !core.slots.empty();
@@ -672,7 +679,7 @@ PyObject* enter(Persist* self) {
   Py_XSETREF(self->executables, executables && !executables.is_none() ? Py_NewRef(executables.ptr()) : nullptr);
   try {
     if (self->changed != nullptr) {
-      PyObject* r = PyObject_CallOneArg(self->changed, scope_obj.ptr());
+      PyObject* r = PyObject_CallOneArg(self->changed, scope_object(record).ptr());
       if (r == nullptr) throw py::error_already_set();
       Py_DECREF(r);
     }
@@ -706,27 +713,25 @@ PyObject* persist_enter(PyObject* self, PyObject*) {
 
 PyObject* persist_exit(PyObject* o, PyObject* const* args, Py_ssize_t nargs) {
   auto* self = reinterpret_cast<Persist*>(o);
-  if (self->scope == nullptr) Py_RETURN_NONE;
-  py::object scope = py::reinterpret_borrow<py::object>(self->scope);
+  if (!self->live) Py_RETURN_NONE;
+  const std::shared_ptr<Scope_object> record = self->live;
   py::object executables = self->executables ? py::reinterpret_borrow<py::object>(self->executables) : py::none();
   py::object changed = self->changed ? py::reinterpret_borrow<py::object>(self->changed) : py::none();
   py::object exc = nargs >= 2 ? py::reinterpret_borrow<py::object>(args[1]) : py::none();
-  Scope_object* record = self->record;  // set with `scope` by the entry, forgotten when `_scope` is set otherwise
   try {
-    finish_scope(scope, executables, changed, exc, record);
+    finish_scope(*record, executables, changed, exc);
   } catch (py::error_already_set& e) {
-    Py_CLEAR(self->scope);
-    self->record = nullptr;
+    self->live.reset();
     e.restore();
     return nullptr;
   } catch (const std::exception& e) {
+    self->live.reset();
     PyErr_SetString(PyExc_RuntimeError, e.what());
     return nullptr;
   }
-  // The registry told the holder already (Locked), unless the scope was ended before (restore_all): either way
-  // no scope is live on this object any more.
-  Py_CLEAR(self->scope);
-  self->record = nullptr;
+  // The registry told this object already (compiled_holders.forget), unless the scope was ended before
+  // (restore_all): either way no scope is live on it any more.
+  self->live.reset();
   Py_RETURN_NONE;
 }
 
@@ -747,7 +752,7 @@ PyObject* get_window(PyObject* o, void*) {
 }
 
 PyObject* get_clipped(PyObject* o, void*) { return PyBool_FromLong(reinterpret_cast<Persist*>(o)->clipped); }
-PyObject* get_active(PyObject* o, void*) { return PyBool_FromLong(reinterpret_cast<Persist*>(o)->scope != nullptr); }
+PyObject* get_active(PyObject* o, void*) { return PyBool_FromLong(static_cast<bool>(reinterpret_cast<Persist*>(o)->live)); }
 
 PyObject* get_device(PyObject* o, void*) {
   auto* self = reinterpret_cast<Persist*>(o);
@@ -767,22 +772,31 @@ PyObject* get_stream(PyObject* o, void*) {
   return PyLong_FromUnsignedLongLong(self->first_slot);
 }
 
-// `_scope`: the registry's live scope or None; set to None by the registry when the scope left it another way.
+// `_scope`: the registry's live scope or None (its Python object made when asked for).
 PyObject* get_scope(PyObject* o, void*) {
-  PyObject* scope = reinterpret_cast<Persist*>(o)->scope;
-  return Py_NewRef(scope != nullptr ? scope : Py_None);
+  auto* self = reinterpret_cast<Persist*>(o);
+  if (!self->live) Py_RETURN_NONE;
+  try {
+    return scope_object(self->live).release().ptr();
+  } catch (py::error_already_set& e) {
+    e.restore();
+    return nullptr;
+  }
 }
 
 int set_scope(PyObject* o, PyObject* value, void*) {
   auto* self = reinterpret_cast<Persist*>(o);
-  self->record = nullptr;
   if (value == nullptr || value == Py_None) {
-    Py_CLEAR(self->scope);
-  self->record = nullptr;
+    self->live.reset();
     return 0;
   }
-  Py_XSETREF(self->scope, Py_NewRef(value));
-  return 0;
+  try {
+    self->live = py::handle(value).cast<std::shared_ptr<Scope_object>>();
+    return 0;
+  } catch (py::cast_error&) {
+    PyErr_SetString(PyExc_TypeError, "_scope is a registry Scope or None");
+    return -1;
+  }
 }
 
 PyObject* get_requested(PyObject* o, void*) {
@@ -823,7 +837,7 @@ py::object holder_enter(py::object self) {
   py::object scope = prepared[0], changed = prepared[2], executables = prepared[3];
   py::object backend;
   const std::shared_ptr<Registry_object> registry = active_registry(&backend);
-  enter_scope(registry, scope, prepared[1].cast<long long>(), self, backend);
+  enter_scope(registry, scope.cast<std::shared_ptr<Scope_object>>(), prepared[1].cast<long long>(), self, backend);
   self.attr(L2CTL_NAME("_changed")) = changed;
   self.attr(L2CTL_NAME("_executables")) = executables;
   if (!changed.is_none()) {
@@ -831,7 +845,7 @@ py::object holder_enter(py::object self) {
       changed(scope);
     } catch (py::error_already_set& error) {
       try {
-        finish_scope(scope, executables, changed, error.value());
+        finish_scope(scope.cast<Scope_object&>(), executables, changed, error.value());
       } catch (py::error_already_set&) {
       }
       throw;
@@ -856,6 +870,17 @@ py::object stream_enter(py::object self) {
   py::list streams = current->attr("streams");
   streams.append(self);
   return self;
+}
+
+bool persist_is_live(PyObject* holder) { return static_cast<bool>(reinterpret_cast<Persist*>(holder)->live); }
+
+void persist_take(PyObject* holder, const std::shared_ptr<Scope_object>& record) {
+  reinterpret_cast<Persist*>(holder)->live = record;
+}
+
+void persist_forget(PyObject* holder, const Scope_object* record) {
+  auto* self = reinterpret_cast<Persist*>(holder);
+  if (self->live.get() == record) self->live.reset();
 }
 
 py::object instance_method(py::cpp_function f) {
@@ -888,6 +913,10 @@ void bind_scope_types(py::module_& planner) {
   // Calls of the type itself skip the argument tuple and dict (CPython reads tp_vectorcall of a type).
   persist_type->tp_vectorcall = persist_vectorcall;
   planner.attr("Persist") = py::reinterpret_steal<py::object>(type);
+  compiled_holders.type = persist_type;
+  compiled_holders.is_live = persist_is_live;
+  compiled_holders.take = persist_take;
+  compiled_holders.forget = persist_forget;
 
   planner.def(
       "set_scope_hooks",

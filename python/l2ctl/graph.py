@@ -78,6 +78,9 @@ class Graph:
     _exec: Optional[GraphExecImpl]
     _dirty: bool
     _nodes: Optional[list[_NodeTuple]]  # the kernel nodes; a captured graph's never change
+    #: The registry slots of every kernel node, with the node list and backend they were made for: a scope on the
+    #: whole graph (the common target) skips listing and converting its nodes again.
+    _all_slots: Optional[tuple[list[_NodeTuple], Any, tuple[_registry.Slot, ...]]]
     _torch: Optional[Callable[[], Any]]  # (a weak reference to) the torch.cuda.CUDAGraph whose executable follows
 
     def __init__(self, handle: int, *, owned: bool = False, device: object = None, owner: Any = None) -> None:
@@ -92,6 +95,7 @@ class Graph:
         self._exec = None
         self._dirty = False
         self._nodes = None
+        self._all_slots = None
         self._torch = None
         self.reinstantiations = 0
 
@@ -199,12 +203,17 @@ class Graph:
         self.destroy()
 
     def _l2ctl_target(self, predicate: Optional[Predicate] = None) -> _registry.Target:
-        nodes = self._selected(predicate)
-        if not nodes:
+        if predicate is None:
+            nodes, backend, known = self._kernel_node_tuples(), _backend._active, self._all_slots
+            if known is None or known[0] is not nodes or known[1] is not backend:
+                known = self._all_slots = (nodes, backend, _registry.node_slots([node for node, _, _, _ in nodes]))
+            slots = known[2]
+        else:
+            slots = _registry.node_slots(self._selected(predicate))
+        if not slots:
             raise ValueError("the graph has no kernel node to put the window on")
         owner = (self, self._torch() if self._torch is not None else None)  # a scope keeps both alive
-        return _registry.Target(self.device, _registry.node_slots(nodes), owner, self._node_windows_changed,
-                                executables=self)
+        return _registry.Target(self.device, slots, owner, self._node_windows_changed, executables=self)
 
     def __repr__(self) -> str:
         if self._impl is None:

@@ -32,12 +32,13 @@ double demand_of(const std::vector<T*>& scopes) {
   return demand;
 }
 
-std::vector<Scope*> distinct(const std::map<Slot, Scope*>& top) {
-  std::set<std::uint64_t> seen;
+std::vector<Scope*> distinct(const Slot_map<Scope*>& top) {
+  // A vector sorted and made unique (a scope's id is unique): no node allocations on every plan.
   std::vector<Scope*> out;
-  for (const auto& [slot, scope] : top)
-    if (seen.insert(scope->id).second) out.push_back(scope);
+  out.reserve(top.size());
+  for (const auto& [slot, scope] : top) out.push_back(scope);
   std::sort(out.begin(), out.end(), [](const Scope* a, const Scope* b) { return a->id < b->id; });
+  out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
 }
 
@@ -158,7 +159,7 @@ Slot Registry::slot(int kind, std::uintptr_t handle) const {
 // - share=True scopes in force have their hit ratios scaled so that their demand fits what the other windows in
 //   force leave of the limit (each scope's `effective` window).
 Plan Registry::plan(Device_state& state) {
-  Plan plan;
+  Plan plan(&pool_);
   std::optional<long long> exact;
   long long floor = 0;
   bool automatic = false;
@@ -211,17 +212,22 @@ void Registry::sync(Device_state& state, bool reset, bool removed) {
   state.dirty = true;
   if (state.batch) record_batch(state);  // a batch whose recording was cut short: what it read is needed now
   Plan planned = plan(state);
-  std::map<Slot, Plan_window> changes;
+  Changes changes;
   for (const auto& [slot, scope] : planned.top) {
     const auto applied = state.applied_windows.find(slot);
-    if (applied == state.applied_windows.end() || applied->second != scope->effective) changes[slot] = scope->effective;
+    if (applied == state.applied_windows.end() || applied->second != scope->effective)
+      changes.emplace_back(slot, scope->effective);
   }
+  const std::size_t covered = changes.size();
   if (state.base_windows.size() > planned.top.size())  // slots no scope covers: back to their base
     for (const auto& [slot, base] : state.base_windows) {
       if (planned.top.count(slot)) continue;
       const auto applied = state.applied_windows.find(slot);
-      if (applied == state.applied_windows.end() || applied->second != base) changes[slot] = base;
+      if (applied == state.applied_windows.end() || applied->second != base) changes.emplace_back(slot, base);
     }
+  // Two sorted runs of distinct slots: one sorted sequence.
+  std::inplace_merge(changes.begin(), changes.begin() + static_cast<std::ptrdiff_t>(covered), changes.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
   std::optional<long long> limit = planned.limit;
   if (limit && !planned.at_least && limit == state.applied_request) limit.reset();
   // With "at least", the batch reads the base and grants max(base, the fold): the plan's own value. (A plan that
@@ -237,7 +243,7 @@ void Registry::sync(Device_state& state, bool reset, bool removed) {
 
 // One batch, which also reads what newly covered slots held (their base) and, with a limit, what the limit was.
 // Its result lands in the journal inside the call; on a failure the registry learns what the device holds.
-void Registry::apply(Device_state& state, std::map<Slot, Plan_window>& changes, std::optional<long long> limit,
+void Registry::apply(Device_state& state, const Changes& changes, std::optional<long long> limit,
                      bool at_least, bool reset) {
   Batch batch;
   batch.device = state.device;
@@ -256,8 +262,9 @@ void Registry::apply(Device_state& state, std::map<Slot, Plan_window>& changes, 
     for (const auto& [slot, window] : changes)
       if ((slot.kind == stream_slot) == (pass == 0)) batch.changes.emplace_back(slot, window);
   Device_state::Pending pending;
+  pending.order.reserve(batch.changes.size());
   for (const auto& change : batch.changes) pending.order.push_back(change.first);
-  pending.changes = changes;
+  pending.changes = changes;  // one vector: the batch's windows, recorded when it returns
   pending.request = batch.limit;
   pending.at_least = at_least;
   state.batch = std::move(pending);
@@ -270,9 +277,9 @@ void Registry::apply(Device_state& state, std::map<Slot, Plan_window>& changes, 
       if (!dead.empty()) {
         // A holder destroyed by its owner under a live scope: forgotten, so that it poisons no later change; the
         // rest of the batch is applied again without it, and the error says why.
-        std::map<Slot, Plan_window> rest;
+        Changes rest;
         for (const auto& [slot, window] : changes)
-          if (alive(slot)) rest.emplace(slot, window);
+          if (alive(slot)) rest.emplace_back(slot, window);
         if (!rest.empty() || limit || reset) apply(state, rest, limit, at_least, reset);
         Call_failed explained = failure;
         explained.note = "l2ctl: " + std::string(dead.front().kind == stream_slot ? "stream 0x" : "kernel node 0x") +
@@ -366,7 +373,7 @@ void Registry::forget_idle(Device_state& state) {
     state.base_limit = state.applied_limit = state.applied_request = std::nullopt;
     return;
   }
-  std::set<Slot> covered;
+  std::pmr::set<Slot> covered(&pool_);
   for (const auto& [id, scope] : state.scopes) covered.insert(scope->slots.begin(), scope->slots.end());
   for (auto it = state.base_windows.begin(); it != state.base_windows.end();) {
     if (!covered.count(it->first) || !alive(it->first)) {
@@ -441,7 +448,7 @@ Device_state* Registry::lookup(int device) {
 Device_state& Registry::state(int device, long long maximum) {
   auto it = states_.find(device);
   if (it == states_.end()) {
-    it = states_.emplace(device, Device_state{}).first;
+    it = states_.emplace(device, Device_state(&pool_)).first;
     it->second.device = device;
     it->second.maximum = maximum;
   }

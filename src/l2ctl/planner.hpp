@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <memory_resource>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -56,6 +57,13 @@ struct Plan_window {
 };
 
 enum class Request { none, exact, automatic };
+
+// The planner's maps keyed by slot draw their nodes from the registry's pool: a scope on a graph of N kernel nodes
+// fills and empties several maps of N entries at entry and at end, and malloc dominated that cost.
+template <typename V>
+using Slot_map = std::pmr::map<Slot, V>;
+// Windows to write, sorted by slot (streams first): built in order and read in order, so a vector.
+using Changes = std::vector<std::pair<Slot, Plan_window>>;
 
 struct Scope {
   std::uint64_t id = 0;
@@ -138,11 +146,12 @@ class Calls {
 };
 
 struct Device_state {
+  explicit Device_state(std::pmr::memory_resource* pool) : base_windows(pool), applied_windows(pool) {}
   int device = 0;
   long long maximum = 0;
   std::map<std::uint64_t, Scope_ptr> scopes;  // by id: entry order
   std::optional<long long> base_limit, applied_request, applied_limit, observed_limit;
-  std::map<Slot, Plan_window> base_windows, applied_windows;
+  Slot_map<Plan_window> base_windows, applied_windows;
   double in_force_demand = 0.0;
   bool auto_capped = false;
   std::optional<std::pair<long long, long long>> auto_bounds;  // (granularity, tax-free cap)
@@ -151,7 +160,7 @@ struct Device_state {
   // The batch under way, until what it did is recorded: its order, changes, request and journal.
   struct Pending {
     std::vector<Slot> order;
-    std::map<Slot, Plan_window> changes;
+    Changes changes;
     long long request = -1;
     bool at_least = false;
     std::optional<Batch_result> journal;
@@ -160,9 +169,10 @@ struct Device_state {
 };
 
 struct Plan {
+  explicit Plan(std::pmr::memory_resource* pool) : top(pool) {}
   std::optional<long long> limit;
   bool at_least = false;
-  std::map<Slot, Scope*> top;
+  Slot_map<Scope*> top;
   std::vector<Scope*> in_force;  // in entry order
   bool capped = false;
 };
@@ -216,7 +226,7 @@ class Registry {
   bool alive(const Slot& slot) const;
   std::pair<long long, long long> auto_bounds(Device_state& state);
   void sync(Device_state& state, bool reset = false, bool removed = false);
-  void apply(Device_state& state, std::map<Slot, Plan_window>& changes, std::optional<long long> limit, bool at_least,
+  void apply(Device_state& state, const Changes& changes, std::optional<long long> limit, bool at_least,
              bool reset);
   void record_batch(Device_state& state);
   // What the device holds after a failed batch; returns the slots found dead (their holder destroyed).
@@ -230,6 +240,7 @@ class Registry {
   std::pair<long long, std::string> granularity_locked(int device, long long maximum);
   [[noreturn]] void rethrow_translated(const Call_failed& failure, int device);
 
+  std::pmr::unsynchronized_pool_resource pool_;  // first: the maps below use it (used under the registry's lock)
   std::unique_ptr<Calls> calls_;
   std::map<int, Device_state> states_;
   std::map<std::pair<int, std::uintptr_t>, std::uint64_t> generations_;
