@@ -136,6 +136,33 @@ std::pair<long long, std::string> probe_rounding(const std::function<long long(l
   return {std::max(1LL, ask(lo)), "nearest"};
 }
 
+// ---- what the device holds -----------------------------------------------------------------------------------
+
+void Slot_windows::merge(Changes entries, bool overwrite) {
+  const auto by_slot = [](const value_type& a, const value_type& b) { return a.first < b.first; };
+  if (!std::is_sorted(entries.begin(), entries.end(), by_slot)) std::sort(entries.begin(), entries.end(), by_slot);
+  if (items_.empty() || entries.empty() || items_.back().first < entries.front().first) {
+    items_.insert(items_.end(), entries.begin(), entries.end());  // the common case: all new, past the end
+    return;
+  }
+  std::vector<value_type> merged;
+  merged.reserve(items_.size() + entries.size());
+  auto a = items_.begin();
+  auto b = entries.begin();
+  while (a != items_.end() || b != entries.end()) {
+    if (b == entries.end() || (a != items_.end() && a->first < b->first)) {
+      merged.push_back(*a++);
+    } else if (a == items_.end() || b->first < a->first) {
+      merged.push_back(*b++);
+    } else {  // the same slot
+      merged.push_back(overwrite ? *b : *a);
+      ++a;
+      ++b;
+    }
+  }
+  items_ = std::move(merged);
+}
+
 // ---- the plan: the rules, written once ----------------------------------------------------------------------
 
 bool Registry::alive(const Slot& slot) const {
@@ -314,9 +341,12 @@ void Registry::record_batch(Device_state& state) {
   Device_state::Pending& batch = *state.batch;
   if (batch.journal) {
     const Batch_result& result = *batch.journal;
+    Changes bases;
+    bases.reserve(std::min(batch.order.size(), result.previous.size()));
     for (std::size_t i = 0; i < batch.order.size() && i < result.previous.size(); ++i)
-      state.base_windows.emplace(batch.order[i], result.previous[i]);
-    for (const auto& [slot, window] : batch.changes) state.applied_windows[slot] = window;
+      bases.emplace_back(batch.order[i], result.previous[i]);
+    state.base_windows.merge(std::move(bases), false);  // a base, once known, is kept
+    state.applied_windows.merge(batch.changes, true);
     if (batch.request >= 0) {
       if (!state.base_limit) state.base_limit = result.previous_limit;  // what was there is the base
       state.applied_request = batch.at_least ? result.granted_limit : batch.request;
@@ -375,14 +405,7 @@ void Registry::forget_idle(Device_state& state) {
   }
   std::pmr::set<Slot> covered(&pool_);
   for (const auto& [id, scope] : state.scopes) covered.insert(scope->slots.begin(), scope->slots.end());
-  for (auto it = state.base_windows.begin(); it != state.base_windows.end();) {
-    if (!covered.count(it->first) || !alive(it->first)) {
-      state.applied_windows.erase(it->first);
-      it = state.base_windows.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  forget_where(state, [&](const Slot& slot) { return !covered.count(slot) || !alive(slot); });
 }
 
 // What calls cut short (or refused by CUDA) left behind, finished first by every call: scopes whose end began
@@ -448,7 +471,7 @@ Device_state* Registry::lookup(int device) {
 Device_state& Registry::state(int device, long long maximum) {
   auto it = states_.find(device);
   if (it == states_.end()) {
-    it = states_.emplace(device, Device_state(&pool_)).first;
+    it = states_.emplace(device, Device_state{}).first;
     it->second.device = device;
     it->second.maximum = maximum;
   }
@@ -586,16 +609,7 @@ void Registry::set_base_window(const std::vector<Slot>& slots, int device, long 
 void Registry::forget_slots(int kind, const std::vector<std::uintptr_t>& handles) {
   for (std::uintptr_t handle : handles) ++generations_[{kind, handle}];
   for (auto& [device, st] : states_) {
-    bool dead = false;
-    for (auto it = st.base_windows.begin(); it != st.base_windows.end();) {
-      if (!alive(it->first)) {
-        st.applied_windows.erase(it->first);
-        it = st.base_windows.erase(it);
-        dead = true;
-      } else {
-        ++it;
-      }
-    }
+    const bool dead = forget_where(st, [&](const Slot& slot) { return !alive(slot); });
     // Windows that were in force there are no longer: the limit and shared ratios follow.
     if (dead && !st.scopes.empty()) sync(st, false, true);
   }

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <memory_resource>
@@ -64,6 +65,54 @@ template <typename V>
 using Slot_map = std::pmr::map<Slot, V>;
 // Windows to write, sorted by slot (streams first): built in order and read in order, so a vector.
 using Changes = std::vector<std::pair<Slot, Plan_window>>;
+
+// What each slot held before l2ctl and what l2ctl last wrote there: a sorted vector, since a batch records its
+// slots in order (one merge) and a scope's end forgets them all at once, where a tree allocated and freed a node
+// per slot of every graph scope.
+class Slot_windows {
+ public:
+  using value_type = std::pair<Slot, Plan_window>;
+  using iterator = std::vector<value_type>::iterator;
+  using const_iterator = std::vector<value_type>::const_iterator;
+
+  iterator begin() { return items_.begin(); }
+  iterator end() { return items_.end(); }
+  const_iterator begin() const { return items_.begin(); }
+  const_iterator end() const { return items_.end(); }
+  std::size_t size() const { return items_.size(); }
+  bool empty() const { return items_.empty(); }
+  void clear() { items_.clear(); }
+  iterator find(const Slot& slot) {
+    const auto it = lower(slot);
+    return it != items_.end() && it->first == slot ? it : items_.end();
+  }
+  const_iterator find(const Slot& slot) const { return const_cast<Slot_windows*>(this)->find(slot); }
+  std::size_t count(const Slot& slot) const { return find(slot) != end() ? 1 : 0; }
+  Plan_window& operator[](const Slot& slot) {
+    auto it = lower(slot);
+    if (it == items_.end() || !(it->first == slot)) it = items_.insert(it, value_type{slot, Plan_window{}});
+    return it->second;
+  }
+  void erase(const Slot& slot) {
+    const auto it = find(slot);
+    if (it != items_.end()) items_.erase(it);
+  }
+  // Drops the entries `gone(slot)` says, in one pass.
+  template <typename Gone>
+  void erase_if(Gone gone) {
+    items_.erase(std::remove_if(items_.begin(), items_.end(), [&](const value_type& e) { return gone(e.first); }),
+                 items_.end());
+  }
+  // `entries` (distinct slots) written in one merge: assigned where a slot is present when `overwrite`, else kept.
+  void merge(Changes entries, bool overwrite);
+
+ private:
+  iterator lower(const Slot& slot) {
+    return std::lower_bound(items_.begin(), items_.end(), slot,
+                            [](const value_type& e, const Slot& s) { return e.first < s; });
+  }
+  std::vector<value_type> items_;
+};
 
 struct Scope {
   std::uint64_t id = 0;
@@ -146,12 +195,11 @@ class Calls {
 };
 
 struct Device_state {
-  explicit Device_state(std::pmr::memory_resource* pool) : base_windows(pool), applied_windows(pool) {}
   int device = 0;
   long long maximum = 0;
   std::map<std::uint64_t, Scope_ptr> scopes;  // by id: entry order
   std::optional<long long> base_limit, applied_request, applied_limit, observed_limit;
-  Slot_map<Plan_window> base_windows, applied_windows;
+  Slot_windows base_windows, applied_windows;
   double in_force_demand = 0.0;
   bool auto_capped = false;
   std::optional<std::pair<long long, long long>> auto_bounds;  // (granularity, tax-free cap)
@@ -232,6 +280,20 @@ class Registry {
   // What the device holds after a failed batch; returns the slots found dead (their holder destroyed).
   std::vector<Slot> resync(Device_state& state, const std::vector<Slot>& slots);
   void forget_idle(Device_state& state);
+  // Forgets the slots `gone(slot)` says (their base and what l2ctl applied); whether any were.
+  template <typename Gone>
+  bool forget_where(Device_state& state, Gone gone) {
+    std::vector<Slot> forgotten;
+    state.base_windows.erase_if([&](const Slot& slot) {
+      if (!gone(slot)) return false;
+      forgotten.push_back(slot);  // in order: the map is sorted
+      return true;
+    });
+    if (forgotten.empty()) return false;
+    state.applied_windows.erase_if(
+        [&](const Slot& slot) { return std::binary_search(forgotten.begin(), forgotten.end(), slot); });
+    return true;
+  }
   void settle(Device_state& state, bool quiet = false);
   void register_scope(Device_state& state, const Scope_ptr& scope);
   void unregister(Device_state& state, Scope& scope);
