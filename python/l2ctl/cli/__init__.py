@@ -26,7 +26,7 @@ import sys
 from typing import Optional, Sequence
 
 from .._errors import CudaError, NoDeviceError, NotSupportedError
-from . import bench_cmd, info_cmd, options, sweep_cmd, tune_cmd
+from . import bench_cmd, info_cmd, sweep_cmd, tune_cmd
 from .bench_cmd import (
     cmd_bench_concurrent,
     cmd_bench_cs,
@@ -76,9 +76,6 @@ __all__ = [
 
 #: The top-level commands, in the order ``--help`` lists them.
 COMMANDS: tuple[Entry, ...] = (info_cmd.INFO, bench_cmd.BENCH, sweep_cmd.SWEEP, tune_cmd.TUNE)
-
-#: The byte-size parser (4096, 4K, 8M, 1.5MiB, 1G), under its historical name.
-_size = options.parse_size
 
 PROG = "l2ctl"
 
