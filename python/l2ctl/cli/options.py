@@ -238,15 +238,13 @@ def output_path(text: str) -> str:
         raise _bad(f"cannot write {text}: directory {directory} does not exist")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise _bad(f"cannot write {text}: directory {directory} is not writable")
-    if os.path.exists(text) and not os.access(text, os.W_OK):
+    existed = os.path.exists(text)
+    if existed and not os.access(text, os.W_OK):
         raise _bad(f"cannot write {text}: the file is not writable")
     try:
-        if os.path.exists(text):
-            with open(text, "a"):
-                pass
-        else:
-            with open(text, "x"):
-                pass
+        with open(text, "a" if existed else "x"):
+            pass
+        if not existed:
             os.remove(text)
     except OSError as exc:
         raise _bad(f"cannot write {text}: {exc.strerror or exc}") from None
