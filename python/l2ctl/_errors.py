@@ -2,17 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = [
-    "L2ctlError",
-    "CudaError",
-    "NotSupportedError",
-    "NoDeviceError",
-    "CountersUnavailableError",
-    "CuptiError",
-    "L2BudgetWarning",
-    "SetAsideTaxWarning",
-    "WindowClippedWarning",
-]
+__all__ = ["L2ctlError", "CudaError", "NotSupportedError", "NoDeviceError", "CountersUnavailableError", "CuptiError",
+           "L2BudgetWarning", "SetAsideTaxWarning", "WindowClippedWarning"]
 
 
 class L2ctlError(Exception):

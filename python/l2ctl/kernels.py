@@ -19,25 +19,9 @@ from ._interop import BufferRef, StreamRef, resolve_buffer, resolve_stream
 from ._memory import BufferLike, StreamLike
 from ._plan import check_count, check_nbytes
 
-__all__ = [
-    "ResetVariant",
-    "check_variant",
-    "LaunchShape",
-    "reset_data",
-    "verify_reset_data",
-    "write_index",
-    "count_index_mismatches",
-    "copy_words",
-    "count_mismatches",
-    "read_sum",
-    "stride_read",
-    "sum_u64",
-    "sparse_vector",
-    "stream_analysis",
-    "sectors_per_request",
-    "dram_bytes_per_request",
-    "SECTOR_BYTES",
-]
+__all__ = ["ResetVariant", "check_variant", "LaunchShape", "reset_data", "verify_reset_data", "write_index",
+           "count_index_mismatches", "copy_words", "count_mismatches", "read_sum", "stride_read", "sum_u64",
+           "sparse_vector", "stream_analysis", "sectors_per_request", "dram_bytes_per_request", "SECTOR_BYTES"]
 
 SECTOR_BYTES = 32
 WARP_SIZE = 32

@@ -67,7 +67,7 @@ def test_help_lists_commands_and_exit_codes():
                                         ("1G", 1 << 30), ("2mb", 2 << 20), ("1.5M", 1572864), ("0.5K", 512),
                                         ("1e3", 1000), ("4_096", 4096)])
 def test_sizes(text, value):
-    assert cli._size(text) == value
+    assert options.parse_size(text) == value
 
 
 WHOLE = "size must be a whole number of bytes"
@@ -82,7 +82,7 @@ WHOLE = "size must be a whole number of bytes"
                                           ("4096.000000000000000000000000000000000001", WHOLE)])
 def test_bad_sizes(text, message):
     with pytest.raises(Exception, match=message):
-        cli._size(text)
+        options.parse_size(text)
 
 
 def test_parser_defaults():

@@ -208,23 +208,22 @@ def bench_overhead(
             assert driver_timing is not None
             return dict(driver_timing.time_calls(index, s.handle, nodes32, buf.ptr, buf.nbytes, up, limit_before, count))
 
+        def skip(name: str, reason: str) -> None:
+            records.append(Record("overhead", name, {"operation": OVERHEAD_VARIANTS[name], "skipped": reason},
+                                  float("nan"), float("nan"), float("nan"), 0.0, 0, False, {}))
+            bar.step(f"{name}: skipped")
+
         measured, driver_measured = [], []
         for name in names:
             if name in DRIVER_VARIANTS:
                 if driver_timing is None:
-                    records.append(Record("overhead", name, {"operation": OVERHEAD_VARIANTS[name],
-                                                             "skipped": "the GPU is simulated"},
-                                          float("nan"), float("nan"), float("nan"), 0.0, 0, False, {}))
-                    bar.step(f"{name}: skipped")
+                    skip(name, "the GPU is simulated")
                 else:
                     driver_measured.append(name)
                 continue
             if name not in ops:
-                reason = ("the GPU is simulated" if simulated else "cuda-python is not installed"
-                          if name.startswith("raw_") else "torch with a CUDA device is not installed")
-                records.append(Record("overhead", name, {"operation": OVERHEAD_VARIANTS[name], "skipped": reason},
-                                      float("nan"), float("nan"), float("nan"), 0.0, 0, False, {}))
-                bar.step(f"{name}: skipped")
+                skip(name, "the GPU is simulated" if simulated else "cuda-python is not installed"
+                     if name.startswith("raw_") else "torch with a CUDA device is not installed")
                 continue
             _check_variant(name, ops[name], s, buf, expected, graphs_by_size, index, limit_before, up)
             measured.append(name)

@@ -10,13 +10,9 @@ of l2ctl.testing; every output then says so); options go before or after the com
 checked before anything runs (bad values, output files that cannot be written, a --plot without
 matplotlib: one line on stderr, exit 2). Tables go to stdout; progress and "wrote PATH" to stderr.
 
-Exit codes: 0 success; 1 a CUDA error or out of memory; 2 bad arguments; 3 no GPU, a GPU that cannot persist L2, or
-nothing here to measure (bench workloads without PyTorch or CuPy); 4 a benchmark's output failed
-verification (no numbers are printed for it); 130 interrupted.
-
 Layout: ``options`` (argument types, shared options), ``parsing`` (commands to parsers, defaults,
-refusals), ``output`` (formatting, files), one ``*_cmd`` module per command family (info, bench,
-sweep, tune).
+refusals), ``output`` (formatting, files), ``exitcodes`` (each code and what it means, as ``--help`` lists
+them), one ``*_cmd`` module per command family (info, bench, sweep, tune).
 """
 
 from __future__ import annotations
@@ -26,59 +22,23 @@ import sys
 from typing import Optional, Sequence
 
 from .._errors import CudaError, NoDeviceError, NotSupportedError
-from . import bench_cmd, info_cmd, options, sweep_cmd, tune_cmd
-from .bench_cmd import (
-    cmd_bench_concurrent,
-    cmd_bench_cs,
-    cmd_bench_graph,
-    cmd_bench_reset,
-    cmd_bench_stride,
-)
+from . import bench_cmd, info_cmd, sweep_cmd, tune_cmd
+from .bench_cmd import cmd_bench_concurrent, cmd_bench_cs, cmd_bench_graph, cmd_bench_reset, cmd_bench_stride
 from .info_cmd import cmd_info
 from .sweep_cmd import cmd_sweep_hit_ratio, cmd_sweep_set_aside, cmd_sweep_surface, cmd_sweep_tax
-from .exitcodes import (
-    EXIT_CODES_HELP,
-    EXIT_ERROR,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_UNSUPPORTED,
-    EXIT_USAGE,
-    EXIT_VERIFY,
-)
+from .exitcodes import (EXIT_CODES_HELP, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNSUPPORTED, EXIT_USAGE,
+                        EXIT_VERIFY)
 from .output import NO_GPU_HINT, OutputError
 from .parsing import Entry, Parser, add_entries, finish, normalize, simulate
 from .tune_cmd import cmd_tune
 
-__all__ = [
-    "main",
-    "build_parser",
-    "parse_args",
-    "run",
-    "COMMANDS",
-    "EXIT_OK",
-    "EXIT_ERROR",
-    "EXIT_USAGE",
-    "EXIT_UNSUPPORTED",
-    "EXIT_VERIFY",
-    "EXIT_INTERRUPTED",
-    "cmd_info",
-    "cmd_tune",
-    "cmd_bench_reset",
-    "cmd_bench_stride",
-    "cmd_bench_cs",
-    "cmd_bench_graph",
-    "cmd_bench_concurrent",
-    "cmd_sweep_hit_ratio",
-    "cmd_sweep_set_aside",
-    "cmd_sweep_surface",
-    "cmd_sweep_tax",
-]
+__all__ = ["main", "build_parser", "parse_args", "run", "COMMANDS", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE",
+           "EXIT_UNSUPPORTED", "EXIT_VERIFY", "EXIT_INTERRUPTED", "cmd_info", "cmd_tune", "cmd_bench_reset",
+           "cmd_bench_stride", "cmd_bench_cs", "cmd_bench_graph", "cmd_bench_concurrent", "cmd_sweep_hit_ratio",
+           "cmd_sweep_set_aside", "cmd_sweep_surface", "cmd_sweep_tax"]
 
 #: The top-level commands, in the order ``--help`` lists them.
 COMMANDS: tuple[Entry, ...] = (info_cmd.INFO, bench_cmd.BENCH, sweep_cmd.SWEEP, tune_cmd.TUNE)
-
-#: The byte-size parser (4096, 4K, 8M, 1.5MiB, 1G), under its historical name.
-_size = options.parse_size
 
 PROG = "l2ctl"
 

@@ -23,43 +23,11 @@ from ..testing import SIMULATE_HELP, FakeDevice
 from ..workloads import gallery
 from .output import fmt_bytes, note
 
-__all__ = [
-    "Option",
-    "COLUMN_NAMES",
-    "VARIANT_NAMES",
-    "parse_size",
-    "items",
-    "simulated_gpus",
-    "lut_size",
-    "lut_sizes",
-    "collective_sizes",
-    "count",
-    "repeat_count",
-    "warmup_count",
-    "strides",
-    "columns",
-    "variant",
-    "gallery_names",
-    "GALLERY_NAMES",
-    "device_index",
-    "output_path",
-    "DEVICE",
-    "REPEAT",
-    "WARMUP",
-    "ROUNDS",
-    "JSON",
-    "CSV",
-    "PLOT",
-    "QUIET",
-    "SIMULATE",
-    "EVERYWHERE",
-    "COMMON",
-    "LUT_SIZES",
-    "LUT_BYTES",
-    "OUT_BYTES",
-    "VARIANT",
-    "SET_ASIDE",
-]
+__all__ = ["Option", "COLUMN_NAMES", "VARIANT_NAMES", "parse_size", "items", "simulated_gpus", "lut_size", "lut_sizes",
+           "collective_sizes", "count", "repeat_count", "warmup_count", "strides", "columns", "variant",
+           "gallery_names", "GALLERY_NAMES", "device_index", "output_path", "DEVICE", "REPEAT", "WARMUP", "ROUNDS",
+           "JSON", "CSV", "PLOT", "QUIET", "SIMULATE", "EVERYWHERE", "COMMON", "LUT_SIZES", "LUT_BYTES", "OUT_BYTES",
+           "VARIANT", "SET_ASIDE"]
 
 MAX_BYTES = 1 << 62  # far above any device's memory; keeps a typo from overflowing the C++ side
 COLUMN_NAMES = tuple(name for name, _ in RESET_COLUMNS)
@@ -270,15 +238,13 @@ def output_path(text: str) -> str:
         raise _bad(f"cannot write {text}: directory {directory} does not exist")
     if not os.access(directory, os.W_OK | os.X_OK):
         raise _bad(f"cannot write {text}: directory {directory} is not writable")
-    if os.path.exists(text) and not os.access(text, os.W_OK):
+    existed = os.path.exists(text)
+    if existed and not os.access(text, os.W_OK):
         raise _bad(f"cannot write {text}: the file is not writable")
     try:
-        if os.path.exists(text):
-            with open(text, "a"):
-                pass
-        else:
-            with open(text, "x"):
-                pass
+        with open(text, "a" if existed else "x"):
+            pass
+        if not existed:
             os.remove(text)
     except OSError as exc:
         raise _bad(f"cannot write {text}: {exc.strerror or exc}") from None

@@ -148,9 +148,7 @@ class FakeStream(_Owner):
             self.priority = int(priority)
             backend._streams[self._handle] = _Stream(self._handle, device, backend._host_now[device])
 
-    @property
-    def handle(self) -> int:
-        return self._live()
+    handle = property(_Owner._live)
 
     @property
     def device(self) -> int:
@@ -275,9 +273,7 @@ class FakeDeviceMemory(_Owner):
                     raise cuda_error("cudaMalloc(&ptr_, bytes)", "cudaErrorMemoryAllocation",
                                      f"device {device}, {nbytes} bytes ({exc})") from None
 
-    @property
-    def ptr(self) -> int:
-        return self._live()
+    ptr = property(_Owner._live)
 
     @property
     def nbytes(self) -> int:
@@ -310,9 +306,7 @@ class FakeGraph(_Owner):
             self._free = backend._destroy_graph
         self._handle = int(handle)
 
-    @property
-    def handle(self) -> int:
-        return self._live()
+    handle = property(_Owner._live)
 
     @property
     def owned(self) -> bool:
@@ -342,9 +336,7 @@ class FakeGraphExec(_Owner):
             self.device = g.device
             self.snapshot = backend._snapshot(g)
 
-    @property
-    def handle(self) -> int:
-        return self._live()
+    handle = property(_Owner._live)
 
     def launch(self, stream: int) -> None:
         b = self._backend

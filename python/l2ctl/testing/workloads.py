@@ -164,9 +164,6 @@ class ModeledGraphed(Graphed):
     """``l2ctl.workloads.Graphed`` over a modeled workload: captured in a FakeTorchGraph(keep_graph=True) and
     replayed through it (its executable made before any scope); ``target()`` is the graph."""
 
-    def __init__(self, base: ModeledWorkload) -> None:
-        super().__init__(base)
-
     def _on_stream(self, stream: object) -> contextlib.AbstractContextManager[Any]:
         return self.base.on_stream(stream)  # type: ignore[attr-defined, no-any-return]
 
