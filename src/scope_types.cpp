@@ -883,6 +883,57 @@ void persist_forget(PyObject* holder, const Scope_object* record) {
   if (self->live.get() == record) self->live.reset();
 }
 
+// `with graph.capture(stream) as g:` began: the capture and its record (`_capturing`) with no bytecode between. A
+// call cut short in the backend (the simulator's Python) may have begun it: the stream is asked, and ended.
+py::object capture_enter(py::object self) {
+  if (self.attr(L2CTL_NAME("_capturing")).cast<bool>()) {
+    PyErr_SetString(PyExc_RuntimeError, "this capture is already under way; make a new one with graph.capture(...)");
+    throw py::error_already_set();
+  }
+  py::object backend = self.attr(L2CTL_NAME("_backend"));
+  py::object stream = self.attr(L2CTL_NAME("_stream"));
+  try {
+    backend.attr(L2CTL_NAME("begin_capture"))(stream, self.attr(L2CTL_NAME("_mode")));
+  } catch (py::error_already_set&) {
+    try {
+      if (backend.attr(L2CTL_NAME("is_capturing"))(stream).cast<bool>()) {
+        const py::object handle = backend.attr(L2CTL_NAME("end_capture"))(stream);
+        if (handle.cast<std::uintptr_t>() != 0) backend.attr(L2CTL_NAME("Graph"))(handle, true).attr("destroy")();
+      }
+    } catch (py::error_already_set&) {
+      // the first error is the one to see
+    }
+    throw;
+  }
+  self.attr(L2CTL_NAME("_capturing")) = true;
+  return self.attr(L2CTL_NAME("_graph"));
+}
+
+// The capture ended: its graph given to the Graph object, or, when the block raised, destroyed (the block's
+// error is the one to see).
+py::object capture_exit(py::object self, py::object, py::object exc, py::object) {
+  if (!self.attr(L2CTL_NAME("_capturing")).cast<bool>()) return py::none();
+  py::object backend = self.attr(L2CTL_NAME("_backend"));
+  py::object handle;
+  try {
+    handle = backend.attr(L2CTL_NAME("end_capture"))(self.attr(L2CTL_NAME("_stream")));
+  } catch (py::error_already_set&) {
+    self.attr(L2CTL_NAME("_capturing")) = false;
+    if (!exc.is_none()) return py::none();  // the capture may already be invalidated; the block's error matters
+    throw;
+  }
+  self.attr(L2CTL_NAME("_capturing")) = false;
+  if (!exc.is_none()) {
+    try {
+      if (handle.cast<std::uintptr_t>() != 0) backend.attr(L2CTL_NAME("Graph"))(handle, true).attr("destroy")();
+    } catch (py::error_already_set&) {
+    }
+    return py::none();
+  }
+  self.attr(L2CTL_NAME("_graph")).attr(L2CTL_NAME("_impl")) = backend.attr(L2CTL_NAME("Graph"))(handle, true);
+  return py::none();
+}
+
 py::object instance_method(py::cpp_function f) {
   return py::reinterpret_steal<py::object>(PyInstanceMethod_New(f.ptr()));
 }
@@ -944,6 +995,10 @@ void bind_scope_types(py::module_& planner) {
   planner.attr("holder_enter") = instance_method(py::cpp_function(&holder_enter, py::name("__enter__")));
   planner.attr("set_aside_enter") = instance_method(py::cpp_function(&set_aside_enter, py::name("__enter__")));
   planner.attr("stream_enter") = instance_method(py::cpp_function(&stream_enter, py::name("__enter__")));
+  planner.attr("capture_enter") = instance_method(py::cpp_function(&capture_enter, py::name("__enter__")));
+  planner.attr("capture_exit") = instance_method(
+      py::cpp_function(&capture_exit, py::name("__exit__"), py::arg("self"), py::arg("exc_type"), py::arg("exc"),
+                       py::arg("tb")));
 }
 
 }  // namespace l2ctl_bindings

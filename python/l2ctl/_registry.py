@@ -84,6 +84,9 @@ stream_exit: Any = _native.stream_exit
 holder_enter: Any = _native.holder_enter
 set_aside_enter: Any = _native.set_aside_enter
 stream_enter: Any = _native.stream_enter
+#: ``__enter__``/``__exit__`` of ``graph.capture``: the capture begins and ends in compiled code.
+capture_enter: Any = _native.capture_enter
+capture_exit: Any = _native.capture_exit
 
 
 class Target(NamedTuple):

@@ -21,9 +21,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 from collections.abc import Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Literal, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Optional, Union
 
 import weakref
 
@@ -231,34 +230,41 @@ class GraphNodes:
         return self.graph._l2ctl_target(self.predicate)
 
 
-@contextmanager
-def capture(stream: StreamLike, mode: CaptureMode = CaptureMode.THREAD_LOCAL) -> Iterator[Graph]:
-    """Capture the work queued on ``stream`` inside the block into an l2ctl Graph (owned).
+class Capture:
+    """``with l2ctl.graph.capture(stream) as g:``: the work queued on ``stream`` inside the block, captured into
+    an l2ctl Graph (owned). The graph object is given at once and usable after the block. A window set on the
+    stream before the capture is copied by CUDA into every captured kernel node. If the block raises, the
+    capture is ended and the partial graph destroyed.
 
-    The graph object is yielded at once and usable after the block. A window set on the stream before
-    the capture is copied by CUDA into every captured kernel node. If the block raises, the capture is
-    ended and the partial graph destroyed.
-    """
-    ref = resolve_stream(stream)
-    if ref.is_default:
-        raise ValueError("the legacy default stream cannot be captured; capture on an l2ctl.Stream or a torch/CuPy stream")
-    mode = CaptureMode(mode)
-    device = stream_device(ref)
-    backend = _backend.current()
-    backend.begin_capture(ref.handle, int(mode))
-    graph = Graph.__new__(Graph)  # yielded now, given its graph when the capture ends
-    graph._setup(device, None)
-    try:
-        yield graph
-    except BaseException:
-        try:
-            handle = backend.end_capture(ref.handle)
-            if handle:
-                backend.Graph(handle, True).destroy()
-        except Exception:
-            pass  # the capture may already be invalidated; the body's error matters
-        raise
-    graph._impl = _backend.current().Graph(int(backend.end_capture(ref.handle)), True)
+    The stream is checked when the object is made; the capture begins and ends in compiled code
+    (src/scope_types.cpp), so no interrupt can leave the stream capturing: one that lands as it begins ends it."""
+
+    __slots__ = ("_stream", "_owner", "_mode", "_backend", "_graph", "_capturing")
+
+    def __init__(self, stream: StreamLike, mode: CaptureMode = CaptureMode.THREAD_LOCAL) -> None:
+        ref = resolve_stream(stream)
+        if ref.is_default:
+            raise ValueError("the legacy default stream cannot be captured; capture on an l2ctl.Stream or a "
+                             "torch/CuPy stream")
+        self._mode = int(CaptureMode(mode))
+        self._stream, self._owner = ref.handle, ref.owner  # the stream's object lives as long as the capture
+        self._backend = _backend.current()
+        graph = Graph.__new__(Graph)  # given now, its graph when the capture ends
+        graph._setup(stream_device(ref), None)
+        self._graph = graph
+        self._capturing = False
+
+    if TYPE_CHECKING:
+        def __enter__(self) -> Graph: ...
+        def __exit__(self, exc_type: object, exc: object, tb: object) -> None: ...
+    else:
+        __enter__ = _registry.capture_enter
+        __exit__ = _registry.capture_exit
+
+
+def capture(stream: StreamLike, mode: CaptureMode = CaptureMode.THREAD_LOCAL) -> Capture:
+    """Capture the work queued on ``stream`` inside the ``with`` block into an l2ctl Graph (see Capture)."""
+    return Capture(stream, mode)
 
 
 # One view per torch graph, so that its kernel nodes are listed once however often it is persisted. The
