@@ -510,3 +510,32 @@ def test_a_stream_whose_window_cannot_be_set_is_not_kept_in_the_scope(fake, tree
             trees.set_stream(later)  # now it can be: it gets the window
             assert fake.windows[later.handle] == p.window.as_tuple()
         assert fake.state() == before
+
+
+def test_an_interrupt_in_torchs_reinstantiation_at_a_scopes_end(fake, monkeypatch):
+    """The one end that must call Python after the device changed: torch's instantiate() (DESIGN.md). Cut short
+    there, the device (the template's node windows) is restored at once and nothing stays live; torch's
+    executable keeps the scope's windows until the next scope on the graph re-instantiates it."""
+    with l2ctl.Stream() as s, l2ctl.DeviceBuffer(4 * MiB) as acc:
+        g = _captured(fake, s, acc)
+        g.replay(s)
+        before = fake.state()
+        instantiate = g.instantiate
+        scope = l2ctl.persist(g, acc, 1.0)
+        with scope:
+            window = scope.window.as_tuple()
+
+            def cut_short() -> None:  # the scope's end calls it; a signal's handler raises inside
+                monkeypatch.setattr(g, "instantiate", instantiate)
+                raise KeyboardInterrupt
+
+            monkeypatch.setattr(g, "instantiate", cut_short)
+            with pytest.raises(KeyboardInterrupt):
+                scope.__exit__(None, None, None)
+        assert fake.state() == before and not l2ctl._registry.live_scopes(0)  # the device is back
+        g.replay(s)
+        assert _replayed_windows(fake) == (window,) * 2  # torch's executable is torch's: stale, as documented
+        with l2ctl.persist(g, acc, 0.5, set_aside=None):
+            pass  # the next scope on the graph has torch re-instantiate it, at entry and at end
+        g.replay(s)
+        assert all(w[1] == 0 for w in _replayed_windows(fake))

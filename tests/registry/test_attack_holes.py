@@ -211,3 +211,26 @@ def test_an_interrupt_in_a_graphs_change_callback_still_remakes_its_executable(f
         sys.settrace(None)
     g.launch(s)
     assert all(w[1] == 0 for w in fake.launched[-1][1]), fake.launched[-1]
+
+
+def test_an_allocation_failure_after_the_device_changed_leaves_a_record_that_is_restored(fake, monkeypatch):
+    """A batch that changed the device and recorded its journal, then failed for want of memory (as building its
+    result can): the scope is refused, the journal tells what the device held, and nothing stays changed."""
+    s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(MiB)
+    l2ctl.set_window(s, l2ctl.AccessPolicyWindow.for_buffer(buf, 0.25))  # a base the failed scope must give back
+    initial = fake.state()
+    apply_window = fake.apply_window
+
+    def out_of_memory_after(*args):
+        apply_window(*args)  # the window is on the stream and the journal holds what was there
+        raise MemoryError
+
+    monkeypatch.setattr(fake, "apply_window", out_of_memory_after)
+    with pytest.raises(MemoryError):
+        with l2ctl.persist(s, buf, 0.75, set_aside=None):
+            pytest.fail("the block must not run")
+    monkeypatch.setattr(fake, "apply_window", apply_window)
+    assert not _registry.live_scopes(0)
+    assert l2ctl.budget().scopes == () and fake.state() == initial  # the next call settles what is left
+    _registry.restore_all()
+    assert fake.state() == initial
