@@ -61,8 +61,11 @@ constexpr double surely_float32 = 0.9999999;
 // A torch or CuPy stream or array resolved by l2ctl._interop, remembered while the object lives (a weak
 // reference), with what was checked of it on which device. `stamp`: for objects whose memory can move under the
 // same object (a torch tensor's set_ or resize_), `stamp_of(obj)` must still equal it, or it is resolved again.
+// `ref` is kept without its owner (the object itself): the table must not keep the object, and a tensor's memory,
+// alive; `with_owner` puts it back at each use. `stream`: what the object was resolved as (a stream or a buffer).
 struct Resolved {
   py::object weak, ref, stamp_of, stamp;
+  bool stream = false;
   // The stream's context, or the buffer's pointer range, checked for this device of this registry's backend.
   int checked_device = -1;
   const void* checked_on = nullptr;
@@ -73,20 +76,39 @@ std::unordered_map<const void*, Resolved>& resolved() {
 }
 constexpr std::size_t resolved_bound = 1024;
 
-Resolved* known_object(PyObject* obj) {
+constexpr Py_ssize_t stream_owner_field = 3;  // StreamRef.owner
+constexpr Py_ssize_t buffer_owner_field = 4;  // BufferRef.owner
+
+// `ref` (a StreamRef or BufferRef: a named tuple) with `owner` in field `index` (a new reference).
+PyObject* with_owner(PyObject* ref, Py_ssize_t index, PyObject* owner) {
+  PyTypeObject* type = Py_TYPE(ref);
+  const Py_ssize_t n = PyTuple_GET_SIZE(ref);
+  PyObject* out = type->tp_alloc(type, n);  // as tuple.__new__(type, items) makes it
+  if (out == nullptr) throw py::error_already_set();
+  for (Py_ssize_t i = 0; i < n; ++i) PyTuple_SET_ITEM(out, i, Py_NewRef(i == index ? owner : PyTuple_GET_ITEM(ref, i)));
+  return out;
+}
+
+// The entry of `obj` resolved as a stream (`stream`) or as a buffer, or null.
+Resolved* known_object(PyObject* obj, bool stream) {
   auto& table = resolved();
   auto it = table.find(obj);
-  if (it == table.end()) return nullptr;
+  if (it == table.end() || it->second.stream != stream) return nullptr;
   if (PyWeakref_GetObject(it->second.weak.ptr()) != obj) {  // another object at a freed one's address
     table.erase(it);
     return nullptr;
   }
   if (!it->second.stamp_of.is_none()) {
-    PyObject* now = PyObject_CallOneArg(it->second.stamp_of.ptr(), obj);
+    // Python runs here (a tensor's data_ptr) and may change the table (another scope made meanwhile): the entry
+    // is looked up again after it.
+    const py::object stamp_of = it->second.stamp_of, stamp = it->second.stamp;
+    PyObject* now = PyObject_CallOneArg(stamp_of.ptr(), obj);
     if (now == nullptr) throw py::error_already_set();
-    const int same = PyObject_RichCompareBool(now, it->second.stamp.ptr(), Py_EQ);
+    const int same = PyObject_RichCompareBool(now, stamp.ptr(), Py_EQ);
     Py_DECREF(now);
     if (same < 0) throw py::error_already_set();
+    it = table.find(obj);
+    if (it == table.end() || it->second.stream != stream || !it->second.stamp.is(stamp)) return nullptr;
     if (!same) {
       table.erase(it);
       return nullptr;
@@ -95,15 +117,19 @@ Resolved* known_object(PyObject* obj) {
   return &it->second;
 }
 
-void remember_object(PyObject* obj, const py::object& ref, const py::object& stamp_of, const py::object& stamp) {
+void remember_object(PyObject* obj, const py::object& ref, const py::object& stamp_of, const py::object& stamp,
+                     bool stream) {
   PyObject* weak = PyWeakref_NewRef(obj, nullptr);
   if (weak == nullptr) {  // not weakly referable: resolved at every scope
     PyErr_Clear();
     return;
   }
+  py::object weak_ref = py::reinterpret_steal<py::object>(weak);
+  py::object ownerless = py::reinterpret_steal<py::object>(
+      with_owner(ref.ptr(), stream ? stream_owner_field : buffer_owner_field, Py_None));
   auto& table = resolved();
   if (table.size() >= resolved_bound) table.clear();
-  table[obj] = Resolved{py::reinterpret_steal<py::object>(weak), ref, stamp_of, stamp, -1, nullptr};
+  table[obj] = Resolved{weak_ref, ownerless, stamp_of, stamp, stream, -1, nullptr};
 }
 
 void mark_checked(PyObject* obj, int device, const void* registry) {
@@ -154,6 +180,9 @@ struct Persist {
   int device;
   std::uintptr_t first_slot;
   bool has_slots;
+  // An entry under way: its Python calls (a graph's predicate, a warning filter) may run anything, and the entry
+  // reads the fields above after them, so neither a second entry nor `__init__` may change them meanwhile.
+  bool entering;
 };
 
 PyTypeObject* persist_type = nullptr;
@@ -265,7 +294,11 @@ bool take_common(Persist* self, PyObject* const* v) {
     if (!(requested >= 0.0 && requested <= surely_float32)) return false;
   }
   if (v[a_num_bytes] != nullptr && v[a_num_bytes] != Py_None) return false;
-  if (v[a_offset] != nullptr && !(PyLong_CheckExact(v[a_offset]) && PyLong_AsLongLong(v[a_offset]) == 0)) return false;
+  if (v[a_offset] != nullptr) {  // 0 only (an int too large for a long long is not: _prepare refuses it)
+    int overflow = 0;
+    if (!PyLong_CheckExact(v[a_offset]) || PyLong_AsLongLongAndOverflow(v[a_offset], &overflow) != 0 || overflow)
+      return false;
+  }
   if (v[a_hit_prop] != nullptr && v[a_hit_prop] != hooks.persisting) return false;
   if (v[a_miss_prop] != nullptr && v[a_miss_prop] != hooks.streaming) return false;
   PyObject* limit = v[a_set_aside];
@@ -282,8 +315,11 @@ bool take_common(Persist* self, PyObject* const* v) {
   PyObject* stream = v[a_stream];
   PyObject* buf = v[a_buf];
   py::object stream_ref, buffer_ref;
+  // What the table knew of each, copied out at once: looking up the buffer runs Python, which may change the table.
   Resolved* stream_known = nullptr;
   Resolved* buffer_known = nullptr;
+  int stream_checked = -1, buffer_checked = -1;
+  const void *stream_checked_on = nullptr, *buffer_checked_on = nullptr;
   bool graph_like = false;
   if (Py_TYPE(stream) == reinterpret_cast<PyTypeObject*>(hooks.stream_type)) {
     PyObject* ref = own_ref(stream);
@@ -291,8 +327,10 @@ bool take_common(Persist* self, PyObject* const* v) {
     stream_ref = py::reinterpret_steal<py::object>(ref);
   } else if (PyObject_HasAttr(reinterpret_cast<PyObject*>(Py_TYPE(stream)), L2CTL_NAME("_l2ctl_target").ptr())) {
     graph_like = true;  // an l2ctl graph, a node selection, torch_captures(): resolved at entry (as _prepare does)
-  } else if ((stream_known = known_object(stream)) != nullptr) {
-    stream_ref = stream_known->ref;
+  } else if ((stream_known = known_object(stream, true)) != nullptr) {
+    stream_ref = py::reinterpret_steal<py::object>(with_owner(stream_known->ref.ptr(), stream_owner_field, stream));
+    stream_checked = stream_known->checked_device;
+    stream_checked_on = stream_known->checked_on;
   } else {
     return false;
   }
@@ -300,8 +338,10 @@ bool take_common(Persist* self, PyObject* const* v) {
     PyObject* ref = own_ref(buf);
     if (ref == nullptr) return false;
     buffer_ref = py::reinterpret_steal<py::object>(ref);
-  } else if ((buffer_known = known_object(buf)) != nullptr) {
-    buffer_ref = buffer_known->ref;
+  } else if ((buffer_known = known_object(buf, false)) != nullptr) {
+    buffer_ref = py::reinterpret_steal<py::object>(with_owner(buffer_known->ref.ptr(), buffer_owner_field, buf));
+    buffer_checked = buffer_known->checked_device;
+    buffer_checked_on = buffer_known->checked_on;
   } else {
     return false;
   }
@@ -318,10 +358,10 @@ bool take_common(Persist* self, PyObject* const* v) {
   take_buffer_ref(self, buffer_ref.ptr());
   Py_XSETREF(self->stream_object, stream_known != nullptr ? Py_NewRef(stream) : nullptr);
   Py_XSETREF(self->buffer_object, buffer_known != nullptr ? Py_NewRef(buf) : nullptr);
-  self->stream_checked = stream_known != nullptr ? stream_known->checked_device : -1;
-  self->stream_checked_on = stream_known != nullptr ? stream_known->checked_on : nullptr;
-  self->buffer_checked = buffer_known != nullptr ? buffer_known->checked_device : -1;
-  self->buffer_checked_on = buffer_known != nullptr ? buffer_known->checked_on : nullptr;
+  self->stream_checked = stream_checked;
+  self->stream_checked_on = stream_checked_on;
+  self->buffer_checked = buffer_checked;
+  self->buffer_checked_on = buffer_checked_on;
   self->offset = 0;
   self->num_bytes = -1;
   self->requested = requested;
@@ -390,12 +430,12 @@ void take_prepared(Persist* self, PyObject* const* v) {
   Py_CLEAR(self->buffer_object);
   self->stream_checked = self->buffer_checked = -1;
   if (t[12].cast<bool>()) {
-    remember_object(v[a_stream], stream_ref, py::none(), py::none());
+    remember_object(v[a_stream], stream_ref, py::none(), py::none(), true);
     Py_XSETREF(self->stream_object, Py_NewRef(v[a_stream]));
   }
   if (!t[13].is_none()) {
     py::tuple stamp = t[13];
-    remember_object(v[a_buf], t[2], stamp[0], stamp[1]);
+    remember_object(v[a_buf], t[2], stamp[0], stamp[1], false);
     Py_XSETREF(self->buffer_object, Py_NewRef(v[a_buf]));
   }
 }
@@ -403,6 +443,10 @@ void take_prepared(Persist* self, PyObject* const* v) {
 int initialise(Persist* self, PyObject* const* v) {
   if (self->live) {
     PyErr_SetString(PyExc_RuntimeError, "this persist scope is live: end it before initialising it again");
+    return -1;
+  }
+  if (self->entering) {
+    PyErr_SetString(PyExc_RuntimeError, "this persist scope is being entered: it cannot be initialised again now");
     return -1;
   }
   if (!hooks.set) {
@@ -517,8 +561,9 @@ const Device_limits& limits_of(Registry_object& registry, int device) {
 
 // After the scope was registered, something failed (a graph's update, a warning filter, an interrupt): the scope
 // ends in compiled code and the first error stays the one to see; an error of the end is a note on it.
-[[noreturn]] void end_after(Persist* self, py::error_already_set& error) {
-  const std::shared_ptr<Scope_object> record = self->live;
+// `record` is the entry's own: what failed (a warning's display, say) may have ended it already, or entered the
+// object again.
+[[noreturn]] void end_after(Persist* self, const std::shared_ptr<Scope_object>& record, py::error_already_set& error) {
   py::object executables = self->executables ? py::reinterpret_borrow<py::object>(self->executables) : py::none();
   py::object changed = self->changed ? py::reinterpret_borrow<py::object>(self->changed) : py::none();
   try {
@@ -526,9 +571,16 @@ const Device_limits& limits_of(Registry_object& registry, int device) {
   } catch (py::error_already_set&) {
     // noted on `error` already where it can be
   }
-  self->live.reset();
+  if (self->live == record) self->live.reset();
   throw error;
 }
+
+// Clears `entering` when the entry returns, however it does.
+struct Entering {
+  explicit Entering(Persist* self) : self(self) { self->entering = true; }
+  ~Entering() { self->entering = false; }
+  Persist* self;
+};
 
 PyObject* enter(Persist* self) {
   if (self->live) {
@@ -536,7 +588,16 @@ PyObject* enter(Persist* self) {
                     "this persist scope is already active; create a new one with l2ctl.persist(...)");
     throw py::error_already_set();
   }
+  if (self->buffer_ref == nullptr) {  // made by Persist.__new__ alone, or its __init__ failed
+    PyErr_SetString(PyExc_RuntimeError, "this persist scope was not initialised: make it with l2ctl.persist(...)");
+    throw py::error_already_set();
+  }
+  if (self->entering) {
+    PyErr_SetString(PyExc_RuntimeError, "this scope is already active (entered in another thread?); create a new one");
+    throw py::error_already_set();
+  }
   if (!self->enabled) return Py_NewRef(self);
+  const Entering entering(self);
   py::object backend;
   const std::shared_ptr<Registry_object> registry = active_registry(&backend);
   int device;
@@ -694,7 +755,7 @@ PyObject* enter(Persist* self) {
       Py_DECREF(r);
     }
   } catch (py::error_already_set& error) {
-    end_after(self, error);
+    end_after(self, record, error);
   }
   return Py_NewRef(self);
 }
@@ -718,20 +779,21 @@ PyObject* persist_exit(PyObject* o, PyObject* const* args, Py_ssize_t nargs) {
   py::object executables = self->executables ? py::reinterpret_borrow<py::object>(self->executables) : py::none();
   py::object changed = self->changed ? py::reinterpret_borrow<py::object>(self->changed) : py::none();
   py::object exc = nargs >= 2 ? py::reinterpret_borrow<py::object>(args[1]) : py::none();
+  // Reset only if it still names this scope: `changed` (Python) may have let the object be entered again.
   try {
     finish_scope(*record, executables, changed, exc);
   } catch (py::error_already_set& e) {
-    self->live.reset();
+    if (self->live == record) self->live.reset();
     e.restore();
     return nullptr;
   } catch (const std::exception& e) {
-    self->live.reset();
+    if (self->live == record) self->live.reset();
     PyErr_SetString(PyExc_RuntimeError, e.what());
     return nullptr;
   }
   // The registry told this object already (compiled_holders.forget), unless the scope was ended before
   // (restore_all): either way no scope is live on it any more.
-  self->live.reset();
+  if (self->live == record) self->live.reset();
   Py_RETURN_NONE;
 }
 
