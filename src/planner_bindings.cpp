@@ -717,6 +717,8 @@ void bind_planner(py::module_& core) {
                return r.planner.granularity(device, maximum);
              });
            })
+      .def_property_readonly("slot_epoch", [](const Registry_object& r) { return r.planner.slot_epoch(); },
+                             "Moves whenever a handle's generation does: slots made before may be stale.")
       .def("known_granularity",
            [](Registry_object& r, int device) {
              Locked locked(&r);

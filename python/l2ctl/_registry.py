@@ -22,7 +22,7 @@ _native: Any = getattr(_core, "_planner")  # the planner's bindings (src/planner
 __all__ = ["lock", "STREAM", "NODE", "Slot", "Target", "Scope", "Snapshot", "stream_slot", "node_slots", "enter",
            "exit", "add_slots", "set_base_window", "forget_slots", "known_limit", "observed_limit", "snapshot", "reset_lines",
            "granularity", "known_granularity", "probe_rounding", "live_scopes", "device_state", "states",
-           "restore_all", "MPS_HINT", "REENTRY_HINT"]
+           "restore_all", "slot_epoch", "MPS_HINT", "REENTRY_HINT"]
 
 MPS_HINT: str = _native.MPS_HINT
 REENTRY_HINT: str = _native.REENTRY_HINT
@@ -155,6 +155,12 @@ def stream_slot(handle: int) -> Slot:
 def node_slots(handles: Iterable[int]) -> tuple[Slot, ...]:
     """Slots of many kernel nodes at once (a graph of N nodes is N slots)."""
     return _planner(_backend._active).node_slots(handles)  # type: ignore[no-any-return]
+
+
+def slot_epoch() -> int:
+    """Changes whenever a handle dies for the registry (forget_slots, a holder found destroyed): slots made
+    before it changed may name a generation that is no longer written, so they are made again."""
+    return _planner(_backend._active).slot_epoch  # type: ignore[no-any-return]
 
 
 def enter(scope: Scope, maximum: int, holder: Any = None) -> tuple[int, float, bool]:

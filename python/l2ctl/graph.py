@@ -77,9 +77,9 @@ class Graph:
     _exec: Optional[GraphExecImpl]
     _dirty: bool
     _nodes: Optional[list[_NodeTuple]]  # the kernel nodes; a captured graph's never change
-    #: The registry slots of every kernel node, with the node list and backend they were made for: a scope on the
-    #: whole graph (the common target) skips listing and converting its nodes again.
-    _all_slots: Optional[tuple[list[_NodeTuple], Any, tuple[_registry.Slot, ...]]]
+    #: The registry slots of every kernel node, with the node list, backend and slot epoch they were made for: a
+    #: scope on the whole graph (the common target) skips listing and converting its nodes again.
+    _all_slots: Optional[tuple[list[_NodeTuple], Any, int, tuple[_registry.Slot, ...]]]
     _torch: Optional[Callable[[], Any]]  # (a weak reference to) the torch.cuda.CUDAGraph whose executable follows
 
     def __init__(self, handle: int, *, owned: bool = False, device: object = None, owner: Any = None) -> None:
@@ -204,9 +204,11 @@ class Graph:
     def _l2ctl_target(self, predicate: Optional[Predicate] = None) -> _registry.Target:
         if predicate is None:
             nodes, backend, known = self._kernel_node_tuples(), _backend._active, self._all_slots
-            if known is None or known[0] is not nodes or known[1] is not backend:
-                known = self._all_slots = (nodes, backend, _registry.node_slots([node for node, _, _, _ in nodes]))
-            slots = known[2]
+            epoch = _registry.slot_epoch()  # a handle forgotten since (another view of the graph destroyed)
+            if known is None or known[0] is not nodes or known[1] is not backend or known[2] != epoch:
+                slots = _registry.node_slots([node for node, _, _, _ in nodes])
+                known = self._all_slots = (nodes, backend, epoch, slots)
+            slots = known[3]
         else:
             slots = _registry.node_slots(self._selected(predicate))
         if not slots:

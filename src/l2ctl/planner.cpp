@@ -372,6 +372,7 @@ std::vector<Slot> Registry::resync(Device_state& state, const std::vector<Slot>&
       state.applied_windows.erase(slot);
       if (failure.cuda) {  // the holder cannot be read: it is gone, and no later plan may write there
         ++generations_[{slot.kind, slot.handle}];
+        ++slot_epoch_;
         state.base_windows.erase(slot);
         dead.push_back(slot);
       }
@@ -608,6 +609,7 @@ void Registry::set_base_window(const std::vector<Slot>& slots, int device, long 
 
 void Registry::forget_slots(int kind, const std::vector<std::uintptr_t>& handles) {
   for (std::uintptr_t handle : handles) ++generations_[{kind, handle}];
+  if (!handles.empty()) ++slot_epoch_;
   for (auto& [device, st] : states_) {
     const bool dead = forget_where(st, [&](const Slot& slot) { return !alive(slot); });
     // Windows that were in force there are no longer: the limit and shared ratios follow.

@@ -261,6 +261,8 @@ class Registry {
   void reset_lines(int device);
   std::pair<long long, std::string> granularity(int device, long long maximum);
   std::optional<long long> known_granularity(int device) const;
+  // How many times a handle's generation moved (a holder forgotten): slots made before are stale once it changes.
+  std::uint64_t slot_epoch() const { return slot_epoch_; }
   void restore_all();  // every live scope ended; errors swallowed (the process is ending)
   void settle_all();   // what calls cut short left, and scopes marked ending meanwhile, settled on every device
   const std::map<int, Device_state>& states() const { return states_; }
@@ -306,6 +308,7 @@ class Registry {
   std::unique_ptr<Calls> calls_;
   std::map<int, Device_state> states_;
   std::map<std::pair<int, std::uintptr_t>, std::uint64_t> generations_;
+  std::uint64_t slot_epoch_ = 0;
   std::map<int, std::pair<long long, std::string>> granularity_;
   std::vector<std::shared_ptr<void>> released_;
 };

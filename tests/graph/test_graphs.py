@@ -33,3 +33,22 @@ def test_graph_scopes_on_the_fake(fake):
     with pytest.raises(ValueError, match="default stream"):
         with graph.capture(None):
             pass
+
+
+def test_a_whole_graph_scope_writes_its_nodes_after_another_view_of_the_graph_is_destroyed(fake):
+    # Destroying a view of the graph (the same handle, borrowed) tells the registry its nodes died: their slots
+    # move to a new generation. A whole-graph scope reused the slots it had remembered, of the old generation,
+    # which the planner never writes: the window silently did not reach the nodes (a predicate's scope did).
+    from l2ctl import graph
+
+    s, lut = l2ctl.Stream(), l2ctl.DeviceBuffer(MiB)
+    with graph.capture(s) as g:
+        fake.launch_fake_kernel(s.handle)
+    with l2ctl.persist(g, lut, 0.5):
+        assert [k.window.hit_ratio for k in g.kernel_nodes()] == [0.5]
+    view = graph.as_graph(g.handle)
+    view.kernel_nodes()
+    view.destroy()
+    with l2ctl.persist(g, lut, 0.5):
+        assert [k.window.hit_ratio for k in g.kernel_nodes()] == [0.5]
+    assert [k.window.hit_ratio for k in g.kernel_nodes()] == [0.0]
