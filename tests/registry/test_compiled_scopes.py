@@ -25,57 +25,9 @@ def test_every_with_block_enters_and_ends_in_compiled_code(cls):
             f"{cls.__name__}.{name} is Python: an interrupt could land between the device's change and its record")
 
 
-class TorchLikeTensor:
-    """What l2ctl reads of a torch tensor, over simulator memory; counts its full resolutions."""
-
-    __module__ = "torch"
-    is_cuda = True
-
-    def __init__(self, buf: l2ctl.DeviceBuffer) -> None:
-        self.resolved = 0
-        self.point_at(buf)
-
-    def point_at(self, buf: l2ctl.DeviceBuffer) -> None:  # what set_() or .data = does to a real tensor
-        self.ptr, self.size = buf.ptr, buf.nbytes
-
-    def is_contiguous(self) -> bool:
-        self.resolved += 1  # read by a full resolution only
-        return True
-
-    def data_ptr(self) -> int:
-        return self.ptr
-
-    @property
-    def nbytes(self) -> int:
-        return self.size
-
-    def numel(self) -> int:
-        return self.size // 4
-
-    def element_size(self) -> int:
-        return 4
-
-    def get_device(self) -> int:
-        return 0
-
-
-class TorchLikeStream:
-    __module__ = "torch.cuda.streams"
-
-    def __init__(self, stream: l2ctl.Stream) -> None:
-        self.reads = 0
-        self._handle = stream.handle
-        self.device = type("device", (), {"index": 0, "type": "cuda"})()
-
-    @property
-    def cuda_stream(self) -> int:
-        self.reads += 1
-        return self._handle
-
-
-def test_torch_objects_are_resolved_once_while_they_live(fake):
+def test_torch_objects_are_resolved_once_while_they_live(fake, torch_like):
     s, first, second = l2ctl.Stream(), l2ctl.DeviceBuffer(2 * MiB), l2ctl.DeviceBuffer(MiB)
-    stream, tensor = TorchLikeStream(s), TorchLikeTensor(first)
+    stream, tensor = torch_like.Stream(s), torch_like.Tensor(first)
     for _ in range(5):
         with l2ctl.persist(stream, tensor, 0.5, set_aside=None, reset_on_exit=False) as p:
             assert l2ctl.get_window(s).base_ptr == first.ptr and p.window.num_bytes == 2 * MiB
@@ -90,9 +42,9 @@ def test_torch_objects_are_resolved_once_while_they_live(fake):
     assert not fake.windows
 
 
-def test_a_tensor_moved_to_memory_l2ctl_cannot_use_is_checked_again(fake):
+def test_a_tensor_moved_to_memory_l2ctl_cannot_use_is_checked_again(fake, torch_like):
     s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(MiB)
-    tensor = TorchLikeTensor(buf)
+    tensor = torch_like.Tensor(buf)
     with l2ctl.persist(s, tensor, 0.5):
         pass
     gone = l2ctl.DeviceBuffer(MiB)

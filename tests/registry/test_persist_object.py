@@ -22,43 +22,6 @@ from l2ctl import _registry
 MiB = 1 << 20
 
 
-class TorchLikeTensor:
-    """What l2ctl reads of a torch tensor, over simulator memory (l2ctl remembers such an object)."""
-
-    __module__ = "torch"
-    is_cuda = True
-
-    def __init__(self, buf: l2ctl.DeviceBuffer) -> None:
-        self.ptr, self.size = buf.ptr, buf.nbytes
-
-    def is_contiguous(self) -> bool:
-        return True
-
-    def data_ptr(self) -> int:
-        return self.ptr
-
-    @property
-    def nbytes(self) -> int:
-        return self.size
-
-    def numel(self) -> int:
-        return self.size // 4
-
-    def element_size(self) -> int:
-        return 4
-
-    def get_device(self) -> int:
-        return 0
-
-
-class TorchLikeStream:
-    __module__ = "torch.cuda.streams"
-
-    def __init__(self, stream: l2ctl.Stream) -> None:
-        self.cuda_stream = stream.handle
-        self.device = type("device", (), {"index": 0, "type": "cuda"})()
-
-
 class CallbackTarget:
     """A target on one stream whose `changed` (called after the entry and after the end) runs `hook` once."""
 
@@ -92,11 +55,11 @@ def run_child(code: str) -> subprocess.CompletedProcess:
                           env=env)
 
 
-def test_the_objects_a_scope_resolved_are_freed_with_their_last_reference(fake):
+def test_the_objects_a_scope_resolved_are_freed_with_their_last_reference(fake, torch_like):
     # The table of resolved objects held each one through the owner field of its StreamRef/BufferRef: a tensor
     # given to persist once kept its (GPU) memory until 1024 other objects had been resolved.
     s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(MiB)
-    tensor, stream = TorchLikeTensor(buf), TorchLikeStream(s)
+    tensor, stream = torch_like.Tensor(buf), torch_like.Stream(s)
     with l2ctl.persist(stream, tensor, 0.5) as p:
         assert p._scope.owner == (stream, tensor)
     with l2ctl.persist(stream, tensor, 0.5) as p:  # from the table this time: the owners are still the objects
@@ -109,11 +72,11 @@ def test_the_objects_a_scope_resolved_are_freed_with_their_last_reference(fake):
     assert not fake.windows
 
 
-def test_a_remembered_tensor_is_no_stream_and_a_remembered_stream_no_buffer(fake):
+def test_a_remembered_tensor_is_no_stream_and_a_remembered_stream_no_buffer(fake, torch_like):
     # One table by address: an object remembered as a buffer was taken as a stream (its pointer as the handle,
     # its size as the device) and a stream as a buffer (reading fields a StreamRef does not have).
     s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(MiB)
-    tensor, stream = TorchLikeTensor(buf), TorchLikeStream(s)
+    tensor, stream = torch_like.Tensor(buf), torch_like.Stream(s)
     with l2ctl.persist(stream, tensor, 0.5):
         pass
     with pytest.raises(TypeError, match="cannot use a TorchLikeTensor as a stream"):
