@@ -947,8 +947,15 @@ void persist_forget(PyObject* holder, const Scope_object* record) {
 
 // `with graph.capture(stream) as g:` began: the capture and its record (`_capturing`) with no bytecode between. A
 // call cut short in the backend (the simulator's Python) may have begun it: the stream is asked, and ended.
+// `_capturing`: False before the capture, True while it runs, None once it ended (one capture per object: its Graph
+// object has been given its graph, or the partial one was destroyed).
 py::object capture_enter(py::object self) {
-  if (self.attr(L2CTL_NAME("_capturing")).cast<bool>()) {
+  const py::object state = self.attr(L2CTL_NAME("_capturing"));
+  if (state.is_none()) {
+    PyErr_SetString(PyExc_RuntimeError, "this capture has ended; make a new one with graph.capture(...)");
+    throw py::error_already_set();
+  }
+  if (state.cast<bool>()) {
     PyErr_SetString(PyExc_RuntimeError, "this capture is already under way; make a new one with graph.capture(...)");
     throw py::error_already_set();
   }
@@ -974,17 +981,18 @@ py::object capture_enter(py::object self) {
 // The capture ended: its graph given to the Graph object, or, when the block raised, destroyed (the block's
 // error is the one to see).
 py::object capture_exit(py::object self, py::object, py::object exc, py::object) {
-  if (!self.attr(L2CTL_NAME("_capturing")).cast<bool>()) return py::none();
+  const py::object state = self.attr(L2CTL_NAME("_capturing"));
+  if (state.is_none() || !state.cast<bool>()) return py::none();
   py::object backend = self.attr(L2CTL_NAME("_backend"));
   py::object handle;
   try {
     handle = backend.attr(L2CTL_NAME("end_capture"))(self.attr(L2CTL_NAME("_stream")));
   } catch (py::error_already_set&) {
-    self.attr(L2CTL_NAME("_capturing")) = false;
+    self.attr(L2CTL_NAME("_capturing")) = py::none();
     if (!exc.is_none()) return py::none();  // the capture may already be invalidated; the block's error matters
     throw;
   }
-  self.attr(L2CTL_NAME("_capturing")) = false;
+  self.attr(L2CTL_NAME("_capturing")) = py::none();
   if (!exc.is_none()) {
     try {
       if (handle.cast<std::uintptr_t>() != 0) backend.attr(L2CTL_NAME("Graph"))(handle, true).attr("destroy")();

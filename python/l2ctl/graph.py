@@ -254,7 +254,7 @@ class Capture:
         graph = Graph.__new__(Graph)  # given now, its graph when the capture ends
         graph._setup(stream_device(ref), None)
         self._graph = graph
-        self._capturing = False
+        self._capturing: Optional[bool] = False  # True while capturing, None once ended (one capture per object)
 
     if TYPE_CHECKING:
         def __enter__(self) -> Graph: ...

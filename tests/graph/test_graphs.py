@@ -52,3 +52,21 @@ def test_a_whole_graph_scope_writes_its_nodes_after_another_view_of_the_graph_is
     with l2ctl.persist(g, lut, 0.5):
         assert [k.window.hit_ratio for k in g.kernel_nodes()] == [0.5]
     assert [k.window.hit_ratio for k in g.kernel_nodes()] == [0.0]
+
+
+def test_a_capture_object_captures_once(fake):
+    # The compiled Capture kept only "capturing or not": entered again, it captured into the same Graph object,
+    # whose first CUDA graph was dropped under its cached kernel nodes (reading them: cudaErrorInvalidValue). The
+    # generator it replaced refused a second entry.
+    from l2ctl import graph
+
+    s = l2ctl.Stream()
+    capture = graph.capture(s)
+    with capture as g:
+        fake.launch_fake_kernel(s.handle)
+    nodes = [k.node for k in g.kernel_nodes()]
+    with pytest.raises(RuntimeError, match="this capture has ended"):
+        with capture:
+            pytest.fail("the block must not run")
+    assert not fake.is_capturing(s.handle)
+    assert [k.node for k in g.kernel_nodes()] == nodes and len(nodes) == 1
