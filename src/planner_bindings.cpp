@@ -267,9 +267,14 @@ class Python_calls final : public pl::Calls {
 
 // ---- scopes and registries ----------------------------------------------------------------------------------------
 
+std::uint64_t next_registry_serial() {
+  static std::atomic<std::uint64_t> counter{0};
+  return ++counter;
+}
+
 Registry_object::Registry_object(py::handle backend, bool cuda)
     : planner(cuda ? std::unique_ptr<pl::Calls>(new Cuda_calls) : std::unique_ptr<pl::Calls>(new Python_calls(backend))),
-      epoch(fork_epoch.load()) {}
+      epoch(fork_epoch.load()), serial(next_registry_serial()) {}
 
 // Registries with scopes whose end a finalizer asked for inside an l2ctl call on the lock's own thread (the GIL
 // guards it): the call in progress ends them as it returns.

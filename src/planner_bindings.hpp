@@ -103,6 +103,8 @@ struct Registry_object {
   Registry_object(py::handle backend, bool cuda);
   pl::Registry planner;
   std::uint64_t epoch;
+  // Unique in the process (never an address a later registry could reuse): what checks are remembered against.
+  std::uint64_t serial;
   std::map<int, Device_limits> limits;  // filled by the scope objects from l2ctl._device.properties
 };
 

@@ -68,7 +68,7 @@ struct Resolved {
   bool stream = false;
   // The stream's context, or the buffer's pointer range, checked for this device of this registry's backend.
   int checked_device = -1;
-  const void* checked_on = nullptr;
+  std::uint64_t checked_on = 0;  // the registry's serial (0: none)
 };
 std::unordered_map<const void*, Resolved>& resolved() {
   static auto* known = new std::unordered_map<const void*, Resolved>;
@@ -129,10 +129,10 @@ void remember_object(PyObject* obj, const py::object& ref, const py::object& sta
       with_owner(ref.ptr(), stream ? stream_owner_field : buffer_owner_field, Py_None));
   auto& table = resolved();
   if (table.size() >= resolved_bound) table.clear();
-  table[obj] = Resolved{weak_ref, ownerless, stamp_of, stamp, stream, -1, nullptr};
+  table[obj] = Resolved{weak_ref, ownerless, stamp_of, stamp, stream, -1, 0};
 }
 
-void mark_checked(PyObject* obj, int device, const void* registry) {
+void mark_checked(PyObject* obj, int device, std::uint64_t registry) {
   auto it = resolved().find(obj);
   if (it != resolved().end() && PyWeakref_GetObject(it->second.weak.ptr()) == obj) {
     it->second.checked_device = device;
@@ -168,7 +168,7 @@ struct Persist {
   bool reset_on_exit, share, enabled;
   // The device (and the registry, one per backend) a foreign stream's context / the pointer was checked for.
   int stream_checked, buffer_checked;
-  const void *stream_checked_on, *buffer_checked_on;
+  std::uint64_t stream_checked_on, buffer_checked_on;  // registry serials (0: none)
   // The live scope and what entering it learnt.
   std::shared_ptr<Scope_object> live;  // the registry's record of the live scope, or empty (made in persist_new)
   PyObject* changed;      // called with the scope after the slots changed (graph targets), or NULL
@@ -249,6 +249,7 @@ long long as_ll(PyObject* value) {
 
 // A StreamRef (handle, device, source, owner) into the scope's fields.
 void take_stream_ref(Persist* self, PyObject* ref) {
+  if (!PyTuple_Check(ref) || PyTuple_GET_SIZE(ref) < 4) throw py::type_error("a stream reference is a StreamRef");
   PyObject* handle = PyTuple_GET_ITEM(ref, 0);
   self->handle = static_cast<std::uintptr_t>(PyLong_AsUnsignedLongLong(handle));
   if (PyErr_Occurred()) throw py::error_already_set();
@@ -261,6 +262,7 @@ void take_stream_ref(Persist* self, PyObject* ref) {
 
 // A BufferRef (ptr, nbytes, device, source, owner, allocation) into the scope's fields.
 void take_buffer_ref(Persist* self, PyObject* ref) {
+  if (!PyTuple_Check(ref) || PyTuple_GET_SIZE(ref) < 6) throw py::type_error("a buffer reference is a BufferRef");
   self->ptr = static_cast<std::uintptr_t>(PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(ref, 0)));
   if (PyErr_Occurred()) throw py::error_already_set();
   self->nbytes = as_ll(PyTuple_GET_ITEM(ref, 1));
@@ -319,7 +321,7 @@ bool take_common(Persist* self, PyObject* const* v) {
   Resolved* stream_known = nullptr;
   Resolved* buffer_known = nullptr;
   int stream_checked = -1, buffer_checked = -1;
-  const void *stream_checked_on = nullptr, *buffer_checked_on = nullptr;
+  std::uint64_t stream_checked_on = 0, buffer_checked_on = 0;
   bool graph_like = false;
   if (Py_TYPE(stream) == reinterpret_cast<PyTypeObject*>(hooks.stream_type)) {
     PyObject* ref = own_ref(stream);
@@ -465,6 +467,9 @@ int initialise(Persist* self, PyObject* const* v) {
     return 0;
   } catch (py::error_already_set& e) {
     e.restore();
+    return -1;
+  } catch (py::builtin_exception& e) {  // py::type_error and the like: the Python type they name
+    e.set_error();
     return -1;
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
@@ -616,14 +621,14 @@ PyObject* enter(Persist* self) {
       PyObject* ref = own_ref(stream_owner);  // checked again: it may have been closed since the scope was made
       if (ref == nullptr) value_error("the stream is closed");
       Py_DECREF(ref);
-    } else if (self->stream_checked != device || self->stream_checked_on != registry.get()) {
+    } else if (self->stream_checked != device || self->stream_checked_on != registry->serial) {
       PyObject* r = PyObject_CallFunctionObjArgs(hooks.check_stream_context, self->stream_ref, py::int_(device).ptr(),
                                                  nullptr);
       if (r == nullptr) throw py::error_already_set();
       Py_DECREF(r);
       self->stream_checked = device;
-      self->stream_checked_on = registry.get();
-      if (self->stream_object != nullptr) mark_checked(self->stream_object, device, registry.get());
+      self->stream_checked_on = registry->serial;
+      if (self->stream_object != nullptr) mark_checked(self->stream_object, device, registry->serial);
     }
     slots.push_back(registry->planner.slot(pl::stream_slot, self->handle));
     owner = py::reinterpret_borrow<py::object>(stream_owner);
@@ -667,17 +672,21 @@ PyObject* enter(Persist* self) {
   const long long full = self->num_bytes < 0 ? self->nbytes - self->offset : self->num_bytes;
   const bool clipped = limits.max_window > 0 && full > limits.max_window;
   const long long nbytes = clipped ? limits.max_window : full;
-  if (!self->allocation && (self->buffer_checked != device || self->buffer_checked_on != registry.get())) {
-    // The whole range the object spans, checked once per object and device; a sub-range needs no more.
+  if (!self->allocation && (self->buffer_checked != device || self->buffer_checked_on != registry->serial)) {
+    // A remembered object's whole range, checked once per device and backend (a sub-range needs no more); any
+    // other buffer's window range, as given (_device remembers it while the owner lives).
+    const bool whole = self->buffer_object != nullptr;
+    const std::uintptr_t start = whole ? self->ptr : self->ptr + static_cast<std::uintptr_t>(self->offset);
+    const long long extent = whole ? self->nbytes : nbytes;
     PyObject* r = PyObject_CallFunctionObjArgs(
-        hooks.check_owned_pointer, py::int_(self->ptr).ptr(), py::int_(self->nbytes).ptr(), py::int_(device).ptr(),
+        hooks.check_owned_pointer, py::int_(start).ptr(), py::int_(extent).ptr(), py::int_(device).ptr(),
         buffer_owner, py::str("the buffer").ptr(), nullptr);
     if (r == nullptr) throw py::error_already_set();
     Py_DECREF(r);
     if (self->buffer_object != nullptr) {
       self->buffer_checked = device;
-      self->buffer_checked_on = registry.get();
-      mark_checked(self->buffer_object, device, registry.get());
+      self->buffer_checked_on = registry->serial;
+      mark_checked(self->buffer_object, device, registry->serial);
     }
   }
   const bool fit = std::isnan(self->requested);
@@ -765,6 +774,9 @@ PyObject* persist_enter(PyObject* self, PyObject*) {
     return enter(reinterpret_cast<Persist*>(self));
   } catch (py::error_already_set& e) {
     e.restore();
+    return nullptr;
+  } catch (py::builtin_exception& e) {  // py::type_error and the like: the Python type they name
+    e.set_error();
     return nullptr;
   } catch (const std::exception& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what());
@@ -1060,8 +1072,6 @@ void bind_scope_types(py::module_& planner) {
         hooks.set = true;
       },
       "Python functions and objects of l2ctl's that the compiled scope calls (set by l2ctl._persist).");
-  planner.def("forget_resolved", [] { resolved().clear(); },
-              "Forget the foreign streams and buffers resolved so far (after a fork, or a backend change).");
   planner.attr("holder_enter") = instance_method(py::cpp_function(&holder_enter, py::name("__enter__")));
   planner.attr("set_aside_enter") = instance_method(py::cpp_function(&set_aside_enter, py::name("__enter__")));
   planner.attr("stream_enter") = instance_method(py::cpp_function(&stream_enter, py::name("__enter__")));

@@ -135,3 +135,25 @@ def test_a_capture_whose_block_raised_leaves_no_graph_and_a_usable_stream(fake):
     assert not fake.is_capturing(s.handle)
     with pytest.raises(RuntimeError, match="capture has not ended"):
         g.handle
+
+
+def test_a_malformed_reference_of_an_l2ctl_object_is_refused_not_read_past(fake):
+    s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(MiB)
+    ref, s._ref = s._ref, (s.handle,)  # type: ignore[assignment]  # private state broken from outside
+    try:
+        with pytest.raises(TypeError, match="StreamRef"):
+            l2ctl.persist(s, buf, 0.5)
+    finally:
+        s._ref = ref
+
+
+def test_a_raw_range_is_checked_where_the_window_lies(fake):
+    """(ptr, nbytes) that runs past its allocation: a window inside the allocation is taken, one past it refused
+    (as the Python scope did: the check covers the window, since nothing says the rest of the range is real)."""
+    s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(MiB)
+    with l2ctl.persist(s, (buf.ptr, 2 * MiB), 0.5, num_bytes=MiB) as p:
+        assert p.window.num_bytes == MiB
+    with pytest.raises(ValueError, match="runs past its allocation"):
+        with l2ctl.persist(s, (buf.ptr, 2 * MiB), 0.5):
+            pass
+    assert not fake.windows
