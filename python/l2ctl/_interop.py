@@ -18,7 +18,7 @@ from ._dlpack import HOST_HINT, check_dlpack_device, read_capsule, request_capsu
 from ._plan import MAX_BYTES
 
 __all__ = ["StreamRef", "BufferRef", "resolve_stream", "resolve_buffer", "parse_cuda_array_interface",
-           "current_streams", "remembered", "SupportsCudaStream", "SupportsCudaArrayInterface", "SupportsDLPack", "SupportsReplay",
+           "current_streams", "remembered", "stream_remembered", "SupportsCudaStream", "SupportsCudaArrayInterface", "SupportsDLPack", "SupportsReplay",
            "SupportsL2ctlTarget"]
 
 #: Special stream handles CUDA understands.
@@ -343,3 +343,11 @@ def remembered(buf: object, ref: BufferRef) -> Optional[tuple[Optional[Callable[
     if _module_of(buf).startswith("cupy"):
         return None, None
     return None
+
+
+def stream_remembered(stream: object, ref: StreamRef) -> bool:
+    """Whether ``ref`` (``stream`` resolved) may be remembered for as long as ``stream`` lives: a torch or CuPy
+    stream object names one stream for life, whichever way it was read (torch's streams implement
+    ``__cuda_stream__`` too); another object's ``__cuda_stream__`` may answer differently (a proxy of the
+    current stream, a cuda.core stream closed since), so it is read at every scope."""
+    return ref.owner is stream and _module_of(stream).partition(".")[0] in ("torch", "cupy")

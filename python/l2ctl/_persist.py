@@ -14,7 +14,7 @@ from . import _registry
 from ._registry import _native
 from ._device import check_owned_pointer, check_stream_context, properties, require_persistence, stream_device
 from ._errors import L2BudgetWarning, SetAsideTaxWarning, WindowClippedWarning
-from ._interop import BufferRef, StreamRef, remembered, resolve_buffer
+from ._interop import BufferRef, StreamRef, remembered, resolve_buffer, stream_remembered
 from ._memory import BufferLike, DeviceBuffer, Stream
 from ._plan import DEFAULT_LIMIT_FRACTION, check_nbytes, clip_window, normalize_hit_ratio
 from ._targets import Target, after_changes, as_target, resolve_target
@@ -26,8 +26,6 @@ __all__ = ["persist", "Persist", "Policy", "Budget", "budget"]
 #: default limit), "max", or None (the limit as it is). A Literal, so that a type checker refuses "lots".
 LimitRequest = Union[int, Literal["auto", "max"], None]
 _PERSISTING, _STREAMING = AccessProperty.PERSISTING, AccessProperty.STREAMING
-#: Stream objects whose handle never changes (resolve_stream's sources): the compiled scope remembers them.
-_FIXED_STREAMS = frozenset(("torch.cuda.Stream", "cupy.cuda.Stream"))
 
 
 @dataclass(frozen=True)
@@ -146,9 +144,7 @@ def _prepare(stream: object, buf: object, hit_ratio: object, num_bytes: object, 
     miss = miss_prop if miss_prop is _STREAMING else check_property(miss_prop, "miss_prop", miss=True)
     if reset_on_exit is not True and reset_on_exit is not False or share is not True and share is not False:
         raise TypeError("reset_on_exit and share must be bools")
-    # A torch or CuPy stream object names one stream for life; another object's __cuda_stream__ may answer
-    # differently (a proxy of the current stream, a cuda.core stream closed since): read at every scope.
-    remember_stream = ref is not None and own_stream is None and ref.owner is stream and ref.source in _FIXED_STREAMS
+    remember_stream = ref is not None and own_stream is None and stream_remembered(stream, ref)
     stamp = None if own_buffer is not None else remembered(buf, buffer)
     return (ref, stream, buffer, offset, checked_bytes, int(hit), int(miss), requested, limit, reset_on_exit, share,
             enabled, remember_stream, stamp)

@@ -157,3 +157,22 @@ def test_a_raw_range_is_checked_where_the_window_lies(fake):
         with l2ctl.persist(s, (buf.ptr, 2 * MiB), 0.5):
             pass
     assert not fake.windows
+
+
+def test_a_torch_stream_read_through_its_cuda_stream_protocol_is_remembered(fake):
+    """torch's streams implement __cuda_stream__ (read first): they are torch's all the same, one stream for life."""
+    s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(MiB)
+
+    class TorchStream:
+        __module__ = "torch.cuda.streams"
+        reads = 0
+
+        def __cuda_stream__(self) -> tuple[int, int]:
+            TorchStream.reads += 1
+            return (0, s.handle)
+
+    stream = TorchStream()
+    for _ in range(3):
+        with l2ctl.persist(stream, buf, 0.5, set_aside=None):
+            assert l2ctl.get_window(s).base_ptr == buf.ptr
+    assert TorchStream.reads == 1
