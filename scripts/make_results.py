@@ -410,6 +410,13 @@ def overhead_targets(gpu: str) -> str:
         if key in a:
             met = "met" if a[key] <= target else "missed"
             lines.append(f"| {label} | {issue} | {b[key]:.1f} | **{a[key]:.1f}** | {a[calls]:.2f} | <= {target:g} ({met}) |")
+    repeat = load(gpu, f"overhead_{commit}_repeat")
+    if repeat is not None:  # the same commit run again on the same host, at once
+        again = medians(repeat)
+        lines.append("")
+        lines.append(f"Run again at once on the same host (`overhead_{commit}_repeat.json`): "
+                     + ", ".join(f"{label} {again[key]:.1f} us" for key, label, _, _, _ in OVERHEAD_TARGETS if key in again)
+                     + ".")
     return "\n".join(lines)
 
 
