@@ -538,20 +538,6 @@ py::object scope_exit(py::object self, py::object, py::object exc, py::object) {
   return py::none();
 }
 
-// `with stream:` ended: the innermost entry of this stream leaves this thread's stack of current streams, by
-// list operations alone (no Python code runs, so no interrupt leaves the stream current).
-py::object stream_exit(py::object self, py::object, py::object, py::object) {
-  // Leaked on purpose: a static py::object would be released at exit without the GIL.
-  static py::object* current = new py::object(py::module_::import("l2ctl._interop").attr("_current"));
-  py::list streams = current->attr("streams");
-  for (Py_ssize_t i = static_cast<Py_ssize_t>(streams.size()) - 1; i >= 0; --i)
-    if (PyList_GET_ITEM(streams.ptr(), i) == self.ptr()) {
-      PySequence_DelItem(streams.ptr(), i);
-      break;
-    }
-  return py::none();
-}
-
 void bind_scope_types(py::module_& planner);  // scope_types.cpp
 
 void bind_planner(py::module_& core) {
@@ -755,8 +741,6 @@ void bind_planner(py::module_& core) {
   // An instance method: it binds to the scope object as a def in the class body does.
   py::cpp_function exit_method(&scope_exit, py::name("__exit__"), "self"_a, "exc_type"_a, "exc"_a, "tb"_a);
   m.attr("scope_exit") = py::reinterpret_steal<py::object>(PyInstanceMethod_New(exit_method.ptr()));
-  py::cpp_function stream_exit_method(&stream_exit, py::name("__exit__"), "self"_a, "exc_type"_a, "exc"_a, "tb"_a);
-  m.attr("stream_exit") = py::reinterpret_steal<py::object>(PyInstanceMethod_New(stream_exit_method.ptr()));
 
   m.def(
       "add_slots",

@@ -42,10 +42,6 @@ struct Hooks {
 };
 Hooks hooks;
 
-PyObject* str_ref;    // "_ref"
-PyObject* str_auto;   // "auto"
-PyObject* str_max;    // "max"
-PyObject* str_scope;  // "_scope"
 
 enum Arg { a_stream, a_buf, a_hit_ratio, a_num_bytes, a_offset, a_hit_prop, a_miss_prop, a_set_aside, a_reset_on_exit,
            a_share, a_policy, n_args };
@@ -275,7 +271,7 @@ void take_buffer_ref(Persist* self, PyObject* ref) {
 
 // An l2ctl Stream's or DeviceBuffer's reference (`_ref`), or NULL when it is closed or freed (new reference).
 PyObject* own_ref(PyObject* obj) {
-  PyObject* ref = PyObject_GetAttr(obj, str_ref);
+  PyObject* ref = PyObject_GetAttr(obj, L2CTL_NAME("_ref").ptr());
   if (ref == nullptr) throw py::error_already_set();
   if (ref == Py_None || !PyTuple_Check(ref)) {
     Py_DECREF(ref);
@@ -307,7 +303,7 @@ bool take_common(Persist* self, PyObject* const* v) {
   Limit kind = Limit::automatic;
   if (limit == Py_None) {
     kind = Limit::none;
-  } else if (limit != nullptr && !(PyUnicode_CheckExact(limit) && PyUnicode_Compare(limit, str_auto) == 0)) {
+  } else if (limit != nullptr && !(PyUnicode_CheckExact(limit) && PyUnicode_Compare(limit, L2CTL_NAME("auto").ptr()) == 0)) {
     return false;
   }
   if (v[a_reset_on_exit] != nullptr && !is_bool(v[a_reset_on_exit])) return false;
@@ -388,7 +384,7 @@ void take_prepared(Persist* self, PyObject* const* v) {
   if (args[a_offset] == nullptr) args[a_offset] = zero;
   if (args[a_hit_prop] == nullptr) args[a_hit_prop] = hooks.persisting;
   if (args[a_miss_prop] == nullptr) args[a_miss_prop] = hooks.streaming;
-  if (args[a_set_aside] == nullptr) args[a_set_aside] = str_auto;
+  if (args[a_set_aside] == nullptr) args[a_set_aside] = L2CTL_NAME("auto").ptr();
   if (args[a_reset_on_exit] == nullptr) args[a_reset_on_exit] = Py_True;
   if (args[a_share] == nullptr) args[a_share] = Py_False;
   if (args[a_policy] == nullptr) args[a_policy] = Py_None;
@@ -420,7 +416,7 @@ void take_prepared(Persist* self, PyObject* const* v) {
   if (limit.is_none()) {
     self->limit = Limit::none;
   } else if (PyUnicode_Check(limit.ptr())) {
-    self->limit = PyUnicode_Compare(limit.ptr(), str_max) == 0 ? Limit::max : Limit::automatic;
+    self->limit = PyUnicode_Compare(limit.ptr(), L2CTL_NAME("max").ptr()) == 0 ? Limit::max : Limit::automatic;
   } else {
     self->limit = Limit::exact;
     self->limit_bytes = limit.cast<long long>();
@@ -724,7 +720,7 @@ PyObject* enter(Persist* self) {
       break;
     case Limit::automatic:
       core.request = pl::Request::automatic;
-      record->limit = py::reinterpret_borrow<py::object>(str_auto);
+      record->limit = py::reinterpret_borrow<py::object>(L2CTL_NAME("auto").ptr());
       break;
     default:
       core.request = pl::Request::exact;
@@ -935,15 +931,32 @@ py::object set_aside_enter(py::object self) {
   return self;
 }
 
+// This thread's stack of current l2ctl streams (`_interop.current_streams()`).
+py::list current_streams() {
+  // Leaked on purpose: a static py::object would be released at exit without the GIL.
+  static py::object* current = new py::object(py::module_::import("l2ctl._interop").attr("_current"));
+  return current->attr(L2CTL_NAME("streams"));
+}
+
 // `with stream:`: a closed stream is refused; otherwise the stream joins this thread's stack of current streams.
 py::object stream_enter(py::object self) {
   PyObject* ref = own_ref(self.ptr());
   if (ref == nullptr) value_error("the stream is closed");
   Py_DECREF(ref);
-  static py::object* current = new py::object(py::module_::import("l2ctl._interop").attr("_current"));
-  py::list streams = current->attr("streams");
-  streams.append(self);
+  current_streams().append(self);
   return self;
+}
+
+// `with stream:` ended: the innermost entry of this stream leaves this thread's stack of current streams, by
+// list operations alone (no Python code runs, so no interrupt leaves the stream current).
+py::object stream_exit(py::object self, py::object, py::object, py::object) {
+  py::list streams = current_streams();
+  for (Py_ssize_t i = static_cast<Py_ssize_t>(streams.size()) - 1; i >= 0; --i)
+    if (PyList_GET_ITEM(streams.ptr(), i) == self.ptr()) {
+      PySequence_DelItem(streams.ptr(), i);
+      break;
+    }
+  return py::none();
 }
 
 bool persist_is_live(PyObject* holder) { return static_cast<bool>(reinterpret_cast<Persist*>(holder)->live); }
@@ -1023,10 +1036,6 @@ py::object instance_method(py::cpp_function f) {
 }  // namespace
 
 void bind_scope_types(py::module_& planner) {
-  str_ref = PyUnicode_InternFromString("_ref");
-  str_auto = PyUnicode_InternFromString("auto");
-  str_max = PyUnicode_InternFromString("max");
-  str_scope = PyUnicode_InternFromString("_scope");
   for (int i = 0; i < n_args; ++i) interned_args[i] = PyUnicode_InternFromString(arg_names[i]);
 
   PyType_Slot slots[] = {
@@ -1075,6 +1084,8 @@ void bind_scope_types(py::module_& planner) {
   planner.attr("holder_enter") = instance_method(py::cpp_function(&holder_enter, py::name("__enter__")));
   planner.attr("set_aside_enter") = instance_method(py::cpp_function(&set_aside_enter, py::name("__enter__")));
   planner.attr("stream_enter") = instance_method(py::cpp_function(&stream_enter, py::name("__enter__")));
+  planner.attr("stream_exit") = instance_method(py::cpp_function(&stream_exit, py::name("__exit__"), py::arg("self"),
+                                                                 py::arg("exc_type"), py::arg("exc"), py::arg("tb")));
   planner.attr("capture_enter") = instance_method(py::cpp_function(&capture_enter, py::name("__enter__")));
   planner.attr("capture_exit") = instance_method(
       py::cpp_function(&capture_exit, py::name("__exit__"), py::arg("self"), py::arg("exc_type"), py::arg("exc"),

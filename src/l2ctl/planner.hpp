@@ -59,8 +59,8 @@ struct Plan_window {
 
 enum class Request { none, exact, automatic };
 
-// The planner's maps keyed by slot draw their nodes from the registry's pool: a scope on a graph of N kernel nodes
-// fills and empties several maps of N entries at entry and at end, and malloc dominated that cost.
+// The planner's trees keyed by slot (a plan's top scope per slot) draw their nodes from the registry's pool: a plan
+// of a graph of N kernel nodes fills one of N entries, and malloc dominated that cost.
 template <typename V>
 using Slot_map = std::pmr::map<Slot, V>;
 // Windows to write, sorted by slot (streams first): built in order and read in order, so a vector.
