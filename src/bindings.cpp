@@ -39,6 +39,14 @@ auto unlocked(F&& f) {
 using release = py::call_guard<py::gil_scoped_release>;
 using WindowTuple = std::tuple<std::uintptr_t, std::size_t, float, int, int>;
 
+// What making the kernels' image did, as l2ctl.kernels.compile_info() reports it.
+py::dict image_info(const l2ctl::KernelImage& image) {
+  return py::dict("arch"_a = image.arch, "image"_a = image.cubin ? "cubin" : "ptx",
+                  "source"_a = image.from_cache ? "cache" : "compiled", "seconds"_a = image.seconds,
+                  "cache_file"_a = image.cache_file, "cache_note"_a = image.cache_note, "nvrtc"_a = image.nvrtc_path,
+                  "nvrtc_version"_a = std::to_string(image.nvrtc_major) + "." + std::to_string(image.nvrtc_minor));
+}
+
 l2ctl::Window make_window(const WindowTuple& t) {
   l2ctl::Window w;
   std::tie(w.base, w.num_bytes, w.hit_ratio, w.hit_prop, w.miss_prop) = t;
@@ -186,6 +194,10 @@ PYBIND11_MODULE(_core, m) {
       py::object cls = py::module_::import("l2ctl._errors").attr("CuptiError");
       py::object err = cls(e.call(), e.code(), e.what());
       PyErr_SetObject(cls.ptr(), err.ptr());
+    } catch (const l2ctl::KernelsUnavailable& e) {
+      PyErr_SetString(py::module_::import("l2ctl._errors").attr("KernelsUnavailableError").ptr(), e.what());
+    } catch (const l2ctl::NotSupported& e) {
+      PyErr_SetString(py::module_::import("l2ctl._errors").attr("NotSupportedError").ptr(), e.what());
     }
   });
 
@@ -370,7 +382,20 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("passes", &l2ctl::RangeProfiler::passes)
       .def_property_readonly("chip", &l2ctl::RangeProfiler::chip);
 
-  // Kernels.
+  // Kernels: compiled by NVRTC, cached on disk, loaded per device.
+  m.def(
+      "load_kernels",
+      [](int device, const std::vector<std::string>& nvrtc, const std::string& cache_dir) {
+        return image_info(unlocked([&] { return l2ctl::load_kernels(device, nvrtc, cache_dir); }));
+      },
+      "device"_a, "nvrtc"_a, "cache_dir"_a);
+  m.def(
+      "kernel_image",
+      [](int arch, bool ptx, const std::vector<std::string>& nvrtc, const std::string& cache_dir) {
+        l2ctl::KernelImage image = unlocked([&] { return l2ctl::kernel_image(arch, ptx, nvrtc, cache_dir); });
+        return py::make_tuple(py::bytes(image.data), image_info(image));
+      },
+      "arch"_a, "ptx"_a, "nvrtc"_a, "cache_dir"_a);
   m.def(
       "reset_data",
       [](int device, std::uintptr_t stream, std::uintptr_t out, std::size_t out_len, std::uintptr_t lut,

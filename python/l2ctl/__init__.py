@@ -34,6 +34,7 @@ from ._limit import (
 from ._errors import (
     CountersUnavailableError,
     CudaError,
+    KernelsUnavailableError,
     L2BudgetWarning,
     L2ctlError,
     NoDeviceError,
@@ -111,6 +112,7 @@ __all__ = [
     "Event",
     "HIT_RATIO_TOLERANCE",
     "KernelCounters",
+    "KernelsUnavailableError",
     "L2BudgetWarning",
     "L2ctlError",
     "NoDeviceError",

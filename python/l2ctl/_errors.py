@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = ["L2ctlError", "CudaError", "NotSupportedError", "NoDeviceError", "CountersUnavailableError", "CuptiError",
+           "KernelsUnavailableError",
            "L2BudgetWarning", "SetAsideTaxWarning", "WindowClippedWarning"]
 
 
@@ -44,6 +45,11 @@ class NoDeviceError(NotSupportedError):
 class CountersUnavailableError(NotSupportedError):
     """Hardware counters cannot be read here (no CUPTI, no permission, unsupported GPU, a profiler
     already attached); the message says which and what to do."""
+
+
+class KernelsUnavailableError(NotSupportedError):
+    """l2ctl's own kernels (``l2ctl.kernels``) cannot run here: no NVRTC to compile them, NVRTC failed, or the code
+    it made is newer than the driver. The message says which and what to install; everything else works."""
 
 
 class CuptiError(CountersUnavailableError):

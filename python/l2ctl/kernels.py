@@ -2,18 +2,23 @@
 
 All launches are asynchronous on ``stream`` (None: the legacy default stream). Buffers are checked
 (device memory, on the stream's device, sizes) before anything is launched.
+
+The kernels are compiled at run time by NVRTC for the GPU in use, on their first use on a device, and cached on
+disk (``compile_info()`` says what happened; ``l2ctl._nvrtc`` where NVRTC and the cache are looked for). Without
+NVRTC they raise ``KernelsUnavailableError``, which says what to install; nothing else in l2ctl needs NVRTC.
 """
 
 from __future__ import annotations
 
 import enum
 import numbers
+import threading
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 
-from . import _backend
+from . import _backend, _nvrtc
 from ._device import check_pointer, resolve_device, stream_device
 from ._interop import BufferRef, StreamRef, resolve_buffer, resolve_stream
 from ._memory import BufferLike, StreamLike
@@ -21,7 +26,8 @@ from ._plan import check_count, check_nbytes
 
 __all__ = ["ResetVariant", "check_variant", "LaunchShape", "reset_data", "verify_reset_data", "write_index",
            "count_index_mismatches", "copy_words", "count_mismatches", "read_sum", "stride_read", "sum_u64",
-           "sparse_vector", "stream_analysis", "sectors_per_request", "dram_bytes_per_request", "SECTOR_BYTES"]
+           "sparse_vector", "stream_analysis", "sectors_per_request", "dram_bytes_per_request", "SECTOR_BYTES",
+           "compile_info"]
 
 SECTOR_BYTES = 32
 WARP_SIZE = 32
@@ -34,7 +40,7 @@ class ResetVariant(enum.IntEnum):
     STREAMING = 1  #: st.global.cs stores for the output
     EVICT_LAST = 2  #: LUT loads with an L2 evict_last policy (createpolicy + .L2::cache_hint)
     HINTED = 3  #: evict_last LUT loads and .cs stores
-    ANNOTATED = 4  #: LUT through cuda::annotated_ptr<const int, access_property::persisting>
+    ANNOTATED = 4  #: LUT with the access property of cuda::annotated_ptr<const int, access_property::persisting>
     SEED = 5  #: the source blog's shape: 32 blocks x 1024 threads, 64-bit i % n (reference only)
     SCALAR = 6  #: plain, with 4-byte loads and stores only (the shape of the reference H100 measurements)
 
@@ -70,14 +76,43 @@ def _buffer(buf: BufferLike, name: str, unit: int = 4) -> BufferRef:
     return ref
 
 
+# What load_kernels reported for each device of the backend in use (the first of the pair).
+_loaded: tuple[object, dict[int, dict[str, Any]]] = (None, {})
+_load_lock = threading.Lock()
+
+
+def _kernels_ready(device: int) -> None:
+    """Compiles (or reads from the cache) and loads the kernels on ``device``, once per process and backend."""
+    global _loaded
+    backend = _backend.current()
+    if _loaded[0] is backend and device in _loaded[1]:
+        return
+    with _load_lock:
+        if _loaded[0] is not backend:
+            _loaded = (backend, {})
+        if device not in _loaded[1]:
+            candidates = _nvrtc.search_paths(int(backend.runtime_version()) // 1000, int(backend.driver_version()))
+            _loaded[1][device] = dict(backend.load_kernels(device, candidates, _nvrtc.cache_dir()))
+
+
+def compile_info() -> list[dict[str, Any]]:
+    """How the kernels were made ready on each device used so far in this process: ``device``, ``arch``,
+    ``image`` ("cubin" for that arch, "ptx" the driver compiles), ``source`` ("compiled" or "cache"), ``seconds``
+    (compiling, or reading the cache), ``cache_file``, ``cache_note`` (why the cache was not used, if it was not),
+    ``nvrtc`` (the library) and ``nvrtc_version``. Empty before the first kernel."""
+    return [{"device": device, **info} for device, info in sorted(_loaded[1].items())]
+
+
 def _on_device(stream: StreamRef, *buffers: tuple[BufferRef, str, int]) -> int:
     """The stream's device, after checking every buffer: device memory of that device, inside its
-    allocation, aligned to its element size. Called once the arguments themselves are known good."""
+    allocation, aligned to its element size; the kernels are then ready there. Called once the arguments
+    themselves are known good."""
     device = stream_device(stream)
     for ref, name, align in buffers:
         if ref.device is not None and ref.device != device:
             raise ValueError(f"{name} is on device {ref.device} but the stream is on device {device}")
         check_pointer(ref.ptr, ref.nbytes, device, name, align=align)
+    _kernels_ready(device)
     return device
 
 
@@ -152,7 +187,9 @@ def read_sum(buf: BufferLike, partials: BufferLike, stream: StreamLike = None) -
 
 def max_read_partials(device: object = None) -> int:
     """How many uint64 partials read_sum writes at most on ``device``."""
-    return int(_backend.current().max_read_partials(resolve_device(device)))
+    index = resolve_device(device)
+    _kernels_ready(index)
+    return int(_backend.current().max_read_partials(index))
 
 
 def stride_read(

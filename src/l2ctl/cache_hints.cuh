@@ -16,9 +16,8 @@
 // 64-bit vectors are not offered.
 // L2 eviction policies need sm_80; on older targets make_policy returns 0 and the *_with_policy
 // functions compile to plain accesses, so code using them builds for every architecture.
+// Needs no other header (policies are unsigned long long, 64 bits), so NVRTC compiles it too.
 #pragma once
-
-#include <cstdint>
 
 #if !defined(__CUDACC__)
 #error "l2ctl/cache_hints.cuh is CUDA C++: compile it with nvcc (or clang in CUDA mode)"
@@ -122,8 +121,8 @@ L2CTL_HINTS_TYPE(2, double2, "f64", "d")
 // A 64-bit L2 cache policy: lines touched with it get priority E for the given fraction of accesses
 // (the rest evict_unchanged). Build it once per thread, outside loops.
 template <evict E>
-__device__ __forceinline__ std::uint64_t make_policy(float fraction = 1.0f) {
-  std::uint64_t policy = 0;
+__device__ __forceinline__ unsigned long long make_policy(float fraction = 1.0f) {
+  unsigned long long policy = 0;
 #if L2CTL_HINTS_HAVE_L2_POLICY
   if constexpr (E == evict::last) {
     asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, %1;" : "=l"(policy) : "f"(fraction));
@@ -139,45 +138,45 @@ __device__ __forceinline__ std::uint64_t make_policy(float fraction = 1.0f) {
 }
 
 template <class T>
-__device__ T load_with_policy(const T* address, std::uint64_t policy);
+__device__ T load_with_policy(const T* address, unsigned long long policy);
 template <class T>
-__device__ void store_with_policy(T* address, T value, std::uint64_t policy);
+__device__ void store_with_policy(T* address, T value, unsigned long long policy);
 
 #if L2CTL_HINTS_HAVE_L2_POLICY
 #define L2CTL_HINTS_PLOAD1(T, PTX, C)                                                                    \
   template <>                                                                                            \
-  __device__ __forceinline__ T load_with_policy<T>(const T* a, std::uint64_t p) {                        \
+  __device__ __forceinline__ T load_with_policy<T>(const T* a, unsigned long long p) {                        \
     T v;                                                                                                 \
     asm volatile("ld.global.L2::cache_hint." PTX " %0, [%1], %2;" : "=" C(v) : "l"(a), "l"(p) : "memory"); \
     return v;                                                                                            \
   }                                                                                                      \
   template <>                                                                                            \
-  __device__ __forceinline__ void store_with_policy<T>(T * a, T v, std::uint64_t p) {                    \
+  __device__ __forceinline__ void store_with_policy<T>(T * a, T v, unsigned long long p) {                    \
     asm volatile("st.global.L2::cache_hint." PTX " [%0], %1, %2;" ::"l"(a), C(v), "l"(p) : "memory");    \
   }
 #define L2CTL_HINTS_PLOAD2(T, PTX, C)                                                                      \
   template <>                                                                                              \
-  __device__ __forceinline__ T load_with_policy<T>(const T* a, std::uint64_t p) {                          \
+  __device__ __forceinline__ T load_with_policy<T>(const T* a, unsigned long long p) {                          \
     T v;                                                                                                   \
     asm volatile("ld.global.L2::cache_hint.v2." PTX " {%0, %1}, [%2], %3;"                                 \
                  : "=" C(v.x), "=" C(v.y) : "l"(a), "l"(p) : "memory");                                    \
     return v;                                                                                              \
   }                                                                                                        \
   template <>                                                                                              \
-  __device__ __forceinline__ void store_with_policy<T>(T * a, T v, std::uint64_t p) {                      \
+  __device__ __forceinline__ void store_with_policy<T>(T * a, T v, unsigned long long p) {                      \
     asm volatile("st.global.L2::cache_hint.v2." PTX " [%0], {%1, %2}, %3;" ::"l"(a), C(v.x), C(v.y), "l"(p) \
                  : "memory");                                                                              \
   }
 #define L2CTL_HINTS_PLOAD4(T, PTX, C)                                                                   \
   template <>                                                                                           \
-  __device__ __forceinline__ T load_with_policy<T>(const T* a, std::uint64_t p) {                       \
+  __device__ __forceinline__ T load_with_policy<T>(const T* a, unsigned long long p) {                       \
     T v;                                                                                                \
     asm volatile("ld.global.L2::cache_hint.v4." PTX " {%0, %1, %2, %3}, [%4], %5;"                      \
                  : "=" C(v.x), "=" C(v.y), "=" C(v.z), "=" C(v.w) : "l"(a), "l"(p) : "memory");         \
     return v;                                                                                           \
   }                                                                                                     \
   template <>                                                                                           \
-  __device__ __forceinline__ void store_with_policy<T>(T * a, T v, std::uint64_t p) {                   \
+  __device__ __forceinline__ void store_with_policy<T>(T * a, T v, unsigned long long p) {                   \
     asm volatile("st.global.L2::cache_hint.v4." PTX " [%0], {%1, %2, %3, %4}, %5;" ::"l"(a), C(v.x),    \
                  C(v.y), C(v.z), C(v.w), "l"(p)                                                         \
                  : "memory");                                                                           \
@@ -185,9 +184,9 @@ __device__ void store_with_policy(T* address, T value, std::uint64_t policy);
 #else
 #define L2CTL_HINTS_PLAIN(T)                                                                                   \
   template <>                                                                                                  \
-  __device__ __forceinline__ T load_with_policy<T>(const T* a, std::uint64_t) { return *a; }                  \
+  __device__ __forceinline__ T load_with_policy<T>(const T* a, unsigned long long) { return *a; }                  \
   template <>                                                                                                  \
-  __device__ __forceinline__ void store_with_policy<T>(T * a, T v, std::uint64_t) { *a = v; }
+  __device__ __forceinline__ void store_with_policy<T>(T * a, T v, unsigned long long) { *a = v; }
 #define L2CTL_HINTS_PLOAD1(T, PTX, C) L2CTL_HINTS_PLAIN(T)
 #define L2CTL_HINTS_PLOAD2(T, PTX, C) L2CTL_HINTS_PLAIN(T)
 #define L2CTL_HINTS_PLOAD4(T, PTX, C) L2CTL_HINTS_PLAIN(T)

@@ -32,6 +32,10 @@ void check_launch(const char* kernel, const std::string& details) {
   if (code != cudaSuccess) throw CudaError(std::string("launch of ") + kernel, code, details);
 }
 
+std::string cuda_version_text(int version) {
+  return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
+}
+
 std::string hex(std::uintptr_t address) {
   char text[32];
   std::snprintf(text, sizeof text, "0x%llx", static_cast<unsigned long long>(address));

@@ -28,6 +28,22 @@ class CudaError : public std::runtime_error {
   std::string details_;
 };
 
+// What this driver or machine cannot do (l2ctl.NotSupportedError): a feature newer than the driver.
+class NotSupported : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// l2ctl's kernels cannot be compiled or loaded here (l2ctl.KernelsUnavailableError): no NVRTC, NVRTC failed, or
+// its code is newer than the driver. The message says which and what to install.
+class KernelsUnavailable : public NotSupported {
+ public:
+  using NotSupported::NotSupported;
+};
+
+// "12.4" for a CUDA version number (12040), as cudaDriverGetVersion gives it.
+std::string cuda_version_text(int version);
+
 // Throws CudaError for a failed call (never returns). Clears CUDA's "last error" first, so that a later
 // launch check sees only its own error.
 [[noreturn]] void fail(cudaError_t code, const char* call, const std::string& details);

@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "l2ctl/device.hpp"
 #include "l2ctl/driver.hpp"
 #include "l2ctl/error.hpp"
 
@@ -34,7 +35,9 @@ const ArgumentReader& reader() {
 std::vector<ArgumentWord> kernel_node_words(std::uintptr_t node) {
   const ArgumentReader& r = reader();
   std::vector<ArgumentWord> words;
-  if (r.params == nullptr) return words;
+  if (r.params == nullptr || (r.func_param == nullptr && r.kernel_param == nullptr))
+    throw NotSupported("reading a kernel node's arguments (cuFuncGetParamInfo) needs a driver of CUDA 12.4 or newer "
+                       "(r550+); this driver is CUDA " + cuda_version_text(driver_version()));
   CUDA_KERNEL_NODE_PARAMS_v2 params{};
   if (r.params(reinterpret_cast<CUgraphNode>(node), &params) != CUDA_SUCCESS || params.kernelParams == nullptr)
     return words;

@@ -17,7 +17,8 @@ struct ArgumentWord {
 
 // Every 8-byte-aligned word of every parameter of a kernel node, read through the driver
 // (cuGraphKernelNodeGetParams, cuFuncGetParamInfo or cuKernelGetParamInfo for the layout). Empty where the
-// driver cannot tell (a driver older than CUDA 12.4, a node made with `extra` instead of kernelParams).
+// node cannot tell (made with `extra` instead of kernelParams); NotSupported, naming the driver needed, where the
+// driver is older than CUDA 12.4.
 std::vector<ArgumentWord> kernel_node_words(std::uintptr_t node);
 
 // (base, size) of the device allocation that holds `address` (cuMemGetAddressRange); (0, 0) when it is in

@@ -1,12 +1,24 @@
 // Kernels that show the hardware. Every launcher takes the device and stream explicitly, checks the
-// launch, and never synchronizes (timing stays with the caller).
+// launch, and never synchronizes (timing stays with the caller). The device code (kernels.cu) is compiled by
+// NVRTC: load_kernels(device, ...) makes it ready on a device, once per process, before any launch there.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "l2ctl/nvrtc.hpp"
 
 namespace l2ctl {
+
+// Threads per block of the grid-stride kernels (their __launch_bounds__, set through NVRTC's options).
+constexpr unsigned kBlockThreads = 256;
+
+// Compiles (or reads from `cache_dir`) the kernels for `device`'s arch with the first acceptable NVRTC of
+// `nvrtc` and loads them into its primary context; a second call for the device returns what the first did.
+// An image the driver cannot load (PTX newer than the driver) throws KernelsUnavailable naming the versions.
+KernelImage load_kernels(int device, const std::vector<std::string>& nvrtc, const std::string& cache_dir);
 
 // Reset-data variants: out[i] = lut[i % lut_len] over 32-bit words.
 enum class ResetVariant : int {

@@ -29,7 +29,7 @@ from typing import Any, Callable, ContextManager, Iterator, Optional, cast
 import numpy as np
 
 from .. import _backend, _core
-from .._errors import CudaError
+from .._errors import CudaError, NotSupportedError
 from .devices import FakeDevice
 from .errors import cuda_error, cupti_error
 from .kernels import KernelLaunch, Kernels
@@ -926,6 +926,19 @@ class FakeBackend(L2State):
         return FakeRangeProfiler(self, device, metrics, max_ranges, user_replay)
 
     # kernels -------------------------------------------------------------------------------------------------
+    def load_kernels(self, device: int, nvrtc: list[str], cache_dir: str) -> dict[str, Any]:
+        """What l2ctl.kernels.compile_info() reports: the simulator runs the kernels itself and compiles nothing
+        (no NVRTC is looked for)."""
+        with self._locked:
+            d = self._device(device, "cuLibraryLoadData(&library, image, ...)")
+            return {"arch": d.major * 10 + d.minor, "image": "simulated", "source": "simulated", "seconds": 0.0,
+                    "cache_file": "", "cache_note": "the simulator runs the kernels itself", "nvrtc": "",
+                    "nvrtc_version": ""}
+
+    def kernel_image(self, arch: int, ptx: bool, nvrtc: list[str], cache_dir: str) -> tuple[bytes, dict[str, Any]]:
+        raise NotSupportedError("the simulator compiles no kernels (it runs them itself): l2ctl._core.kernel_image "
+                                "compiles them with NVRTC, on any machine")
+
     def _run_kernel(self, device: int, stream: int, make: Callable[[Kernels], KernelLaunch]) -> Any:
         """Launch the kernel ``make`` builds from ``device``'s kernels; what its launcher returns."""
         with self._locked:

@@ -1,0 +1,59 @@
+"""Where l2ctl looks for NVRTC, which compiles its kernels at run time, and where it keeps what NVRTC made.
+
+The C++ core loads the first acceptable candidate (``_core.load_kernels``); these rules only name the places.
+Nothing here touches a device or opens a library.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Optional
+
+__all__ = ["search_paths", "cache_dir"]
+
+_LIBRARY_DIRS = ("lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib")
+
+
+def _toolkits(env: Mapping[str, str]) -> list[str]:
+    """CUDA toolkit roots: $CUDA_HOME, $CUDA_PATH, /usr/local/cuda, then versioned installs, newest first."""
+    versioned = sorted(glob.glob("/usr/local/cuda-*"), key=lambda p: [int(x) for x in p.rsplit("-", 1)[1].split(".")
+                                                                       if x.isdigit()], reverse=True)
+    return [r for r in (env.get("CUDA_HOME"), env.get("CUDA_PATH"), "/usr/local/cuda", *versioned, "/opt/cuda") if r]
+
+
+def search_paths(built_major: int, driver_version: int, environ: Optional[Mapping[str, str]] = None,
+                 sys_path: Optional[Sequence[str]] = None) -> list[str]:
+    """Candidates for libnvrtc, most preferred first. ``$L2CTL_NVRTC`` alone when set (a path the user chose is
+    never silently replaced). Else for the CUDA major l2ctl was built for (``built_major``), then for each newer
+    one the driver supports (``driver_version``, e.g. 12080): the pip wheels on ``sys.path``
+    (``nvidia/cu13/lib`` for CUDA 13, ``nvidia/cuda_nvrtc/lib`` for CUDA 12), the system toolkit
+    (``$CUDA_HOME``, ``$CUDA_PATH``, ``/usr/local/cuda``, ...), then the loader's own search
+    (``libnvrtc.so.<major>``: ``LD_LIBRARY_PATH``, ldconfig)."""
+    env = os.environ if environ is None else environ
+    if env.get("L2CTL_NVRTC"):
+        return [env["L2CTL_NVRTC"]]
+    entries = sys.path if sys_path is None else sys_path
+    majors = [built_major, *range(built_major + 1, driver_version // 1000 + 1)]
+    found: list[str] = []
+    for major in majors:
+        name = f"libnvrtc.so.{major}"
+        for entry in filter(None, entries):
+            found += [os.path.join(entry, "nvidia", f"cu{major}", "lib", name),
+                      os.path.join(entry, "nvidia", "cuda_nvrtc", "lib", name)]
+        for root in _toolkits(env):
+            found += [os.path.join(root, sub, name) for sub in _LIBRARY_DIRS]
+        found.append(name)
+    return list(dict.fromkeys(found))  # once each, in order
+
+
+def cache_dir(environ: Optional[Mapping[str, str]] = None) -> str:
+    """Where compiled kernels are kept: ``$L2CTL_CACHE_DIR`` (empty: no cache), else ``$XDG_CACHE_HOME/l2ctl``,
+    else ``~/.cache/l2ctl``."""
+    env = os.environ if environ is None else environ
+    if "L2CTL_CACHE_DIR" in env:
+        return env["L2CTL_CACHE_DIR"]
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "l2ctl")
