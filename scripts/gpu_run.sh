@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # One batch on the GPU machine: build l2ctl there, run the whole test suite (GPU tests included), the
 # CUDA behaviour probe and the benchmarks; results go to $OUT (or ./.out when run by hand).
-# Usage: bash scripts/gpu_run.sh [full|quick|check|sanitize|workloads|gallery|suite|bench|main|probe]
+# Usage: bash scripts/gpu_run.sh [full|quick|check|sanitize|workloads|gallery|suite|bench|main|probe|nvrtc]
 #   full = suite + bench in one call (over 10 minutes: split it where a call is limited);
 #   suite: the test suite (notebooks executed, the Nsight Compute comparison included), nothing else;
 #   bench: every benchmark, sweep, the tuner targets and the framework gallery, no tests;
 #   main: the main benchmarks only (overhead, reset-data, the gallery, the tax sweep);
 #   quick: fewer LUT sizes, no sweeps; check: the test suite, the overhead benchmark and compute-sanitizer;
 #   sanitize: build, then compute-sanitizer over the kernels and GPU tests only;
+#   nvrtc: the kernels' run-time compilation: first use against a cached start (scripts/bench_nvrtc.py), then
+#     tests/kernels and the kernel GPU tests;
 #   workloads: the test suite (Nsight comparison left out), overhead, the gallery and the tax sweep;
 #   gallery: only the GPU workload tests, the gallery and the tax sweep;
 #   probe: what each CUDA call and each piece of a scope costs on the host, and the overhead benchmark;
@@ -39,8 +41,7 @@ if [ -d .whl ]; then
 fi
 
 step "build (pip install --no-build-isolation .)"
-# CUDAARCHS may be set by the caller to shorten the build; unset it builds the default targets. SKIP_BUILD=1
-# keeps what an earlier call on the same (warm) machine installed.
+# SKIP_BUILD=1 keeps what an earlier call on the same (warm) machine installed.
 if [ -z "${SKIP_BUILD:-}" ]; then
   if ! python3 -m pip install --no-build-isolation --no-deps -q . > "$OUT/build.log" 2>&1; then
     tail -50 "$OUT/build.log"; exit 1
@@ -53,6 +54,14 @@ src=$OLDPWD
 if [ "$mode" = sanitize ]; then
   step "compute-sanitizer"
   bash "$src/scripts/sanitize.sh" "$src/tests" "$OUT" || status=1
+  exit $status
+fi
+
+if [ "$mode" = nvrtc ]; then
+  step "kernels compiled at run time: first use against a cached start, then their tests"
+  python3 "$src/scripts/bench_nvrtc.py" --json "$OUT/nvrtc.json" | tee "$OUT/bench_nvrtc.txt" || status=1
+  python3 -m pytest -q -p no:cacheprovider "$src/tests/kernels" "$src/tests/gpu/test_gpu.py" 2>&1 | tail -15 | tee "$OUT/pytest.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   exit $status
 fi
 
