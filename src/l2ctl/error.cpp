@@ -27,11 +27,6 @@ void fail(cudaError_t code, const char* call, const std::string& details) {
   throw CudaError(call, code, details);
 }
 
-void check_launch(const char* kernel, const std::string& details) {
-  const cudaError_t code = cudaGetLastError();
-  if (code != cudaSuccess) throw CudaError(std::string("launch of ") + kernel, code, details);
-}
-
 std::string cuda_version_text(int version) {
   return std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
 }

@@ -51,9 +51,6 @@ std::string cuda_version_text(int version);
 // Clears the "last error" left by a failed call that l2ctl handles itself.
 inline void clear_last_error() noexcept { (void)cudaGetLastError(); }
 
-// Checks the launch of a kernel: the configuration error of this launch, if any.
-void check_launch(const char* kernel, const std::string& details = {});
-
 std::string hex(const void* pointer);
 std::string hex(std::uintptr_t address);
 

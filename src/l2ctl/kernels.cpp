@@ -63,6 +63,7 @@ const char* const kNames[kernel_count] = {
 // Found once through the runtime, as the rest of l2ctl's driver calls: import needs no driver.
 struct LibraryCalls {
   PFN_cuLibraryLoadData_v12000 load = nullptr;
+  PFN_cuLibraryUnload_v12000 unload = nullptr;
   PFN_cuLibraryGetModule_v12000 module = nullptr;
   PFN_cuLibraryGetKernel_v12000 kernel = nullptr;
   PFN_cuLaunchKernel_v4000 launch = nullptr;
@@ -73,6 +74,7 @@ const LibraryCalls& calls() {
   static const LibraryCalls c = [] {
     LibraryCalls d;
     d.load = driver_entry<PFN_cuLibraryLoadData_v12000>("cuLibraryLoadData", 12000);
+    d.unload = driver_entry<PFN_cuLibraryUnload_v12000>("cuLibraryUnload", 12000);
     d.module = driver_entry<PFN_cuLibraryGetModule_v12000>("cuLibraryGetModule", 12000);
     d.kernel = driver_entry<PFN_cuLibraryGetKernel_v12000>("cuLibraryGetKernel", 12000);
     d.launch = driver_entry<PFN_cuLaunchKernel_v4000>("cuLaunchKernel", 4000);
@@ -82,6 +84,14 @@ const LibraryCalls& calls() {
   }();
   return c;
 }
+
+// A loaded library, unloaded unless released to the table of loaded devices.
+struct LibraryGuard {
+  CUlibrary library = nullptr;
+  ~LibraryGuard() {
+    if (library != nullptr) (void)calls().unload(library);
+  }
+};
 
 void check(CUresult code, const char* call, const std::string& details) {
   if (code != CUDA_SUCCESS) fail(static_cast<cudaError_t>(code), call, details);
@@ -191,17 +201,17 @@ KernelImage load_kernels(int device, const std::vector<std::string>& nvrtc, cons
   const DeviceProperties props = device_properties(device);
   KernelImage image = kernel_image(props.major * 10 + props.minor, false, nvrtc, cache_dir);
   const LibraryCalls& c = calls();
-  if (c.load == nullptr || c.module == nullptr || c.kernel == nullptr || c.launch == nullptr || c.occupancy == nullptr)
+  if (c.load == nullptr || c.unload == nullptr || c.module == nullptr || c.kernel == nullptr || c.launch == nullptr ||
+      c.occupancy == nullptr)
     throw NotSupported("l2ctl's kernels need a driver of CUDA 12.0 or newer (r525+, for cuLibraryLoadData); this driver "
                        "is CUDA " + cuda_version_text(driver_version()));
-  // Loading is not a stream operation: allowed while another stream of this thread is being captured.
+  // Loading is no stream operation: allowed while a stream is being captured (this thread's or another's).
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   L2CTL_CHECK(cudaThreadExchangeStreamCaptureMode(&mode), "");
-  Loaded loaded;
-  CUlibrary library = nullptr;
+  LibraryGuard library;
   CUmodule module = nullptr;
-  CUresult code = c.load(&library, image.data.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
-  if (code == CUDA_SUCCESS) code = c.module(&module, library);  // into this context now: a JIT error shows here
+  CUresult code = c.load(&library.library, image.data.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+  if (code == CUDA_SUCCESS) code = c.module(&module, library.library);  // into this context now: a JIT error shows here
   (void)cudaThreadExchangeStreamCaptureMode(&mode);
   const std::string what = (image.cubin ? "sm_" : "compute_") + std::to_string(image.arch) + (image.cubin ? " CUBIN" : " PTX");
   if (code == CUDA_ERROR_UNSUPPORTED_PTX_VERSION)
@@ -212,17 +222,20 @@ KernelImage load_kernels(int device, const std::vector<std::string>& nvrtc, cons
                              ": update the driver, or point L2CTL_NVRTC at an NVRTC no newer than it");
   check(code, "cuLibraryLoadData", "device " + std::to_string(device) + ", " + what + ", " +
                                        std::to_string(image.data.size()) + " bytes");
+  Loaded loaded;
   for (int k = 0; k < kernel_count; ++k) {
     CUkernel kernel = nullptr;
-    check(c.kernel(&kernel, library, kNames[k]), "cuLibraryGetKernel", kNames[k]);
+    check(c.kernel(&kernel, library.library, kNames[k]), "cuLibraryGetKernel", kNames[k]);
     loaded.kernels[k] = reinterpret_cast<CUfunction>(kernel);
   }
   image.data.clear();
   image.data.shrink_to_fit();
   loaded.image = image;
   std::lock_guard<std::mutex> lock(g_mutex);
-  // A thread that loaded the device meanwhile won: its library is kept, this one stays loaded (unused).
-  return g_loaded.emplace(device, std::move(loaded)).first->second.image;
+  // Where another thread loaded the device meanwhile, its library is kept and this one unloaded.
+  const auto [entry, added] = g_loaded.emplace(device, std::move(loaded));
+  if (added) library.library = nullptr;  // kept for the life of the process
+  return entry->second.image;
 }
 
 LaunchShape reset_data(int device, std::uintptr_t stream, std::uintptr_t out, std::size_t out_len, std::uintptr_t lut,

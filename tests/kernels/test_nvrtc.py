@@ -206,6 +206,28 @@ def test_no_nvrtc_is_an_error_that_says_what_to_install(tmp_path):
     assert f"pip install {wheel}" in text.replace('"', "") and "L2CTL_NVRTC" in text
 
 
+def test_the_builtins_beside_the_chosen_nvrtc_are_the_ones_used(tmp_path):
+    """NVRTC opens libnvrtc-builtins.so.<major>.<minor> by name: the copy beside the chosen library (a wheel's,
+    off the loader's path) must be the one found, not another on the loader's path."""
+    _, info = _image(90, ptx=True)
+    builtins = f"libnvrtc-builtins.so.{info['nvrtc_version']}"
+    real = os.path.join(os.path.dirname(os.path.realpath(info["nvrtc"])), builtins)
+    if not os.path.exists(real):
+        pytest.skip(f"no {builtins} beside {info['nvrtc']}")
+    wheel = tmp_path / "nvidia" / f"cu{BUILT_MAJOR}" / "lib"  # the layout of a wheel, by links
+    wheel.mkdir(parents=True)
+    (wheel / os.path.basename(info["nvrtc"])).symlink_to(os.path.realpath(info["nvrtc"]))
+    (wheel / builtins).symlink_to(real)
+    code = ("from l2ctl import _core\n"
+            f"print(_core.kernel_image(90, True, [{str(wheel / os.path.basename(info['nvrtc']))!r}], '')[1]['nvrtc'])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "LD_DEBUG": "libs"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == str(wheel / os.path.basename(info["nvrtc"]))
+    assert f"calling init: {wheel / builtins}" in out.stderr
+    assert f"find library={builtins}" not in out.stderr, "NVRTC searched the loader's path for its builtins"
+
+
 # ---- the simulator and the GPU -------------------------------------------------------------------------------
 
 
