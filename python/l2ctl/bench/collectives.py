@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from .. import _backend
 from .._device import require_persistence
+from .._errors import NotSupportedError
 from .._limit import auto_set_aside_cap, get_set_aside, set_aside, set_aside_granularity
 from .._plan import check_count, check_nbytes
 from .progress import Progress
@@ -77,9 +78,12 @@ def collective_set_asides(device: object = None) -> dict[int, str]:
 def _distributed(device: object) -> tuple[Any, Any, bool, bool, object]:
     """torch, torch.distributed, whether this call initialised it, whether the tensors live on the GPU (NCCL),
     and the l2ctl device (the rank's CUDA device unless given)."""
-    import torch
-    import torch.distributed as dist
-
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        raise NotSupportedError("bench collectives measures torch.distributed's collectives: it needs PyTorch "
+                                "(pip install torch)") from None
     ours = False
     if not dist.is_initialized():
         if not all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):

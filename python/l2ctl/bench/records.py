@@ -11,7 +11,7 @@ import platform
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, TextIO
 
 import numpy as np
 
@@ -127,16 +127,26 @@ class Report:
 
     def to_json(self, path: str) -> None:
         with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, indent=2, default=_json_default)
-            f.write("\n")
+            self.write_json(f)
+
+    def write_json(self, file: TextIO) -> None:
+        json.dump(self.to_dict(), file, indent=2, default=_json_default)
+        file.write("\n")
 
     def to_csv(self, path: str) -> None:
-        rows = [r.flat() for r in self.records]
-        columns = list(dict.fromkeys(k for row in rows for k in row))
         with open(path, "w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=columns)
-            writer.writeheader()
-            writer.writerows(rows)
+            self.write_csv(f)
+
+    def write_csv(self, file: TextIO) -> None:
+        """One row per record; every row names the device and, for a simulated one, what simulated it (a
+        simulated number must never pass for a measured one, in a spreadsheet too)."""
+        device = {"device": self.environment.get("device", {}).get("name", ""),
+                  "simulated": self.environment.get("simulated", "")}
+        rows = [{**device, **r.flat()} for r in self.records]
+        columns = list(dict.fromkeys(k for row in rows for k in row)) or list(device)
+        writer = csv.DictWriter(file, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
 
     def find(self, variant: str, **config: Any) -> Record:
         for r in self.records:
