@@ -171,3 +171,10 @@ def test_an_output_smaller_than_the_l2_is_refused(restored, capsys, size):
                                   ["--simulate", "tune", "--out-bytes", "64M"]])
 def test_an_output_as_large_as_the_l2_is_taken(restored, argv):
     assert cli.parse_args(argv).out_bytes >= 50 << 20
+
+
+def test_a_warning_is_said_once_per_run_under_quiet_too():
+    """A LUT larger than the largest window: every point of the sweep clips it, and the line says so once."""
+    r = run("--simulate", "sweep", "hit-ratio", "--lut-bytes", "200M", *QUICK)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("WindowClippedWarning: window of 209715200 bytes clipped") == 1, r.stderr

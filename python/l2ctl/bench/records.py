@@ -21,7 +21,7 @@ from .._limit import device_info
 from .ceilings import Ceilings
 from .timing import Timing
 
-__all__ = ["Record", "Report", "environment"]
+__all__ = ["Record", "Report", "environment", "simulated_label"]
 
 
 def _commit() -> str:
@@ -78,6 +78,15 @@ def environment(device: object = None) -> dict[str, Any]:
         "host": platform.node(),
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
+
+
+def simulated_label(env: dict[str, Any]) -> str:
+    """"simulated (<the simulated GPU>)" for a result the simulator made, "" for one measured on a GPU: what every
+    printed or drawn result says of itself, so that a simulated figure never passes for a measured one."""
+    if not env.get("simulated"):
+        return ""
+    name = str(env.get("device", {}).get("name", "a GPU"))
+    return f"simulated ({name.removesuffix(' (simulated)')})"
 
 
 @dataclass

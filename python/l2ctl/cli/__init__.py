@@ -18,11 +18,13 @@ them), one ``*_cmd`` module per command family (info, bench, sweep, tune).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import os
 import signal
 import sys
-from typing import Optional, Sequence
+import warnings
+from typing import Iterator, Optional, Sequence, TextIO, Union
 
 from .._errors import CudaError, NoDeviceError, NotSupportedError
 from . import bench_cmd, info_cmd, sweep_cmd, tune_cmd
@@ -68,12 +70,35 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> argpar
     return finish(parser.parse_args(args))
 
 
+@contextlib.contextmanager
+def _each_warning_once() -> Iterator[None]:
+    """A measurement repeats its scopes, and the filters' registries forget what was said whenever a filter
+    changes (a benchmark silences one around each point), so a warning would be said at every point: here each
+    (category, message) is shown once per run, under --quiet too (it says what the numbers mean: it is no
+    progress). With -W or PYTHONWARNINGS, Python's own rules apply."""
+    if sys.warnoptions:
+        yield
+        return
+    said: set[tuple[type, str]] = set()
+    show = warnings.showwarning
+
+    def once(message: Union[Warning, str], category: type[Warning], filename: str, lineno: int,
+             file: Optional[TextIO] = None, line: Optional[str] = None) -> None:
+        if (category, str(message)) not in said:
+            said.add((category, str(message)))
+            show(message, category, filename, lineno, file, line)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = once
+        yield
+
+
 def run(args: argparse.Namespace) -> int:
     """Run a parsed command; errors become one line on stderr and an exit code."""
     from ..bench import VerificationError
 
     try:
-        with data_to_stdout(args):
+        with data_to_stdout(args), _each_warning_once():
             code: int = args.func(args)
         return code
     except (VerificationError, NotSupportedError, ValueError, OutputError, CudaError) as exc:
