@@ -178,3 +178,18 @@ def test_a_warning_is_said_once_per_run_under_quiet_too():
     r = run("--simulate", "sweep", "hit-ratio", "--lut-bytes", "200M", *QUICK)
     assert r.returncode == 0, r.stderr
     assert r.stderr.count("WindowClippedWarning: window of 209715200 bytes clipped") == 1, r.stderr
+
+
+@pytest.mark.parametrize("argv,flag", [(["bench", "--lut-sizes", "4M,100M", "--out-bytes", "64M"], "--lut-sizes"),
+                                       (["sweep", "hit-ratio", "--lut-bytes", "200M"], None),
+                                       (["sweep", "hit-ratio", "--lut-bytes", "200M", "--out-bytes", "100M"],
+                                        "--lut-bytes"),
+                                       (["tune", "--lut-sizes", "128M", "--out-bytes", "100M"], "--lut-sizes")])
+def test_a_lut_larger_than_the_output_is_refused(restored, capsys, argv, flag):
+    if flag is None:  # the default output (1 GiB) holds it
+        assert cli.parse_args(["--simulate", *argv]).out_bytes == 1 << 30
+        return
+    with pytest.raises(SystemExit) as exit_:
+        cli.parse_args(["--simulate", *argv])
+    assert exit_.value.code == cli.EXIT_USAGE
+    assert f"is smaller than {flag} " in one_line(capsys.readouterr().err)

@@ -282,6 +282,9 @@ class Option:
     #: the value is an output the workload streams past the LUT: below the device's L2 size nothing evicts the
     #: LUT and persistence has nothing to show (parsing.finish refuses it)
     streams_past_l2: bool = False
+    #: the value is a LUT (a size, or a list of which the largest counts) the output holds repeated: no larger
+    #: than the output (parsing.finish refuses it)
+    repeated_into_output: bool = False
 
     @property
     def dest(self) -> str:
@@ -328,11 +331,12 @@ EVERYWHERE = (DEVICE, JSON, CSV, QUIET, SIMULATE)
 COMMON = (DEVICE, REPEAT, WARMUP, JSON, CSV, QUIET, SIMULATE)
 
 LUT_SIZES = Option("--lut-sizes", f"LUT sizes, comma-separated ({SIZE_HELP}; multiples of 4)", None,
-                   "1,4,8,12,16,24,32,48 x L2/50: 1 to 48 MiB on a 50 MiB L2", lut_sizes, "SIZES", device_bytes=True)
+                   "1,4,8,12,16,24,32,48 x L2/50: 1 to 48 MiB on a 50 MiB L2", lut_sizes, "SIZES", device_bytes=True,
+                   repeated_into_output=True)
 LUT_BYTES = Option("--lut-bytes", f"LUT size of the reset-data workload ({SIZE_HELP}; a multiple of 4)", 4 << 20,
-                   "4M", lut_size, "SIZE", device_bytes=True)
+                   "4M", lut_size, "SIZE", device_bytes=True, repeated_into_output=True)
 OUT_BYTES = Option("--out-bytes", f"output size of the reset-data workload ({SIZE_HELP}; at least the L2 size, so "
-                   "that it streams past the L2)", 1 << 30, "1G", parse_size, "SIZE", device_bytes=True,
+                   "that it streams past the L2, and the LUT)", 1 << 30, "1G", parse_size, "SIZE", device_bytes=True,
                    streams_past_l2=True)
 VARIANT = Option("--variant", f"reset-data kernel variant: {', '.join(VARIANT_NAMES)}", "plain", type=variant,
                  metavar="NAME")

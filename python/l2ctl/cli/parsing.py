@@ -219,11 +219,21 @@ def _memory_problem(own: dict[str, Option], values: dict[str, Any], typed: set[s
 
 def _l2_problem(own: dict[str, Option], values: dict[str, Any], typed: set[str]) -> Optional[str]:
     """Why an output size typed (the options marked ``streams_past_l2``) is too small to measure persistence:
-    below the L2 size the output never evicts the LUT, so every policy "wins" by nothing but noise and the
-    model's edges. Checked on --device (the current device without it); with no device, the command says so."""
+    smaller than the LUT it holds repeated, or than the L2 (the output then never evicts the LUT, so every
+    policy "wins" by nothing but noise and the model's edges). Checked on --device (the current device without it); with no device, the command says so."""
     import l2ctl
 
-    small = [o for o in own.values() if o.streams_past_l2 and o.dest in typed]
+    outputs = [o for o in own.values() if o.streams_past_l2]
+    luts = [o for o in own.values() if o.repeated_into_output and values.get(o.dest) is not None]
+    if not any(o.dest in typed for o in outputs + luts):
+        return None
+    for option in outputs:
+        for lut in luts:
+            largest = max(values[lut.dest]) if isinstance(values[lut.dest], list) else values[lut.dest]
+            if values[option.dest] < largest:
+                return (f"{option.flag} {values[option.dest]} B is smaller than {lut.flag} {largest} B: the output "
+                        f"holds the LUT repeated; give {option.flag} at least the LUT")
+    small = [o for o in outputs if o.dest in typed]
     if not small:
         return None
     try:
