@@ -39,7 +39,8 @@ from ._interop import BufferRef, resolve_buffer
 from ._memory import BufferLike
 from .graph import as_graph, buffers
 
-__all__ = ["Patterns", "SupportsNamedTensors", "CandidateRule", "ModelCandidates", "is_module", "rule_for", "from_module",
+__all__ = ["Patterns", "SupportsNamedTensors", "CandidateRule", "ModelCandidates", "is_module", "rule_for",
+           "from_module",
            "from_graph"]
 
 #: Tried at most, by default: each costs the tuner a screen of a few points.

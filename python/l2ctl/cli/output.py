@@ -15,7 +15,8 @@ from typing import Any, Callable, Iterator, Optional, TextIO
 from ..bench import Report
 from .exitcodes import EXIT_OK
 
-__all__ = ["MiB", "NO_GPU_HINT", "STDOUT", "OutputError", "data_to_stdout", "fmt_bytes", "simulated_line", "header", "note", "write_report", "write_table",
+__all__ = ["MiB", "NO_GPU_HINT", "STDOUT", "OutputError", "data_to_stdout", "fmt_bytes", "simulated_line", "header",
+           "note", "write_report", "write_table",
            "save_plot", "plot_problem",
            "numbered_path", "measure", "done"]
 

@@ -220,7 +220,8 @@ def _memory_problem(own: dict[str, Option], values: dict[str, Any], typed: set[s
 def _l2_problem(own: dict[str, Option], values: dict[str, Any], typed: set[str]) -> Optional[str]:
     """Why an output size typed (the options marked ``streams_past_l2``) is too small to measure persistence:
     smaller than the LUT it holds repeated, or than the L2 (the output then never evicts the LUT, so every
-    policy "wins" by nothing but noise and the model's edges). Checked on --device (the current device without it); with no device, the command says so."""
+    policy "wins" by nothing but noise and the model's edges). Checked on --device (the current device without it); with no device, the command says
+    so."""
     import l2ctl
 
     outputs = [o for o in own.values() if o.streams_past_l2]
