@@ -28,6 +28,14 @@ def load(gpu: str, name: str) -> Optional[dict[str, Any]]:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def newest(gpu: str, name: str) -> Optional[dict[str, Any]]:
+    """The newest of a measurement's records (by the timestamp inside): ``<name>.json`` and ``<name>_<commit>.json``
+    (a later run kept beside it); a ``_repeat`` record, the same commit run again at once, is never the newest."""
+    paths = [RECORDS / gpu / f"{name}.json", *sorted((RECORDS / gpu).glob(f"{name}_*.json"))]
+    records = [json.loads(p.read_text()) for p in paths if p.exists() and not p.stem.endswith("_repeat")]
+    return max(records, key=lambda r: r["environment"]["timestamp"], default=None)
+
+
 def mib(n: float) -> str:
     return f"{n / MiB:.2f}".rstrip("0").rstrip(".") if n else "0"
 
@@ -368,7 +376,7 @@ OVERHEAD_ROWS = [  # (variant, label, its raw calls through cuda.bindings, its d
 
 
 def overhead(gpu: str) -> str:
-    r = load(gpu, "overhead")
+    r = newest(gpu, "overhead")
     if r is None:
         return ""
     us = {x["variant"]: x["metrics"]["median_us"] for x in r["records"] if x["verified"]}
@@ -394,8 +402,8 @@ OVERHEAD_TARGETS = [("persist_lean", "lean scope", "cpp_lean_calls", 2.0, "13.3-
 
 def overhead_targets(gpu: str) -> str:
     """Issue 29's targets: the issue's measurement, the planner in C++ with a Python scope (227f00d's record), and
-    the compiled scope (the latest record), each beside its own driver calls timed in C++."""
-    before, after = load(gpu, "overhead_227f00d"), load(gpu, "overhead")
+    the compiled scope (the newest record), each beside its own driver calls timed in C++."""
+    before, after = load(gpu, "overhead_227f00d"), newest(gpu, "overhead")
     if before is None or after is None:
         return ""
 
@@ -454,7 +462,7 @@ def overhead_forms(gpu: str) -> str:
 
 
 def readme_cost() -> str:
-    latest = load("h100", "overhead")
+    latest = newest("h100", "overhead")
     us = {} if latest is None else {x["variant"]: x["metrics"]["median_us"] for x in latest["records"] if x["verified"]}
     if "cpp_lean_calls" in us:  # a record of the C++ planner: each scope beside its own driver calls
         return (f"Host time per enter+exit on an H100 host (`bench overhead`): a lean scope **{us['persist_lean']:.1f} us** "

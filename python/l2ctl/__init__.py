@@ -11,11 +11,27 @@ NoDeviceError when there is none. The measurement harness (``l2ctl.bench``, ``l2
 ``l2ctl.tune``, ``l2ctl.workloads``, ``l2ctl.plot``) is imported on first use.
 """
 
-from __future__ import annotations
-
-import importlib
 import os as _os
-from typing import TYPE_CHECKING, Any
+import sys as _sys
+
+if (_sys.argv[:1] == ["-m"] and _sys.orig_argv[-len(_sys.argv) - 1:][:2] == ["-m", "l2ctl"]) or (
+        _os.path.basename(_sys.argv[0] if _sys.argv else "") == "l2ctl"):
+    # The command line (`python -m l2ctl`, the `l2ctl` script) is importing its package: a Ctrl-C before its own
+    # handling begins (the imports take a few tenths of a second) exits as an interrupted command does, with no
+    # traceback. At once: an exception raised here may land in an extension's import, which turns it into an
+    # ImportError (numpy's does), and nothing has touched a device or printed yet. l2ctl.cli.main puts Python's
+    # handler back before any command runs.
+    import signal as _signal
+
+    def _interrupted_while_starting(signum: int, frame: object) -> None:
+        _os.write(2, b"l2ctl: interrupted\n")
+        _os._exit(130)
+
+    _signal.signal(_signal.SIGINT, _interrupted_while_starting)
+
+import importlib as _importlib
+import typing as _typing
+from typing import Any as _Any
 
 from . import _core, graph, kernels
 from ._counters import DEFAULT_METRICS, SECTOR_METRICS, KernelCounters, collect, counters
@@ -49,7 +65,7 @@ from ._targets import ScopedWindow as scoped_window
 from ._stream_window import clear_window, get_window, set_window
 from ._window import AccessPolicyWindow, AccessProperty
 
-if TYPE_CHECKING:  # the harness, imported lazily at run time (see __getattr__)
+if _typing.TYPE_CHECKING:  # the harness, imported lazily at run time (see __getattr__)
     from . import bench as bench
     from . import benchmark_gallery as benchmark_gallery
     from . import candidates as candidates
@@ -78,10 +94,10 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _Any:
     if name in _LAZY:
         module_name, attribute = _LAZY[name]
-        module = importlib.import_module(module_name)
+        module = _importlib.import_module(module_name)
         value = module if attribute is None else getattr(module, attribute)
         globals()[name] = value
         return value
@@ -89,7 +105,9 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    """The public names (those of ``__all__``, the submodules in use, the lazy harness) and the module's own
+    dunders; not the private helpers and submodules (``_os``, ``_core``)."""
+    return sorted(n for n in set(globals()) | set(_LAZY) if not n.startswith("_") or n.endswith("__"))
 
 
 def get_include() -> str:
@@ -162,12 +180,10 @@ __all__ = [
 _SIMULATE_OFF = ("", "0", "false", "off", "no")
 
 if _os.environ.get("L2CTL_SIMULATE", "").strip().lower() not in _SIMULATE_OFF:
-    # The GPU-less try-out: simulated GPUs in place of the real ones for this process (docs/reference.md).
-    import sys as _sys
+    # The GPU-less try-out: simulated GPUs in place of the real ones for this process (docs/reference.md). The
+    # simulator says so on stderr when first used, so that a --simulate given later (the command line wins)
+    # is the one named; a value that names no simulated GPU never fails the import: the first device call
+    # says what is wrong.
+    from .testing import simulate_from_environment as _simulate_from_environment
 
-    from . import _backend as _backend_module
-    from .testing import simulate as _simulate
-
-    _simulate(_os.environ["L2CTL_SIMULATE"])
-    # Once per process, on stderr: a simulated number must never be taken for a measured one.
-    _sys.stderr.write(f"l2ctl: L2CTL_SIMULATE is set: {_backend_module.simulated()}\n")
+    _simulate_from_environment(_os.environ["L2CTL_SIMULATE"])

@@ -15,27 +15,38 @@ The rule (``CandidateRule``, sizes from the device's own properties):
 - **the largest first**: of those, the ``most`` (8) that the largest set-aside covers best (their bytes, up
   to the set-aside's) are tried; the rest are listed as skipped.
 
+A module's tensors can also be picked by name first (``from_module(model, include="*.attn*.to_[qkv].weight",
+exclude=...)``: shell-style patterns, ``fnmatch``, matched against the whole path; one pattern or a list): the
+rule then applies to the tensors they pick. An ``include`` pattern that matches no name is an error that
+shows the names closest to it, so a typo never tunes nothing; ``exclude`` patterns may match nothing.
+
 Torch is never imported: a module is anything with ``named_parameters()`` and ``named_buffers()``, an
 optimizer anything with ``state`` (parameter -> dict of tensors), a tensor anything l2ctl takes as a
-buffer. ``tune(step, target, model)`` uses this; call :func:`from_module` to see the list first.
+buffer. ``tune(step, target, model)`` uses this; call :func:`from_module` to see the list first, or to pick by
+name, and pass what it returns to ``tune`` as the candidates.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import difflib
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol
+from fnmatch import fnmatchcase
+from typing import Any, Optional, Protocol, Union
 
 from ._device import properties, resolve_device
 from ._interop import BufferRef, resolve_buffer
 from ._memory import BufferLike
 from .graph import as_graph, buffers
 
-__all__ = ["SupportsNamedTensors", "CandidateRule", "ModelCandidates", "is_module", "rule_for", "from_module",
+__all__ = ["Patterns", "SupportsNamedTensors", "CandidateRule", "ModelCandidates", "is_module", "rule_for",
+           "from_module",
            "from_graph"]
 
 #: Tried at most, by default: each costs the tuner a screen of a few points.
 MOST = 8
+#: Names to pick or leave out: one shell-style pattern, or several.
+Patterns = Union[str, Sequence[str], None]
 MiB = 1 << 20
 
 
@@ -179,19 +190,56 @@ def from_graph(graph: object, names: Optional[Mapping[str, object]] = None, *, m
                            {name: details[name] for name in tried}, "range")
 
 
+def _patterns(value: Patterns, what: str) -> tuple[str, ...]:
+    """``include``/``exclude`` as a tuple of patterns (None: none)."""
+    if value is None:
+        return ()
+    patterns = (value,) if isinstance(value, str) else tuple(value)
+    if not patterns or not all(isinstance(p, str) and p for p in patterns):
+        raise TypeError(f"{what} must be a pattern (a non-empty str) or a list of them, got {value!r}")
+    return patterns
+
+
+def _unmatched(pattern: str, names: list[str]) -> str:
+    """The error for an include pattern that picks nothing: the names closest to it, and how many there are."""
+    near = difflib.get_close_matches(pattern, names, n=3, cutoff=0.0) or names[:3]
+    shown = ", ".join(near) if near else "none: the model has no tensors"
+    return f"include pattern {pattern!r} matches no tensor of the model ({len(names)} in all; closest: {shown})"
+
+
+def _name_reason(name: str, include: tuple[str, ...], exclude: tuple[str, ...]) -> Optional[str]:
+    if include and not any(fnmatchcase(name, p) for p in include):
+        return "not included: matches no include pattern"
+    for pattern in exclude:
+        if fnmatchcase(name, pattern):
+            return f"excluded: matches {pattern!r}"
+    return None
+
+
 def from_module(module: SupportsNamedTensors, optimizer: Optional[object] = None, *, device: object = None,
-                most: int = MOST) -> ModelCandidates:
+                most: int = MOST, include: Patterns = None, exclude: Patterns = None) -> ModelCandidates:
     """The tuner's candidates from ``module`` (and ``optimizer``'s state) on ``device`` (None: the current
-    one), by the rule in the module docstring."""
+    one), by the rule in the module docstring. ``include``: only the tensors whose path matches one of these
+    patterns (fnmatch: ``*``, ``?``, ``[qkv]``; ValueError, naming the closest paths, for one that matches
+    none); ``exclude``: not those that match one of these."""
     if not is_module(module):
         raise TypeError(f"expected a torch.nn.Module (named_parameters() and named_buffers()), got "
                         f"{type(module).__name__}")
+    included, excluded = _patterns(include, "include"), _patterns(exclude, "exclude")
     dev = resolve_device(device)
     rule = rule_for(dev, most)
     tensors = _named_tensors(module, optimizer)
+    names = [name for name, _ in tensors]
+    for pattern in included:
+        if not any(fnmatchcase(name, pattern) for name in names):
+            raise ValueError(_unmatched(pattern, names))
     skipped: dict[str, str] = {}
     eligible: dict[tuple[int, int], tuple[list[str], Any, BufferRef]] = {}
     for name, tensor in tensors:
+        by_name = _name_reason(name, included, excluded)
+        if by_name is not None:
+            skipped[name] = by_name
+            continue
         try:
             ref = resolve_buffer(tensor)
         except (TypeError, ValueError):

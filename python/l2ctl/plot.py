@@ -1,12 +1,14 @@
 """Plots of l2ctl's measurements (matplotlib, optional: ``pip install l2ctl[plot]``).
 
 Every function takes a result or Report, draws on ``ax`` (a new figure when None), labels axes with
-units, names the GPU in the title, and returns the Axes.
+units, names the GPU in the title ("simulated (<GPU>)" for a simulated result), and returns the Axes.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from .bench.records import simulated_label
 
 MiB = 1 << 20
 
@@ -29,7 +31,8 @@ def _axes(ax: Any, figsize: tuple[float, float] = (7, 4)) -> Any:
 
 
 def _gpu(env: dict[str, Any]) -> str:
-    return str(env.get("device", {}).get("name", "GPU"))
+    """The GPU a title names: for a simulated result, "simulated (<the simulated GPU>)"."""
+    return simulated_label(env) or str(env.get("device", {}).get("name", "GPU"))
 
 
 def _finish(ax: Any, xlabel: str, ylabel: str, title: str, **legend: Any) -> Any:

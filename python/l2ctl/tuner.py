@@ -46,6 +46,7 @@ from ._torch_graphs import is_torch_graph
 from .graph import Graph, TorchCaptures
 from ._plan import check_count, normalize_hit_ratio
 from .bench import Progress, Record, Report, environment
+from .bench.records import simulated_label
 from .candidates import ModelCandidates, SupportsNamedTensors, from_graph, from_module, is_module
 from .bench.paired import Arm, check_confidence, compare
 from .bench.tax import Tax, measure_tax
@@ -179,13 +180,15 @@ class TunedPolicy:
 
     def __str__(self) -> str:
         n = sum(len(c.points) for c in self.candidates.values())
+        simulated = simulated_label(self.environment)
+        said = f"{simulated}: " if simulated else ""  # a simulated choice never passes for a measured one
         if not self.persists:
-            return (f"no persistence: {self.reason}; {n} points over {len(self.candidates)} candidate(s) in "
+            return (f"{said}no persistence: {self.reason}; {n} points over {len(self.candidates)} candidate(s) in "
                     f"{self.seconds:.1f} s")
         p = self.policy
         assert isinstance(p.set_aside, int) and p.hit_ratio is not None
         span = "" if p.num_bytes is None else f" over its first {p.num_bytes / MiB:.2f} MiB"
-        return (f"persist {self.buffer_name}{span}: set-aside {p.set_aside / MiB:.2f} MiB, hit ratio {p.hit_ratio:.3f}: "
+        return (f"{said}persist {self.buffer_name}{span}: set-aside {p.set_aside / MiB:.2f} MiB, hit ratio {p.hit_ratio:.3f}: "
                 f"{self.best_ms:.3f} ms vs {self.baseline_ms:.3f} ms ({self.speedup:.2f}x, {self.confidence:.0%} CI "
                 f"{self.ci[0]:.2f}-{self.ci[1]:.2f}); a plain copy elsewhere runs {self.tax.pace} meanwhile;"
                 f" {n} points in {self.seconds:.1f} s{_DDP_ADVICE if p.set_aside > self.cap and _ranks() > 1 else ''}")

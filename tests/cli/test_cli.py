@@ -534,10 +534,10 @@ QUICK = ["--repeat", "1", "--warmup", "0", "--quiet"]
 
 @pytest.mark.parametrize("argv", [
     ["--simulate", "info"], ["info", "--simulate", "h200", "--probe"], ["--simulate", "bench", "stride", *QUICK],
-    ["bench", "--simulate", "h200", "--lut-sizes", "1M", "--out-bytes", "32M", *QUICK],
+    ["bench", "--simulate", "h200", "--lut-sizes", "1M", "--out-bytes", "64M", *QUICK],
     ["bench", "overhead", "--rounds", "3", "--iterations", "10", "--simulate"],
-    ["sweep", "--simulate", "h200", "tax", *QUICK], ["sweep", "hit-ratio", "--out-bytes", "32M", "--simulate", *QUICK],
-    ["tune", "--out-bytes", "32M", "--rounds", "3", *QUICK, "--simulate", "h200"]], ids=" ".join)
+    ["sweep", "--simulate", "h200", "tax", *QUICK], ["sweep", "hit-ratio", "--out-bytes", "64M", "--simulate", *QUICK],
+    ["tune", "--out-bytes", "64M", "--rounds", "3", *QUICK, "--simulate", "h200"]], ids=" ".join)
 def test_every_command_on_the_simulator_says_so(restored, capsys, tmp_path, argv):
     _backend.install(_core)
     assert main(*argv, "--json", f"{tmp_path}/r.json") == cli.EXIT_OK
@@ -611,7 +611,7 @@ def test_bench_workloads_without_a_framework_in_a_subprocess():
 
 # ------------------------------------------------------------------------------------ refusals
 
-SAMPLE = {"--lut-sizes": ["1M"], "--out-bytes": ["1M"], "--columns": ["baseline"], "--counters": [],
+SAMPLE = {"--lut-sizes": ["1M"], "--out-bytes": ["64M"], "--columns": ["baseline"], "--counters": [],
           "--plot": ["{tmp}/x.png"], "--device": ["1"], "--repeat": ["2"], "--warmup": ["1"],
           "--json": ["{tmp}/x.json"], "--csv": ["{tmp}/x.csv"], "--quiet": [], "--strides": ["8"],
           "--threads": ["64"], "--n": ["100"], "--rounds": ["3"], "--iterations": ["10"], "--lut-bytes": ["1M"], "--set-aside": ["1M"],
@@ -764,10 +764,10 @@ def test_exit_codes(monkeypatch, capsys, error, code):
 
 
 def test_output_write_failure_exits_2(calls, capsys, tmp_path, monkeypatch):
-    def fail(self, path):
+    def fail(self, file):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(Report, "to_json", fail)
+    monkeypatch.setattr(Report, "write_json", fail)
     assert main("bench", "stride", "--json", f"{tmp_path}/x.json") == cli.EXIT_USAGE
     captured = capsys.readouterr()
     assert "stride" in captured.out  # the table was printed first
@@ -828,7 +828,7 @@ def test_cli_on_the_simulator(sim, capsys):
     from l2ctl import cli
 
     assert cli.main(["info", "--probe"]) == 0
-    assert cli.main(["bench", "--lut-sizes", "1M,4M", "--out-bytes", "32M", "--repeat", "2", "--warmup", "1",
+    assert cli.main(["bench", "--lut-sizes", "1M,4M", "--out-bytes", "64M", "--repeat", "2", "--warmup", "1",
                      "--quiet", "--counters"]) == 0
     assert cli.main(["sweep", "tax", "--repeat", "2", "--warmup", "1", "--quiet"]) == 0
     assert cli.main(["tune", "--lut-sizes", "4M", "--out-bytes", "64M", "--quiet"]) == 0
@@ -864,7 +864,7 @@ def test_a_repeated_list_item_is_measured_once_and_said_so(calls, capsys, argv, 
 
 def test_repeated_lut_sizes_give_one_row_without_repeated_columns(restored, capsys):
     _backend.install(_core)
-    assert main("--simulate", "bench", "--lut-sizes", "4M,4M", "--out-bytes", "32M", "--columns", "baseline,hints",
+    assert main("--simulate", "bench", "--lut-sizes", "4M,4M", "--out-bytes", "64M", "--columns", "baseline,hints",
                 *QUICK) == cli.EXIT_OK
     lines = capsys.readouterr().out.splitlines()
     (head,) = [line for line in lines if line.split()[:1] == ["LUT"]]
@@ -874,11 +874,11 @@ def test_repeated_lut_sizes_give_one_row_without_repeated_columns(restored, caps
 
 def test_a_baseline_only_run_has_no_empty_verdict(restored, capsys):
     _backend.install(_core)
-    assert main("--simulate", "bench", "--lut-sizes", "1M", "--out-bytes", "32M", "--columns", "baseline",
+    assert main("--simulate", "bench", "--lut-sizes", "1M", "--out-bytes", "64M", "--columns", "baseline",
                 *QUICK) == cli.EXIT_OK
     out = capsys.readouterr().out
     assert "Verdict" not in out and ": ." not in out
-    assert main("--simulate", "bench", "--lut-sizes", "1M", "--out-bytes", "32M", "--columns", "baseline,hints",
+    assert main("--simulate", "bench", "--lut-sizes", "1M", "--out-bytes", "64M", "--columns", "baseline,hints",
                 *QUICK) == cli.EXIT_OK
     (verdict,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Verdict: ")]
     assert "eviction hints alone" in verdict

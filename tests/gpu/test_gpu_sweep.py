@@ -45,6 +45,7 @@ def test_tax_and_tuner(setup):
     assert tuned.table and tuned.seconds < 60
     assert tuned.tax.copy_slowdown > 0 and tuned.grid_best_tax.copy_slowdown > 0
     assert tuned.best_ms <= tuned.baseline_ms
+    assert "simulated" not in str(tuned) + str(tuned.report())  # measured: no simulator's mark
     with l2ctl.persist(s, w.buf, policy=tuned) as p:  # warnings are errors here: the policy fits
         if tuned.persists:
             assert p.set_aside == tuned.policy.set_aside and p.window.hit_ratio == pytest.approx(tuned.policy.hit_ratio)

@@ -10,6 +10,7 @@ import pytest
 
 import l2ctl
 from l2ctl import bench
+from l2ctl.testing import FakeBackend, FakeDevice
 
 MiB = 1 << 20
 
@@ -104,3 +105,18 @@ def test_bench_collectives_refuses_a_size_it_would_round_before_starting(sim, mo
     monkeypatch.setitem(__import__("sys").modules, "torch", None)  # refused before torch is needed
     with pytest.raises(ValueError, match=f"{size} B is not a multiple of the 4-byte float32 element"):
         bench.bench_collectives([64 << 10, size])
+
+
+@pytest.mark.parametrize("device", [FakeDevice.h100, FakeDevice.h200], ids=lambda d: d.__name__)
+def test_each_collectives_label_names_the_share_of_the_max_it_is(device):
+    """bench collectives' set-asides: a quarter of the max rounds to whole granules, on an H100 and an H200 the
+    default limit (30%), and the label says 30%, not 25%."""
+    from l2ctl.bench.collectives import collective_set_asides
+
+    with FakeBackend.installed(device()):
+        top = l2ctl.device_info().persisting_l2_cache_max_size
+        grid = collective_set_asides()
+        assert grid[l2ctl.auto_set_aside_cap()] == "default, 30% of max" and grid[top] == "100% of max"
+        for nbytes, label in grid.items():
+            if nbytes:
+                assert label.endswith(f"{nbytes / top:.0%} of max"), (nbytes, label)

@@ -124,3 +124,61 @@ def test_a_model_with_nothing_to_try_is_refused_before_any_measurement(fake):
         with pytest.raises(ValueError, match="no tensor of the model can be tried: 3 tensors, 0 tried"):
             l2ctl.tune(lambda st: None, s, model)
         assert len(fake.calls) == calls
+
+
+def _attention_model(rule: candidates.CandidateRule) -> Module:
+    """Two attention blocks as a diffusion UNet names them, every tensor large enough to try."""
+    size = rule.min_bytes * 2
+    params = {f"down.{b}.attn{a}.to_{p}.weight": l2ctl.DeviceBuffer(size + 4096 * (b + a))
+              for b in range(2) for a in (1, 2) for p in "qkvo"}
+    params.update({f"down.{b}.ff.net.weight": l2ctl.DeviceBuffer(size) for b in range(2)})
+    return Module(params)
+
+
+def test_candidates_by_name_pattern(fake):
+    model = _attention_model(candidates.rule_for())
+    calls = len(fake.calls)
+    found = candidates.from_module(model, include="*.attn*.to_[qkv].weight", most=100)
+    assert len(fake.calls) == calls
+    assert sorted(found) == sorted(f"down.{b}.attn{a}.to_{p}.weight" for b in range(2) for a in (1, 2) for p in "qkv")
+    assert found.skipped["down.0.attn1.to_o.weight"] == "not included: matches no include pattern"
+    assert "6 not included" in found.summary()
+    # several patterns, and exclude: the second block's attn2 left out
+    found = candidates.from_module(model, include=["*.to_q.weight", "*.ff.*"], exclude="down.1.attn2.*")
+    assert sorted(found) == sorted(["down.0.attn1.to_q.weight", "down.0.attn2.to_q.weight",
+                                    "down.1.attn1.to_q.weight", "down.0.ff.net.weight", "down.1.ff.net.weight"])
+    assert found.skipped["down.1.attn2.to_q.weight"] == "excluded: matches 'down.1.attn2.*'"
+    # the size rule still applies to what the names pick
+    small = Module({"attn.to_q.weight": l2ctl.DeviceBuffer(4096), "attn.to_k.weight": l2ctl.DeviceBuffer(4 * MiB)})
+    found = candidates.from_module(small, include="attn.*")
+    assert list(found) == ["attn.to_k.weight"] and found.skipped["attn.to_q.weight"].startswith("too small")
+
+
+@pytest.mark.parametrize("include,exclude,error,message", [
+    ("*.atn*.to_q.weight", None, ValueError,
+     r"include pattern '\*.atn\*.to_q.weight' matches no tensor of the model \(18 in all; closest: down\."),
+    (["*.to_q.weight", "*.to_x.*"], None, ValueError, r"include pattern '\*.to_x.\*' matches no tensor"),
+    ("", None, TypeError, "include must be a pattern"), ([], None, TypeError, "include must be a pattern"),
+    (["*.to_q.weight", 3], None, TypeError, "include must be a pattern"),
+    (None, b"x", TypeError, "exclude must be a pattern")])
+def test_names_that_match_nothing_say_so(fake, include, exclude, error, message):
+    with pytest.raises(error, match=message):
+        candidates.from_module(_attention_model(candidates.rule_for()), include=include, exclude=exclude)
+
+
+def test_an_exclude_that_matches_nothing_is_no_error(fake):
+    found = candidates.from_module(_attention_model(candidates.rule_for()), exclude="*.grad", most=100)
+    assert len(found) == 18
+
+
+def test_tune_over_the_tensors_picked_by_name(fake):
+    """tune takes what from_module picked: only those tensors are measured, and the report says why not the rest."""
+    from l2ctl.testing.workloads import ModeledWorkload
+
+    with l2ctl.Stream() as s, ModeledWorkload.scatter_add() as w:
+        model = _model_of(w)
+        picked = candidates.from_module(model, include=["block.*"], exclude="block.index")
+        tuned = l2ctl.tune(w, s, picked, rounds=3, repeat=2, warmup=0)
+        assert set(tuned.candidates) == set(picked) and "block.index" not in tuned.candidates
+        assert tuned.persists and tuned.buffer_name == "block.acc", str(tuned)
+        assert "excluded: matches 'block.index'" in tuned.report().summary["considered"]["skipped"].values()

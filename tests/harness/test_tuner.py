@@ -151,6 +151,8 @@ def test_the_report_prints_readably_and_writes_as_every_report(sim, tmp_path):
     with ResetDataWorkload(4 * MiB, 64 * MiB) as w:
         tuned = l2ctl.tune(w, s, {"lut": w.buf, "out": w.out})
     report = tuned.report()
+    said = f"simulated ({fake.device(0).name.removesuffix(' (simulated)')}): "  # never passes for a measurement
+    assert str(tuned).startswith(said) and str(report).startswith(said) and repr(tuned).startswith("<TunedPolicy: " + said)
     assert isinstance(report, bench.Report) and len(str(report)) < 3000 < len(repr(report))
     assert str(report).splitlines()[2].startswith("lut ") and str(report).splitlines()[3].startswith("out ")
     report.to_json(str(tmp_path / "t.json"))

@@ -21,6 +21,19 @@ def test_generated_tables_match_the_records():
                                                    "python scripts/make_results.py")
 
 
+def test_the_cost_paragraph_reads_the_newest_overhead_record():
+    """A later run is kept beside the first (overhead_<commit>.json): the README states the newest one."""
+    import json
+
+    runs = [json.loads(p.read_text()) for p in (make_results.RECORDS / "h100").glob("overhead*.json")
+            if not p.stem.endswith("_repeat")]
+    latest = max(runs, key=lambda r: r["environment"]["timestamp"])
+    assert make_results.newest("h100", "overhead") == latest
+    us = {x["variant"]: x["metrics"]["median_us"] for x in latest["records"] if x["verified"]}
+    assert (f"a lean scope **{us['persist_lean']:.1f} us**" in make_results.readme_cost()
+            and f"on a 32-node graph {us['persist_graph_32']:.1f} us" in make_results.readme_cost())
+
+
 def test_every_generated_table_has_its_records():
     for path in make_results.DOCS:
         for name in re.findall(r"<!-- generated:([\w-]+) -->", path.read_text()):

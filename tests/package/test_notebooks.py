@@ -124,6 +124,26 @@ def test_runs_on_the_simulator(path, tmp_path):
         assert result["figures"] > 0 and not any("skipped" in o for o in outputs)
 
 
+def test_the_readmes_simulated_jupyter_run_works(tmp_path):
+    """The README's line for running a notebook without a GPU, run as written: a Jupyter kernel started with
+    L2CTL_SIMULATE runs the notebook to its end, and says it is simulated."""
+    import re
+    import shutil
+
+    command = re.search(r"`L2CTL_SIMULATE=(\w+) jupyter execute (\S+)`", (ROOT / "README.md").read_text())
+    assert command, "the README no longer says how to run a notebook on the simulator"
+    jupyter = shutil.which("jupyter-execute", path=os.path.dirname(sys.executable)) or shutil.which("jupyter-execute")
+    if jupyter is None or importlib.util.find_spec("ipykernel") is None:
+        pytest.skip("needs nbclient and ipykernel: pip install '.[notebooks]'")
+    out = tmp_path / "executed.ipynb"
+    r = subprocess.run([jupyter, f"--output={out}", command.group(2)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600, env={**os.environ, "L2CTL_SIMULATE": command.group(1), "MPLBACKEND": "Agg"})
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    said = "".join(o.get("text", "") for c in nbformat.read(out, as_version=4).cells if c.cell_type == "code"
+                   for o in c.outputs)
+    assert "(simulated)" in said and "L2CTL_SIMULATE is set: simulated by l2ctl.testing" in said
+
+
 @pytest.mark.gpu
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -209,6 +209,14 @@ def test_preset_provenance_and_consistency(name):
         assert ys[0] == 1.0 and all(0 < y <= 1 for y in ys)
 
 
+def test_the_rtx5090_reads_as_the_card_does():
+    """A public report on the 96 MiB-L2 card: persisting max 60 MiB, default limit 18 MiB (not 75% of the L2)."""
+    dev = FakeDevice.rtx5090()
+    assert (dev.l2_cache_size, dev.persisting_l2_cache_max_size, dev.initial_limit) == (96 * MiB, 60 * MiB, 18 * MiB)
+    with FakeBackend.installed(dev):
+        assert l2ctl.auto_set_aside_cap() == 18 * MiB and l2ctl.set_aside_granularity() == 6 * MiB
+
+
 def test_presets_are_distinct():
     devices = [FakeDevice.named(n) for n in FakeDevice.PROFILES]
     assert len({d.name for d in devices}) == len({d.uuid(0) for d in devices}) == len(devices)

@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from .. import _backend
 from .._device import require_persistence
+from .._errors import NotSupportedError
 from .._limit import auto_set_aside_cap, get_set_aside, set_aside, set_aside_granularity
 from .._plan import check_count, check_nbytes
 from .progress import Progress
@@ -63,11 +64,13 @@ def bus_factor(op: str, ranks: int) -> float:
 
 def collective_set_asides(device: object = None) -> dict[int, str]:
     """bytes -> label: none, the driver's default limit, and 25/50/75/100% of the max rounded to the driver's
-    granularity (at least one granule; labels joined where two coincide)."""
+    granularity (at least one granule; labels joined where two coincide). A label names the share of the max
+    the rounded set-aside is (on an H100, a quarter rounds to three granules: 9.38 MiB, 30% of the max)."""
     info = require_persistence(device)
     top, g = info.persisting_l2_cache_max_size, set_aside_granularity(info.index)
     points = [(0, "none"), (auto_set_aside_cap(info.index), "default")]
-    points += [(min(top, max(g, int(f * top / g + 0.5) * g)), f"{f:.0%} of max") for f in (0.25, 0.5, 0.75, 1.0)]
+    sizes = dict.fromkeys(min(top, max(g, int(f * top / g + 0.5) * g)) for f in (0.25, 0.5, 0.75, 1.0))
+    points += [(nbytes, f"{nbytes / top:.0%} of max") for nbytes in sizes]
     labels: dict[int, str] = {}
     for nbytes, label in sorted(points, key=lambda p: p[0]):
         labels[nbytes] = f"{labels[nbytes]}, {label}" if nbytes in labels else label
@@ -77,9 +80,12 @@ def collective_set_asides(device: object = None) -> dict[int, str]:
 def _distributed(device: object) -> tuple[Any, Any, bool, bool, object]:
     """torch, torch.distributed, whether this call initialised it, whether the tensors live on the GPU (NCCL),
     and the l2ctl device (the rank's CUDA device unless given)."""
-    import torch
-    import torch.distributed as dist
-
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError:
+        raise NotSupportedError("bench collectives measures torch.distributed's collectives: it needs PyTorch "
+                                "(pip install torch)") from None
     ours = False
     if not dist.is_initialized():
         if not all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")):

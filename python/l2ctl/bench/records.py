@@ -11,7 +11,7 @@ import platform
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, TextIO
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from .._limit import device_info
 from .ceilings import Ceilings
 from .timing import Timing
 
-__all__ = ["Record", "Report", "environment"]
+__all__ = ["Record", "Report", "environment", "simulated_label"]
 
 
 def _commit() -> str:
@@ -80,6 +80,15 @@ def environment(device: object = None) -> dict[str, Any]:
     }
 
 
+def simulated_label(env: dict[str, Any]) -> str:
+    """"simulated (<the simulated GPU>)" for a result the simulator made, "" for one measured on a GPU: what every
+    printed or drawn result says of itself, so that a simulated figure never passes for a measured one."""
+    if not env.get("simulated"):
+        return ""
+    name = str(env.get("device", {}).get("name", "a GPU"))
+    return f"simulated ({name.removesuffix(' (simulated)')})"
+
+
 @dataclass
 class Record:
     """One verified measurement."""
@@ -127,16 +136,26 @@ class Report:
 
     def to_json(self, path: str) -> None:
         with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f, indent=2, default=_json_default)
-            f.write("\n")
+            self.write_json(f)
+
+    def write_json(self, file: TextIO) -> None:
+        json.dump(self.to_dict(), file, indent=2, default=_json_default)
+        file.write("\n")
 
     def to_csv(self, path: str) -> None:
-        rows = [r.flat() for r in self.records]
-        columns = list(dict.fromkeys(k for row in rows for k in row))
         with open(path, "w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=columns)
-            writer.writeheader()
-            writer.writerows(rows)
+            self.write_csv(f)
+
+    def write_csv(self, file: TextIO) -> None:
+        """One row per record; every row names the device and, for a simulated one, what simulated it (a
+        simulated number must never pass for a measured one, in a spreadsheet too)."""
+        device = {"device": self.environment.get("device", {}).get("name", ""),
+                  "simulated": self.environment.get("simulated", "")}
+        rows = [{**device, **r.flat()} for r in self.records]
+        columns = list(dict.fromkeys(k for row in rows for k in row)) or list(device)
+        writer = csv.DictWriter(file, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
 
     def find(self, variant: str, **config: Any) -> Record:
         for r in self.records:

@@ -18,22 +18,28 @@ them), one ``*_cmd`` module per command family (info, bench, sweep, tune).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import os
+import signal
 import sys
-from typing import Optional, Sequence
+import warnings
+from typing import Iterator, Optional, Sequence, TextIO, Union
 
 from .._errors import CudaError, NoDeviceError, NotSupportedError
 from . import bench_cmd, info_cmd, sweep_cmd, tune_cmd
 from .bench_cmd import cmd_bench_concurrent, cmd_bench_cs, cmd_bench_graph, cmd_bench_reset, cmd_bench_stride
 from .info_cmd import cmd_info
 from .sweep_cmd import cmd_sweep_hit_ratio, cmd_sweep_set_aside, cmd_sweep_surface, cmd_sweep_tax
-from .exitcodes import (EXIT_CODES_HELP, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNSUPPORTED, EXIT_USAGE,
-                        EXIT_VERIFY)
-from .output import NO_GPU_HINT, OutputError
+from .exitcodes import (EXIT_BROKEN_PIPE, EXIT_CODES_HELP, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNSUPPORTED,
+                        EXIT_USAGE, EXIT_VERIFY)
+from .output import NO_GPU_HINT, OutputError, data_to_stdout
 from .parsing import Entry, Parser, add_entries, finish, normalize, simulate
 from .tune_cmd import cmd_tune
 
 __all__ = ["main", "build_parser", "parse_args", "run", "COMMANDS", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE",
-           "EXIT_UNSUPPORTED", "EXIT_VERIFY", "EXIT_INTERRUPTED", "cmd_info", "cmd_tune", "cmd_bench_reset",
+           "EXIT_UNSUPPORTED", "EXIT_VERIFY", "EXIT_INTERRUPTED", "EXIT_BROKEN_PIPE", "cmd_info", "cmd_tune",
+           "cmd_bench_reset",
            "cmd_bench_stride", "cmd_bench_cs", "cmd_bench_graph", "cmd_bench_concurrent", "cmd_sweep_hit_ratio",
            "cmd_sweep_set_aside", "cmd_sweep_surface", "cmd_sweep_tax"]
 
@@ -65,12 +71,36 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> argpar
     return finish(parser.parse_args(args))
 
 
+@contextlib.contextmanager
+def _each_warning_once() -> Iterator[None]:
+    """A measurement repeats its scopes, and the filters' registries forget what was said whenever a filter
+    changes (a benchmark silences one around each point), so a warning would be said at every point: here each
+    (category, message) is shown once per run, under --quiet too (it says what the numbers mean: it is no
+    progress). With -W or PYTHONWARNINGS, Python's own rules apply."""
+    if sys.warnoptions:
+        yield
+        return
+    said: set[tuple[type, str]] = set()
+    show = warnings.showwarning
+
+    def once(message: Union[Warning, str], category: type[Warning], filename: str, lineno: int,
+             file: Optional[TextIO] = None, line: Optional[str] = None) -> None:
+        if (category, str(message)) not in said:
+            said.add((category, str(message)))
+            show(message, category, filename, lineno, file, line)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = once
+        yield
+
+
 def run(args: argparse.Namespace) -> int:
     """Run a parsed command; errors become one line on stderr and an exit code."""
     from ..bench import VerificationError
 
     try:
-        code: int = args.func(args)
+        with data_to_stdout(args), _each_warning_once():
+            code: int = args.func(args)
         return code
     except (VerificationError, NotSupportedError, ValueError, OutputError, CudaError) as exc:
         code = (EXIT_VERIFY if isinstance(exc, VerificationError) else EXIT_UNSUPPORTED
@@ -87,12 +117,41 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_INTERRUPTED
 
 
+def _handle_interrupts() -> None:
+    """Python's Ctrl-C (KeyboardInterrupt) back, where ``import l2ctl`` put the command line's start-up one."""
+    import l2ctl
+
+    starting = getattr(l2ctl, "_interrupted_while_starting", None)
+    if starting is not None and signal.getsignal(signal.SIGINT) is starting:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _stdout_gone() -> int:
+    """stdout's reader went away (``| head -1``): nothing more is said, and Python's flush at exit finds
+    nothing left to write (its own complaint would be a traceback-like message)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, io.UnsupportedOperation):  # not a file (a test's capture): nothing to quiet
+        pass
+    return EXIT_BROKEN_PIPE
+
+
 def main(argv: Optional[Sequence[str]] = None, prog: str = PROG) -> int:
     """The console script (``l2ctl``) and ``python -m l2ctl``: parse ``argv`` (default sys.argv[1:]), run,
     return the exit code."""
     try:
-        args = parse_args(argv, prog)
-    except SystemExit as exc:  # --help / --version (0), or bad arguments (2, the line already printed)
-        return EXIT_OK if exc.code is None else exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    return run(args)
+        _handle_interrupts()
+        try:
+            args = parse_args(argv, prog)
+        except SystemExit as exc:  # --help / --version (0), or bad arguments (2, the line already printed)
+            return EXIT_OK if exc.code is None else exc.code if isinstance(exc.code, int) else EXIT_USAGE
+        code = run(args)
+        sys.stdout.flush()  # a reader gone is found here, not in Python's flush at exit
+        return code
+    except KeyboardInterrupt:  # while parsing (imports, --simulate): nothing was changed yet
+        print("l2ctl: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        return _stdout_gone()
 

@@ -21,11 +21,12 @@ from ..bench.collectives import collective_size_problem
 from ..kernels import ResetVariant, check_variant
 from ..testing import SIMULATE_HELP, FakeDevice
 from ..workloads import gallery
-from .output import fmt_bytes, note
+from .output import STDOUT, fmt_bytes, note
 
 __all__ = ["Option", "COLUMN_NAMES", "VARIANT_NAMES", "parse_size", "items", "simulated_gpus", "lut_size", "lut_sizes",
            "collective_sizes", "count", "repeat_count", "warmup_count", "strides", "columns", "variant",
-           "gallery_names", "GALLERY_NAMES", "device_index", "output_path", "DEVICE", "REPEAT", "WARMUP", "ROUNDS",
+           "gallery_names", "GALLERY_NAMES", "device_index", "output_path", "plot_path", "DEVICE", "REPEAT", "WARMUP",
+           "ROUNDS",
            "JSON", "CSV", "PLOT", "QUIET", "SIMULATE", "EVERYWHERE", "COMMON", "LUT_SIZES", "LUT_BYTES", "OUT_BYTES",
            "VARIANT", "SET_ASIDE"]
 
@@ -226,9 +227,19 @@ def simulated_gpus(text: str) -> str:
 
 
 def output_path(text: str) -> str:
-    """A file to write: its directory must exist and be writable; an existing file must be writable. Both
-    are tried (an existing file opened to append, nothing written; a new one made and removed), so that a
-    file that cannot be written (a read-only mount, /proc) is refused before the run, not after it."""
+    """A file to write, or ``-`` for stdout: its directory must exist and be writable; an existing file must
+    be writable. Both are tried (an existing file opened to append, nothing written; a new one made and
+    removed), so that a file that cannot be written (a read-only mount, /proc) is refused before the run,
+    not after it."""
+    if text == STDOUT:
+        return text
+    return plot_path(text)
+
+
+def plot_path(text: str) -> str:
+    """A file to write (a plot: never stdout), checked as :func:`output_path` checks one."""
+    if text == STDOUT:
+        raise _bad("a plot cannot go to stdout: give a file name")
     if not text.strip():
         raise _bad("empty path")
     if os.path.isdir(text):
@@ -269,6 +280,12 @@ class Option:
     #: the value (a size, or a list of sizes of which the largest counts) is device memory the command holds
     #: while every other such option's is held too: checked against the device's memory (parsing.finish)
     device_bytes: bool = False
+    #: the value is an output the workload streams past the LUT: below the device's L2 size nothing evicts the
+    #: LUT and persistence has nothing to show (parsing.finish refuses it)
+    streams_past_l2: bool = False
+    #: the value is a LUT (a size, or a list of which the largest counts) the output holds repeated: no larger
+    #: than the output (parsing.finish refuses it)
+    repeated_into_output: bool = False
 
     @property
     def dest(self) -> str:
@@ -299,11 +316,12 @@ REPEAT = Option("--repeat", f"timed repetitions per point, the median is reporte
 WARMUP = Option("--warmup", "untimed runs before the timed ones, per point", 3, type=warmup_count, metavar="N")
 ROUNDS = Option("--rounds", "paired rounds: each runs one block of the baseline and of every point, shuffled (3 to 1000)",
                 5, type=count(3, 1000, "rounds"), metavar="N")
-JSON = Option("--json", "write the full report (environment, configuration, every record) as JSON",
-              type=output_path, metavar="PATH")
-CSV = Option("--csv", "write one CSV row per measurement", type=output_path, metavar="PATH")
+JSON = Option("--json", "write the full report (environment, configuration, every record) as JSON; - : to stdout "
+              "(the tables then go to stderr)", type=output_path, metavar="PATH")
+CSV = Option("--csv", "write one CSV row per measurement; - : to stdout (the tables then go to stderr)",
+             type=output_path, metavar="PATH")
 PLOT = Option("--plot", "save a plot, format by extension (.png, .svg, .pdf); needs matplotlib",
-              type=output_path, metavar="PATH")
+              type=plot_path, metavar="PATH")
 QUIET = Option("--quiet", "no progress on stderr", False, switch=True)
 SIMULATE = Option("--simulate", SIMULATE_HELP + "; alone: h100", None, "off: the real GPUs, unless $L2CTL_SIMULATE",
                   simulated_gpus, "[GPU]", const="h100")
@@ -314,11 +332,13 @@ EVERYWHERE = (DEVICE, JSON, CSV, QUIET, SIMULATE)
 COMMON = (DEVICE, REPEAT, WARMUP, JSON, CSV, QUIET, SIMULATE)
 
 LUT_SIZES = Option("--lut-sizes", f"LUT sizes, comma-separated ({SIZE_HELP}; multiples of 4)", None,
-                   "1,4,8,12,16,24,32,48 x L2/50: 1 to 48 MiB on a 50 MiB L2", lut_sizes, "SIZES", device_bytes=True)
+                   "1,4,8,12,16,24,32,48 x L2/50: 1 to 48 MiB on a 50 MiB L2", lut_sizes, "SIZES", device_bytes=True,
+                   repeated_into_output=True)
 LUT_BYTES = Option("--lut-bytes", f"LUT size of the reset-data workload ({SIZE_HELP}; a multiple of 4)", 4 << 20,
-                   "4M", lut_size, "SIZE", device_bytes=True)
-OUT_BYTES = Option("--out-bytes", f"output size of the reset-data workload ({SIZE_HELP})", 1 << 30, "1G",
-                   parse_size, "SIZE", device_bytes=True)
+                   "4M", lut_size, "SIZE", device_bytes=True, repeated_into_output=True)
+OUT_BYTES = Option("--out-bytes", f"output size of the reset-data workload ({SIZE_HELP}; at least the L2 size, so "
+                   "that it streams past the L2, and the LUT)", 1 << 30, "1G", parse_size, "SIZE", device_bytes=True,
+                   streams_past_l2=True)
 VARIANT = Option("--variant", f"reset-data kernel variant: {', '.join(VARIANT_NAMES)}", "plain", type=variant,
                  metavar="NAME")
 SET_ASIDE = Option("--set-aside", f"persisting-L2 set-aside limit to request ({SIZE_HELP})", None, type=parse_size,

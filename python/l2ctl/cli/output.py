@@ -4,17 +4,19 @@ CSV reports and the plots (files; "wrote PATH" on stderr)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import importlib
 import json
 import os
 import sys
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional, TextIO
 
 from ..bench import Report
 from .exitcodes import EXIT_OK
 
-__all__ = ["MiB", "NO_GPU_HINT", "OutputError", "fmt_bytes", "simulated_line", "header", "note", "write_report", "write_table",
+__all__ = ["MiB", "NO_GPU_HINT", "STDOUT", "OutputError", "data_to_stdout", "fmt_bytes", "simulated_line", "header",
+           "note", "write_report", "write_table",
            "save_plot", "plot_problem",
            "numbered_path", "measure", "done"]
 
@@ -52,9 +54,37 @@ def note(message: str) -> None:
     print(message, file=sys.stderr)
 
 
-def _writing(path: str, write: Callable[[str], Any]) -> None:
+#: The path that means standard output (``--json -``, ``--csv -``).
+STDOUT = "-"
+#: Where ``-`` writes: the process's stdout, while the tables go to stderr (``cli.run`` sets it).
+_data: list[TextIO] = []
+
+
+@contextlib.contextmanager
+def data_to_stdout(args: argparse.Namespace) -> Iterator[None]:
+    """The command's block: when --json or --csv is ``-``, their document goes to stdout and what the command
+    prints (its tables) to stderr, so that stdout holds the document alone."""
+    if STDOUT not in (getattr(args, "json", None), getattr(args, "csv", None)):
+        yield
+        return
+    _data.append(sys.stdout)
     try:
-        write(path)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        _data.pop()
+
+
+def _writing(path: str, write: Callable[[TextIO], Any]) -> None:
+    """``write(file)`` into ``path`` (``-``: stdout), and "wrote PATH" on stderr."""
+    if path == STDOUT:
+        out = _data[-1] if _data else sys.stdout
+        write(out)
+        out.flush()
+        return
+    try:
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            write(f)
     except OSError as exc:
         raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from exc
     note(f"wrote {path}")
@@ -63,24 +93,22 @@ def _writing(path: str, write: Callable[[str], Any]) -> None:
 def write_report(report: Report, json_path: Optional[str], csv_path: Optional[str]) -> None:
     """The report as JSON and/or CSV, where asked."""
     if json_path:
-        _writing(json_path, report.to_json)
+        _writing(json_path, report.write_json)
     if csv_path:
-        _writing(csv_path, report.to_csv)
+        _writing(csv_path, report.write_csv)
 
 
 def write_table(json_path: Optional[str], csv_path: Optional[str], document: dict[str, Any],
                 rows: list[dict[str, Any]]) -> None:
     """What is not a benchmark report (info): ``document`` as JSON and ``rows`` as CSV, where asked."""
-    def json_file(path: str) -> None:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(document, f, indent=2)
-            f.write("\n")
+    def json_file(f: TextIO) -> None:
+        json.dump(document, f, indent=2)
+        f.write("\n")
 
-    def csv_file(path: str) -> None:
-        with open(path, "w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
-            writer.writeheader()
-            writer.writerows(rows)
+    def csv_file(f: TextIO) -> None:
+        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
+        writer.writeheader()
+        writer.writerows(rows)
 
     for path, write in ((json_path, json_file), (csv_path, csv_file)):
         if path:
@@ -88,7 +116,9 @@ def write_table(json_path: Optional[str], csv_path: Optional[str], document: dic
 
 
 def numbered_path(path: str, nbytes: int) -> str:
-    """``out.json`` -> ``out_4194304.json``: one file per LUT size."""
+    """``out.json`` -> ``out_4194304.json``: one file per LUT size (``-``: each in turn on stdout)."""
+    if path == STDOUT:
+        return path
     stem, ext = os.path.splitext(path)
     return f"{stem}_{nbytes}{ext}"
 
@@ -114,7 +144,11 @@ def save_plot(path: Optional[str], draw: Callable[[Any], Any], result: Any) -> N
         return
     from .. import plot
 
-    _writing(path, lambda p: plot.save(draw(result), p))
+    try:
+        plot.save(draw(result), path)
+    except OSError as exc:
+        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from exc
+    note(f"wrote {path}")
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:

@@ -7,7 +7,8 @@ namespace: ``options``). The top-level parser takes every option before the comm
 bench``; those every command takes, EVERYWHERE, shown in its help). Every parser also knows, hidden, the
 options of every other command, so that :func:`finish` can refuse one by name ("--lut-sizes does not
 apply to 'bench stride'") instead of argparse taking its value for a command name; :func:`finish` then
-fills in the chosen command's own defaults and checks optional dependencies (--plot), all before anything
+fills in the chosen command's own defaults and checks optional dependencies (--plot) and that no two outputs
+name one file, all before anything
 runs. Before argparse sees the line, :func:`normalize` joins each option to its value and
 :func:`simulate` installs --simulate's GPUs.
 """
@@ -17,13 +18,14 @@ from __future__ import annotations
 import argparse
 import copy
 import difflib
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, NoReturn, Optional, Sequence, Union
 
 from .exitcodes import EXIT_USAGE
-from .options import EVERYWHERE, SIMULATE, Option
-from .output import plot_problem
+from .options import EVERYWHERE, SIMULATE, Option, output_path, plot_path
+from .output import STDOUT, plot_problem
 
 __all__ = ["Parser", "Command", "Group", "Entry", "add_entries", "known_options", "command_words", "normalize",
            "simulate", "finish"]
@@ -215,6 +217,54 @@ def _memory_problem(own: dict[str, Option], values: dict[str, Any], typed: set[s
             f"device memory at once; device {info.index} ({info.name}) has {info.total_memory / GiB:.2f} GiB")
 
 
+def _l2_problem(own: dict[str, Option], values: dict[str, Any], typed: set[str]) -> Optional[str]:
+    """Why an output size typed (the options marked ``streams_past_l2``) is too small to measure persistence:
+    smaller than the LUT it holds repeated, or than the L2 (the output then never evicts the LUT, so every
+    policy "wins" by nothing but noise and the model's edges). Checked on --device (the current device without it); with no device, the command says
+    so."""
+    import l2ctl
+
+    outputs = [o for o in own.values() if o.streams_past_l2]
+    luts = [o for o in own.values() if o.repeated_into_output and values.get(o.dest) is not None]
+    if not any(o.dest in typed for o in outputs + luts):
+        return None
+    for option in outputs:
+        for lut in luts:
+            largest = max(values[lut.dest]) if isinstance(values[lut.dest], list) else values[lut.dest]
+            if values[option.dest] < largest:
+                return (f"{option.flag} {values[option.dest]} B is smaller than {lut.flag} {largest} B: the output "
+                        f"holds the LUT repeated; give {option.flag} at least the LUT")
+    small = [o for o in outputs if o.dest in typed]
+    if not small:
+        return None
+    try:
+        info = l2ctl.device_info(values.get("device"))
+    except l2ctl.L2ctlError:
+        return None
+    for option in small:
+        if values[option.dest] < info.l2_cache_size:
+            return (f"{option.flag} {values[option.dest]} B is smaller than the L2 of device {info.index} ({info.name}, "
+                    f"{info.l2_cache_size / (1 << 20):.2f} MiB): the output must stream past the L2 for persistence "
+                    f"to keep anything; give at least {-(-info.l2_cache_size // (1 << 20))}M")
+    return None
+
+
+def _same_file(own: dict[str, Option], values: dict[str, Any]) -> Optional[str]:
+    """Why two of the output options (--json, --csv, --plot) cannot be written (both name one file, or both
+    stdout), or None: one would overwrite the other."""
+    seen: dict[str, str] = {}
+    for dest, option in own.items():
+        path = values.get(dest)
+        if option.type not in (output_path, plot_path) or not path:
+            continue
+        key = path if path == STDOUT else os.path.realpath(path)
+        if key in seen:
+            where = "stdout" if path == STDOUT else f"the same file ({path})"
+            return f"{seen[key]} and {option.flag} both write to {where}: give each its own"
+        seen[key] = option.flag
+    return None
+
+
 def finish(ns: argparse.Namespace) -> argparse.Namespace:
     """The namespace the command runs with: only its own options, each given or at its default, plus
     ``func`` (the function to run) and ``command`` (its words, e.g. "bench stride"). Exits 2 with one
@@ -230,13 +280,16 @@ def finish(ns: argparse.Namespace) -> argparse.Namespace:
     if foreign:
         parser.error(f"{', '.join(foreign)} {'does' if len(foreign) == 1 else 'do'} not apply to '{path}'")
     values: dict[str, Any] = {dest: given.get(dest, copy.copy(option.default)) for dest, option in own.items()}
+    same = _same_file(own, values)
+    if same:
+        parser.error(same)
     plot: Optional[str] = values.get("plot")
     if plot:
         problem = plot_problem(plot)
         if problem:
             parser.error(problem)
-    too_large = _memory_problem(own, values, set(given))
-    if too_large:
-        parser.error(too_large)
+    for problem in (_memory_problem(own, values, set(given)), _l2_problem(own, values, set(given))):
+        if problem:
+            parser.error(problem)
     return argparse.Namespace(**values, func=command.run, command=path)
 

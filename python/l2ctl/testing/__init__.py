@@ -37,7 +37,8 @@ from .model import DeviceModel, Estimate, Traffic
 from .profiler import FakeRangeProfiler
 
 __all__ = ["FakeBackend", "FakeDevice", "FakeStream", "FakeEvent", "FakeDeviceMemory", "FakeGraph", "FakeGraphExec",
-           "FakeRangeProfiler", "LaunchRecord", "DeviceModel", "Estimate", "Traffic", "simulate", "SIMULATE_HELP"]
+           "FakeRangeProfiler", "LaunchRecord", "DeviceModel", "Estimate", "Traffic", "simulate", "simulate_from_environment",
+           "SIMULATE_HELP"]
 
 SIMULATE_HELP = (f"a simulated GPU instead of the real one ({', '.join(FakeDevice.PROFILES)}; several: "
                  "h100,h200); every output says it is simulated")
@@ -52,4 +53,20 @@ def simulate(gpus: str = "h100") -> FakeBackend:
         names = ["h100"]
     machine = FakeBackend(*(FakeDevice.named(n) for n in names))
     _backend.install(machine)
+    return machine
+
+
+def simulate_from_environment(value: str) -> FakeBackend:
+    """``L2CTL_SIMULATE=value`` put into effect (``import l2ctl`` calls this; it never raises): the simulator,
+    which names itself on stderr at the first device query, or, for a value that names no simulated GPU, a
+    machine without devices whose every device call says what is wrong (NoDeviceError)."""
+    try:
+        machine = simulate(value)
+    except ValueError as exc:
+        machine = FakeBackend.without_devices(
+            reason=f"L2CTL_SIMULATE={value!r}: {exc}; set it to one of them, or unset it for the real GPUs")
+        _backend.install(machine)
+        return machine
+    # Once per process, on stderr: a simulated number must never be taken for a measured one.
+    machine.announce(f"l2ctl: L2CTL_SIMULATE is set: {machine.provenance}")
     return machine

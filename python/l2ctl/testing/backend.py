@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import sys
 import threading
 import weakref
 from collections import deque
@@ -427,14 +428,30 @@ class FakeBackend(L2State):
         self.primary_contexts = [_handle() for _ in devices]
         self._contexts: dict[int, int] = {}  # context -> device, for contexts other than the primary ones
         self._pointer_contexts: dict[int, int] = {}  # allocation base -> context, for foreign allocations
+        self._no_device_reason = ""  # why there is no device, where not CUDA's (see without_devices)
+        self._announcement: Optional[str] = None  # said on stderr at the first device query (see announce)
 
     @classmethod
-    def without_devices(cls, *, seed: int = 0) -> "FakeBackend":
+    def without_devices(cls, *, seed: int = 0, reason: str = "") -> "FakeBackend":
         """A machine with an NVIDIA driver and no GPU: device_count() is 0 and every device call fails
-        with cudaErrorNoDevice, as the real backend does there."""
+        with cudaErrorNoDevice, as the real backend does there. ``reason``: what device_count_error() says
+        instead of CUDA's words (an L2CTL_SIMULATE that names no simulated GPU)."""
         backend = cls.__new__(cls)
         backend._init([], seed, True)
+        backend._no_device_reason = reason
         return backend
+
+    def announce(self, line: str) -> None:
+        """Say ``line`` on stderr once, when this machine is first asked about its devices (device_count or
+        device_properties): a process that installs another machine before any device call (the command
+        line's --simulate after L2CTL_SIMULATE) never says it."""
+        self._announcement = line
+
+    def _say_announcement(self) -> None:
+        with self._lock:
+            line, self._announcement = self._announcement, None
+        if line:
+            sys.stderr.write(line + "\n")
 
     # ---- installing ---------------------------------------------------------------------------------
     @classmethod
@@ -700,10 +717,12 @@ class FakeBackend(L2State):
 
     # devices and the set-aside ---------------------------------------------------------------------------
     def device_count(self) -> int:
+        if self._announcement is not None:
+            self._say_announcement()
         return len(self.devices)
 
     def device_count_error(self) -> str:
-        return "" if self.devices else "cudaErrorNoDevice: no CUDA-capable device is detected"
+        return "" if self.devices else self._no_device_reason or "cudaErrorNoDevice: no CUDA-capable device is detected"
 
     def current_device(self) -> int:
         with self._locked:
@@ -711,6 +730,8 @@ class FakeBackend(L2State):
             return self.current
 
     def device_properties(self, device: int) -> dict[str, Any]:
+        if self._announcement is not None:
+            self._say_announcement()
         with self._locked:
             d = self._device(device, "cudaGetDeviceProperties(&prop, device)")
             self.calls.append("cudaGetDeviceProperties")

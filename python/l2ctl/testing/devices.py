@@ -9,9 +9,10 @@ relative noise of a kernel's duration. ``provenance`` says where the numbers com
 
 The H100 and H200 presets use the measurements in the repository's reference notes
 (``h100-findings.md``, ``h200-findings.md``) and records. The A100, L40S (Ada) and RTX 5090 (Blackwell)
-presets take their properties from public specs and deviceQuery outputs; what no source gives (their
-persisting max, window limit, default limit) is assumed as stated, and their timing model is Hopper's,
-scaled to their DRAM's peak: no such GPU was measured here.
+presets take their properties from public specs, deviceQuery outputs and public reports (the RTX 5090's
+persisting max and default limit); what no source gives (the others' persisting max, window limit, default
+limit) is assumed as stated, and their timing model is Hopper's, scaled to their DRAM's peak: no such GPU was
+measured here.
 """
 
 from __future__ import annotations
@@ -154,11 +155,12 @@ class FakeDevice:
     @classmethod
     def rtx5090(cls) -> "FakeDevice":
         """A GeForce RTX 5090 (Blackwell, compute capability 12.0, 170 SMs, 96 MiB L2, 32 GB GDDR7 at
-        1,792 GB/s), as deviceQuery reports it. Its persisting max, window limit, granularity and default
-        limit are assumed as for the L40S; DRAM bandwidths are Hopper's efficiencies at its peak; the L2 and
-        PCIe rates are rough guesses."""
+        1,792 GB/s), as deviceQuery reports it. Its persisting max (60 MiB, 62.5% of the L2) and default limit
+        (18 MiB: 30% of that max, as on Hopper) as a public report read them on the card; the window limit
+        (128 MiB) and the granularity (max / 10) are assumed as on Hopper. DRAM bandwidths are Hopper's
+        efficiencies at its peak; the L2 and PCIe rates are rough guesses."""
         return cls(name="NVIDIA GeForce RTX 5090 (simulated)", major=12, minor=0, multiprocessor_count=170,
-                   l2_cache_size=96 * MiB, persisting_l2_cache_max_size=72 * MiB, initial_limit=_default(72 * MiB),
+                   l2_cache_size=96 * MiB, persisting_l2_cache_max_size=60 * MiB, initial_limit=18 * MiB,
                    total_global_memory=33_668_857_856, memory_bus_width=512, max_threads_per_multiprocessor=1536,
                    write_gbps=1695.0, copy_gbps=1509.0, read_gbps=1645.0, l2_gbps=8000.0, pcie_gbps=50.0,
                    provenance=_PUBLIC)
