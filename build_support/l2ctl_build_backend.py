@@ -7,7 +7,9 @@ compiled objects with them, because the cache may point into the old environment
 depends on nothing there that is not set again at every configure: scikit-build-core re-sets its module
 and prefix paths, find_package searches again when a cached package directory has gone, and the headers
 the build takes from the environment (pybind11's; CUDA's, from pip) are staged under the build directory
-(build_support/l2ctl_cuda.py). So before a build the record of the environment is updated to this one."""
+(build_support/l2ctl_cuda.py). So before a build the record of the environment is updated to this one.
+Each CUDA flavour builds in its own directory, build/cu12-<wheel tag> or build/cu13-<wheel tag>, so switching
+flavours recompiles neither."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import json
 import os
 from typing import Any, Optional
 
+import l2ctl_cuda
 import scikit_build_core.cmake
 from scikit_build_core.build import *  # noqa: F403 - every hook, as scikit-build-core defines them
 from scikit_build_core.build import build_editable as _build_editable
@@ -36,13 +39,17 @@ def _keep_build_dirs() -> None:
             pass  # scikit-build-core clears what it cannot read
 
 
+def _settings(config_settings: Optional[dict[str, Any]]) -> dict[str, Any]:
+    _keep_build_dirs()
+    major, _ = l2ctl_cuda.flavour()
+    return {"build-dir": f"build/cu{major}-{{wheel_tag}}", **(config_settings or {})}
+
+
 def build_wheel(wheel_directory: str, config_settings: Optional[dict[str, Any]] = None,
                 metadata_directory: Optional[str] = None) -> str:
-    _keep_build_dirs()
-    return _build_wheel(wheel_directory, config_settings, metadata_directory)
+    return _build_wheel(wheel_directory, _settings(config_settings), metadata_directory)
 
 
 def build_editable(wheel_directory: str, config_settings: Optional[dict[str, Any]] = None,
                    metadata_directory: Optional[str] = None) -> str:
-    _keep_build_dirs()
-    return _build_editable(wheel_directory, config_settings, metadata_directory)
+    return _build_editable(wheel_directory, _settings(config_settings), metadata_directory)
