@@ -19,7 +19,9 @@
 #   planner: the overhead benchmark first (a quiet process), then the test suite (Nsight comparison left out);
 #   multigpu: the two-GPU runs under torchrun (examples/ddp_step.py, bench collectives, the two-GPU test),
 #     then the recipes' gallery runs on GPU 0.
-# PYTEST_K adds a -k filter to the test run.
+# PYTEST_K adds a -k filter to the test run. L2CTL_CUDA=12 builds the CUDA 12 flavour (with no CUDA 12 toolkit
+# there, its build packages, nvidia-cuda-runtime-cu12 and nvidia-cuda-cupti-cu12, must be among the .whl/ wheels,
+# as must scikit-build-core >= 1.1 where the machine's is older).
 set -uo pipefail
 FINAL=${OUT:-$PWD/.out}
 OUT=$(mktemp -d)  # everything lands here, then travels back as one archive (8 files at most come back)
@@ -48,6 +50,7 @@ if [ -z "${SKIP_BUILD:-}" ]; then
   fi
   tail -3 "$OUT/build.log"
 fi
+python3 -c "import l2ctl; print('l2ctl', l2ctl.__version__, 'built for CUDA', l2ctl.cuda_flavour)" | tee "$OUT/flavour.txt"
 cd /tmp  # import the installed package, not the source tree
 src=$OLDPWD
 

@@ -78,6 +78,9 @@ if _typing.TYPE_CHECKING:  # the harness, imported lazily at run time (see __get
     from .tuner import tune as tune
 
 __version__ = _core.__version__
+#: The CUDA major version this build of l2ctl is for, 12 or 13 (the wheel's +cu12/+cu13): its CUDA runtime,
+#: linked statically, sets the oldest driver that runs it, ``minimum_driver(cuda_flavour * 1000)``.
+cuda_flavour: int = _core.runtime_version() // 1000
 
 # name -> (module, attribute or None for the module itself)
 _LAZY = {
@@ -172,6 +175,7 @@ __all__ = [
     "tune",
     "tuner",
     "minimum_driver",
+    "cuda_flavour",
     "versions",
     "workloads",
 ]

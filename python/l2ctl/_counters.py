@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Sequence
 
-from . import _backend
+from . import _backend, _core
 from ._backend import RangeProfilerImpl
 from ._device import resolve_device
 from ._errors import CountersUnavailableError, CuptiError
@@ -81,7 +81,8 @@ _HINTS = {
 
 def find_cupti() -> list[str]:
     """Candidate paths of libcupti, most specific first."""
-    found = [os.environ["L2CTL_CUPTI"]] if os.environ.get("L2CTL_CUPTI") else []
+    explicit = [os.environ["L2CTL_CUPTI"]] if os.environ.get("L2CTL_CUPTI") else []
+    found: list[str] = []
     roots = [os.environ.get(v) for v in ("CUDA_HOME", "CUDA_PATH")] + ["/usr/local/cuda"]
     for root in filter(None, roots):
         for sub in ("lib64", "lib", "extras/CUPTI/lib64", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib"):
@@ -89,7 +90,11 @@ def find_cupti() -> list[str]:
     for entry in sys.path:  # pip wheels: nvidia/cu13/lib, nvidia/cuda_cupti/lib
         for pattern in ("nvidia/cu*/lib/libcupti.so*", "nvidia/cuda_cupti/lib/libcupti.so*"):
             found += sorted(glob.glob(os.path.join(entry, pattern)), reverse=True)
-    return list(dict.fromkeys(found + ["libcupti.so.13", "libcupti.so.12", "libcupti.so"]))  # once each, in order
+    # After L2CTL_CUPTI, the CUPTI of the build's own CUDA major (a CUDA 12 build beside a CUDA 13 toolkit takes
+    # the nvidia-cuda-cupti-cu12 wheel's), then the others, each group in the order found (the sort is stable).
+    own = f"libcupti.so.{_core.runtime_version() // 1000}"
+    found.sort(key=lambda path: own not in os.path.basename(path))
+    return list(dict.fromkeys(explicit + found + [own, "libcupti.so.13", "libcupti.so.12", "libcupti.so"]))
 
 
 def _unavailable(error: CuptiError, context: str = "") -> CountersUnavailableError:

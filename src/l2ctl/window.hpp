@@ -12,8 +12,9 @@
 
 namespace l2ctl {
 
-static_assert(access_normal == cudaAccessPropertyNormal && access_streaming == cudaAccessPropertyStreaming &&
-                  access_persisting == cudaAccessPropertyPersisting,
+static_assert(int{access_normal} == int{cudaAccessPropertyNormal} &&
+                  int{access_streaming} == int{cudaAccessPropertyStreaming} &&
+                  int{access_persisting} == int{cudaAccessPropertyPersisting},
               "window_value.hpp's AccessProperty must be CUDA's values");
 
 Window get_window(WindowHolder holder, std::uintptr_t handle);

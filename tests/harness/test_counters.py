@@ -36,6 +36,23 @@ def test_find_cupti_honours_the_environment(monkeypatch):
     assert _counters.find_cupti()[-1] == "libcupti.so"
 
 
+def test_find_cupti_prefers_the_builds_cuda_major(monkeypatch, tmp_path):
+    """A CUDA 12 build beside a CUDA 13 toolkit loads the nvidia-cuda-cupti-cu12 wheel's libcupti.so.12 (and a
+    CUDA 13 build the cu13 wheel's over a CUDA 12 toolkit's)."""
+    own, other = l2ctl.cuda_flavour, 25 - l2ctl.cuda_flavour
+    toolkit = tmp_path / "cuda" / "lib64"
+    wheel = tmp_path / "site" / "nvidia" / ("cuda_cupti" if own == 12 else "cu13") / "lib"
+    for directory, major in ((toolkit, other), (wheel, own)):
+        directory.mkdir(parents=True)
+        (directory / f"libcupti.so.{major}").write_bytes(b"")
+    monkeypatch.delenv("L2CTL_CUPTI", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "site")])
+    found = [path for path in _counters.find_cupti() if path.startswith(str(tmp_path))]
+    assert found == [str(wheel / f"libcupti.so.{own}"), str(toolkit / f"libcupti.so.{other}")]
+
+
 @pytest.mark.parametrize("code,words", [(35, "NVreg_RestrictProfilingToAdminUsers"), (39, "another profiler"),
                                         (27, "does not support"), (-1, "L2CTL_CUPTI")])
 def test_error_hints(code, words):

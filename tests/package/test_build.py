@@ -1,10 +1,12 @@
-"""What the build produced, checked without a GPU: no device code (NVRTC compiles the embedded source at run
-time: tests/kernels/test_nvrtc.py), the public header compiles on every architecture (falling back where the
-L2 policy instructions do not exist), and the stub lists the extension's names."""
+"""What the build produced, checked without a GPU: the CUDA flavour it reports and the runtime it linked in,
+no device code (NVRTC compiles the embedded source at run time: tests/kernels/test_nvrtc.py), the public header
+compiles on every architecture (falling back where the L2 policy instructions do not exist), and the stub lists
+the extension's names."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from typing import Optional
@@ -27,6 +29,38 @@ def _tool(name: str) -> str:
     if path is None:
         pytest.skip(f"{name} not found (needs the CUDA toolkit on PATH or in $CUDA_HOME/bin)")
     return path
+
+
+
+# ---- the flavour and the CUDA runtime -----------------------------------------------------------------------
+
+
+def test_the_build_reports_its_cuda_flavour():
+    flavour = l2ctl.cuda_flavour
+    assert flavour in (12, 13) and l2ctl.__version__.endswith(f"+cu{flavour}"), (flavour, l2ctl.__version__)
+    assert _core.runtime_version() // 1000 == flavour  # the runtime linked in is the flavour's
+
+
+def _readelf(*flags: str) -> str:
+    tool = shutil.which("readelf")
+    if tool is None:
+        pytest.skip("readelf not found (binutils)")
+    return subprocess.run([tool, "-W", *flags, _core.__file__], capture_output=True, text=True, check=True,
+                          timeout=120).stdout
+
+
+def test_the_cuda_runtime_is_linked_in():
+    """The CUDA runtime is static: the extension needs no CUDA library to load (NEEDED names the C and C++
+    runtimes only, no RPATH), and no CUDA symbol is left for the loader, so a CUDA 12 build runs on a CUDA 12
+    driver whatever toolkit is installed beside it."""
+    dynamic = _readelf("-d")
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[(.+?)\]", dynamic)
+    assert needed and not [n for n in needed if re.match(r"lib(cuda|cudart|cupti|nvrtc|nvidia)", n)], needed
+    system = r"(libstdc\+\+|libm|libgcc_s|libc|libpthread|libdl|librt|ld-linux-[\w-]+)\.so(\.\d+)*$"
+    assert all(re.match(system, n) for n in needed), needed
+    assert "RPATH" not in dynamic and "RUNPATH" not in dynamic
+    undefined = re.findall(r"\bUND\s+(\w+)", _readelf("--dyn-syms"))
+    assert not [name for name in undefined if re.match(r"cu(da)?[A-Z]", name)], undefined
 
 
 def test_the_extension_carries_no_device_code():

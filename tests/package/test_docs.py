@@ -67,8 +67,8 @@ def test_the_readme_is_a_five_minute_read():
 # requirement, not a measurement (measurements are generated from the records above). A new number in the
 # prose fails here until it is generated or listed with where it comes from.
 README_CONSTANTS = {
-    "3.10": "requires-python", "12.8": "the oldest CUDA toolkit the build accepts", "13.0": "the CUDA runtime linked",
-    "580.65.06": "test_the_readme_names_the_built_extensions_driver", "8.0": "the oldest compute capability",
+    "3.10": "requires-python", "525.60.13": "the CUDA 12 build's driver (test_the_readmes_constants_hold)",
+    "580.65.06": "the CUDA 13 build's driver (test_the_readmes_constants_hold)", "8.0": "the oldest compute capability",
     "2.9": "torch's first keep_graph release", "2%": "tune's tax_gain default", "95%": "tune's confidence default",
     "05": "a notebook's number", "01": "a notebook's number", "03": "a notebook's number", "04": "a notebook's number",
     "1-5": "a step's duration, for scale", "1.5G": "a size, as the CLI takes it", "8M": "a size, as the CLI takes it",
@@ -102,5 +102,7 @@ def test_the_readmes_constants_hold():
     tune = inspect.signature(l2ctl.tune).parameters
     assert f"{tune['tax_gain'].default:.0%}" == "2%" and f"{tune['confidence'].default:.0%}" == "95%"
     assert 'requires-python = ">=3.10"' in (ROOT / "pyproject.toml").read_text()
-    runtime = _core.runtime_version()  # the extension as built: its static CUDA runtime sets the driver it needs
-    assert f"(CUDA {runtime // 1000}.{runtime % 1000 // 10}): **driver {l2ctl.minimum_driver(runtime)} or newer**" in text
+    assert l2ctl.cuda_flavour == _core.runtime_version() // 1000 and l2ctl.cuda_flavour in (12, 13)
+    for flavour in (12, 13):  # the Install table: each build and the driver its static CUDA runtime needs
+        row = f"| CUDA {flavour} (`+cu{flavour}`) | driver {l2ctl.minimum_driver(flavour * 1000)} or newer"
+        assert row in text and f"`L2CTL_CUDA={flavour} pip install -v .` |" in text, row

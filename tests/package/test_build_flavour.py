@@ -1,0 +1,154 @@
+"""The build's CUDA rules (build_support/l2ctl_cuda.py): which flavour is built, where its headers and static
+runtime come from, what the wheel is named and needs, and the backend that keeps the build directory between
+pip's isolated environments. Fake toolkits and pip layouts in tmp_path; no compiler needed."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "build_support"))
+import l2ctl_cuda  # noqa: E402
+
+
+def _runtime(include: pathlib.Path, lib: pathlib.Path, version: int, cupti: bool = True) -> None:
+    include.mkdir(parents=True, exist_ok=True)
+    lib.mkdir(parents=True, exist_ok=True)
+    (include / "cuda_runtime_api.h").write_text(f"#pragma once\n#define CUDART_VERSION {version}\n")
+    (lib / "libcudart_static.a").write_bytes(b"!<arch>\n")
+    if cupti:
+        (include / "cupti_range_profiler.h").write_text("#pragma once\n")
+
+
+def _toolkit(root: pathlib.Path, version: int) -> pathlib.Path:
+    _runtime(root / "include", root / "lib64", version)
+    return root
+
+
+@pytest.fixture
+def no_system_cuda(monkeypatch):
+    """A machine without toolkits and without a driver (this one may have /usr/local/cuda)."""
+    monkeypatch.setattr(l2ctl_cuda, "system_toolkits", lambda env: [])
+    monkeypatch.setattr(l2ctl_cuda, "driver_cuda_version", lambda: None)
+    monkeypatch.delenv("L2CTL_CUDA", raising=False)
+
+
+def test_the_explicit_setting_wins_and_is_checked():
+    assert l2ctl_cuda.flavour({"L2CTL_CUDA": "12"}) == (12, "L2CTL_CUDA")
+    assert l2ctl_cuda.flavour({"L2CTL_CUDA": " 13 "}) == (13, "L2CTL_CUDA")
+    with pytest.raises(ValueError, match="L2CTL_CUDA='11': the flavours are 12, 13"):
+        l2ctl_cuda.flavour({"L2CTL_CUDA": "11"})
+
+
+def test_a_system_toolkit_sets_the_flavour_and_is_used(tmp_path):
+    toolkit = _toolkit(tmp_path / "cuda-12.8", 12080)
+    env = {"PATH": "", "CUDA_HOME": str(toolkit)}  # CUDA_HOME is looked at before /usr/local/cuda
+    major, why = l2ctl_cuda.flavour(env)
+    assert major == 12 and str(toolkit) in why
+    cuda = l2ctl_cuda.find(env)
+    assert (cuda.version, cuda.include_dirs, cuda.cupti_include) == (12080, [str(toolkit / "include")], str(toolkit / "include"))
+    assert cuda.cudart_static == str(toolkit / "lib64" / "libcudart_static.a") and not l2ctl_cuda.needs_pip(12, env)
+
+
+def test_nvcc_on_path_names_the_first_toolkit(tmp_path):
+    first, second = _toolkit(tmp_path / "a", 13000), _toolkit(tmp_path / "b", 12090)
+    (first / "bin").mkdir()
+    (first / "bin" / "nvcc").write_text("#!/bin/sh\n")
+    (first / "bin" / "nvcc").chmod(0o755)
+    found = l2ctl_cuda.system_toolkits({"PATH": str(first / "bin"), "CUDA_HOME": str(second)})
+    assert [t.version for t in found[:2]] == [13000, 12090]
+
+
+def test_a_toolkit_too_old_for_its_flavour_leaves_it_to_pip(tmp_path):
+    env = {"PATH": "", "CUDA_HOME": str(_toolkit(tmp_path / "cuda-12.4", 12040))}
+    assert l2ctl_cuda.flavour(env)[0] == 12 and l2ctl_cuda.needs_pip(12, env)
+
+
+@pytest.mark.parametrize("driver,major", [(12020, 12), (12080, 12), (13000, 13), (13020, 13), (None, 13)])
+def test_without_a_toolkit_the_driver_decides(monkeypatch, no_system_cuda, driver, major):
+    monkeypatch.setattr(l2ctl_cuda, "driver_cuda_version", lambda: driver)
+    assert l2ctl_cuda.flavour({})[0] == major
+
+
+@pytest.mark.parametrize("major,layout,cupti", [(12, ("cuda_runtime", "lib"), "cuda_cupti"), (13, ("cu13", "lib"), "cu13")])
+def test_the_pip_packages_of_each_flavour_are_found(monkeypatch, tmp_path, no_system_cuda, major, layout, cupti):
+    site = tmp_path / "site"
+    runtime = site / "nvidia" / layout[0]
+    _runtime(runtime / "include", runtime / layout[1], major * 1000 + 90, cupti=False)
+    (site / "nvidia" / cupti / "include").mkdir(parents=True, exist_ok=True)
+    (site / "nvidia" / cupti / "include" / "cupti_range_profiler.h").write_text("")
+    monkeypatch.delitem(sys.modules, "nvidia", raising=False)
+    monkeypatch.setattr(sys, "path", [str(site), *sys.path])
+    monkeypatch.setenv("L2CTL_CUDA", str(major))
+    cuda = l2ctl_cuda.find()
+    assert cuda.flavour == major and cuda.include_dirs == [str(runtime / "include")]
+    assert cuda.cudart_static == str(runtime / "lib" / "libcudart_static.a")
+    assert cuda.cupti_include == str(site / "nvidia" / cupti / "include")
+    assert l2ctl_cuda.pip_cuda(25 - major) is None  # the other flavour's headers are not taken for this one
+
+
+def test_nothing_found_says_what_to_install(monkeypatch, no_system_cuda):
+    monkeypatch.setattr(l2ctl_cuda, "pip_cuda", lambda major: None)
+    monkeypatch.setenv("L2CTL_CUDA", "12")
+    with pytest.raises(LookupError, match="pip install nvidia-cuda-runtime-cu12>=12.9,<13"):
+        l2ctl_cuda.find()
+
+
+@pytest.mark.parametrize("major", [12, 13])
+def test_the_wheel_names_its_flavour_and_needs_pip_headers_only_without_a_toolkit(monkeypatch, tmp_path, no_system_cuda,
+                                                                                  major):
+    monkeypatch.setenv("L2CTL_CUDA", str(major))
+    metadata = l2ctl_cuda.dynamic_metadata({"base-version": "0.1.0"}, {})
+    assert metadata["version"] == f"0.1.0+cu{major}"
+    assert any(r.startswith("nvidia-cuda-nvrtc") for r in metadata["optional-dependencies"]["ctk"])
+    assert l2ctl_cuda.get_requires_for_dynamic_metadata({}) == l2ctl_cuda.PIP[major]["build"]
+    toolkit = _toolkit(tmp_path / "cuda", l2ctl_cuda.MINIMUM_TOOLKIT[major])
+    monkeypatch.setattr(l2ctl_cuda, "system_toolkits", lambda env: [l2ctl_cuda._toolkit(str(toolkit))])
+    assert l2ctl_cuda.get_requires_for_dynamic_metadata({}) == []
+
+
+def test_staging_rewrites_only_what_changed(tmp_path):
+    """The staged copy keeps its timestamps while the content is the same, so nothing recompiles when pip
+    installs the same headers again at a new path with new timestamps."""
+    source = tmp_path / "env" / "include"
+    (source / "sub").mkdir(parents=True)
+    (source / "a.h").write_text("int a;\n")
+    (source / "sub" / "b.h").write_text("int b;\n")
+    staged = pathlib.Path(l2ctl_cuda.stage(str(source), str(tmp_path / "stage")))
+    os.utime(staged / "a.h", ns=(1, 1))
+    os.utime(staged / "sub" / "b.h", ns=(1, 1))
+    (source / "sub" / "b.h").write_text("int b2;\n")
+    l2ctl_cuda.stage(str(source), str(staged))
+    assert (staged / "a.h").stat().st_mtime_ns == 1  # same content: untouched
+    assert (staged / "sub" / "b.h").read_text() == "int b2;\n" and (staged / "sub" / "b.h").stat().st_mtime_ns != 1
+
+
+def test_write_cmake_names_the_staged_paths(monkeypatch, tmp_path, no_system_cuda):
+    site = tmp_path / "site"
+    _runtime(site / "nvidia" / "cu13" / "include", site / "nvidia" / "cu13" / "lib", 13000)
+    monkeypatch.delitem(sys.modules, "nvidia", raising=False)
+    monkeypatch.setattr(sys, "path", [str(site), *sys.path])
+    out, stage = tmp_path / "cuda.cmake", tmp_path / "stage"
+    l2ctl_cuda.write_cmake(str(out), str(stage))
+    text = out.read_text()
+    assert 'set(L2CTL_CUDA_FLAVOUR "13")' in text and 'set(L2CTL_CUDA_WHY "the default' in text
+    assert f'set(L2CTL_CUDART_STATIC "{stage}/lib/libcudart_static.a")' in text
+    assert f'set(L2CTL_CUDA_INCLUDE_DIRS "{stage}/cuda-include")' in text and str(site) not in text.split("SOURCE")[0]
+    assert (stage / "cuda-include" / "cuda_runtime_api.h").exists()
+
+
+def test_the_backend_keeps_the_build_directory_of_another_environment(monkeypatch, tmp_path):
+    skbuild = pytest.importorskip("scikit_build_core.cmake", reason="needs scikit-build-core (the build requirement)")
+    import l2ctl_build_backend
+
+    info = tmp_path / "build" / "cu13-cp311-cp311-linux_x86_64" / ".skbuild-info.json"
+    info.parent.mkdir(parents=True)
+    info.write_text(json.dumps({"source_dir": "/src", "skbuild_path": "/tmp/pip-build-env-old/scikit_build_core"}))
+    monkeypatch.chdir(tmp_path)
+    l2ctl_build_backend._keep_build_dirs()
+    assert json.loads(info.read_text()) == {"source_dir": "/src", "skbuild_path": os.fspath(skbuild.DIR)}
