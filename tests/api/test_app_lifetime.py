@@ -234,19 +234,23 @@ def test_best_effort_under_mps_still_persists_what_needs_no_limit():
                 assert p.active and p.reason is None and _stream_window(fake, s)[:2] == (buf.ptr, MiB)
 
 
+class _ForeignArray:
+    """Memory another library describes (``__cuda_array_interface__``): an argument that needs no device to make."""
+
+    __cuda_array_interface__ = {"shape": (1024,), "typestr": "<f4", "data": (0x7F00_0000_0000, False), "version": 3}
+
+
 def test_best_effort_with_no_device():
-    """No device: a scope's arguments need one to be made, so this one is made on a simulated GPU and entered
-    where the machine has none (as the real backend behaves without a GPU or with a driver too old)."""
-    with FakeBackend.installed():
-        s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(MiB)
-        scope = l2ctl.persist(s, buf, 0.5, strict=False)
-        strict = l2ctl.persist(s, buf, 0.5)
+    """No GPU (or a driver too old, which the backend reports the same way): the legacy default stream and a
+    foreign array make a scope without a device; entering it finds none."""
     with _backend.use(FakeBackend.without_devices()):
         with pytest.raises(l2ctl.NoDeviceError):
-            strict.start()
-        with pytest.warns(l2ctl.PersistenceUnavailableWarning, match="no CUDA"):
-            with scope as p:
-                assert not p.active and p.set_aside == 0 and "no CUDA" in str(p.reason)
+            l2ctl.persist(None, _ForeignArray(), 0.5).start()
+        with pytest.warns(l2ctl.PersistenceUnavailableWarning, match="no CUDA device"):
+            with l2ctl.persist(None, _ForeignArray(), 0.5, strict=False) as p:
+                assert not p.active and "no CUDA device" in str(p.reason)
+                assert p.device == -1 and p.stream == 0 and p.set_aside == 0
+                assert p.window == l2ctl.AccessPolicyWindow()
 
 
 # ---- clamping -----------------------------------------------------------------------------------------------------
