@@ -166,7 +166,8 @@ struct Persist {
   bool reset_on_exit, share, enabled;
   bool strict;  // false: where the device cannot persist, the scope changes nothing and says why (`reason`)
   bool clamp;   // an exact set-aside above the device's max is granted the max, with a warning
-  PyObject* reason;  // why the scope changes nothing (a "no persistence" policy, or the device), or NULL (and the registry, one per backend) a foreign stream's context / the pointer was checked for.
+  PyObject* reason;  // why the scope changes nothing (a "no persistence" policy, or the device), or NULL
+  // The device (and the registry, one per backend) a foreign stream's context / the pointer was checked for.
   int stream_checked, buffer_checked;
   std::uint64_t stream_checked_on, buffer_checked_on;  // registry serials (0: none)
   // The live scope and what entering it learnt.
@@ -649,8 +650,9 @@ PyObject* enter(Persist* self) {
     // Best effort: the device cannot persist (no device, pre-Ampere, MIG, a limit refused under MPS). The entry
     // is atomic, so nothing was applied; anything else (a user's argument, an interrupt) is raised as it is.
     if (!error.matches(names().not_supported)) throw;
-    self->reason = PyObject_Str(error.value().ptr());
-    if (self->reason == nullptr) throw py::error_already_set();
+    PyObject* reason = PyObject_Str(error.value().ptr());
+    if (reason == nullptr) throw py::error_already_set();
+    Py_XSETREF(self->reason, reason);
   }
   describe_idle(self);
   PyObject* r = PyObject_CallOneArg(hooks.unavailable, reinterpret_cast<PyObject*>(self));  // warns (once)
@@ -662,6 +664,7 @@ PyObject* enter(Persist* self) {
 // A scope entered without applying anything (`reason` says why): where it would have applied, as far as that can
 // be known without a device that persists; the device -1 where there is none. Changes nothing.
 void describe_idle(Persist* self) {
+  const Entering entering(self);  // the Python it calls must not initialise the object again meanwhile
   self->idle = true;
   self->has_window = self->clipped = false;
   Py_CLEAR(self->window);
