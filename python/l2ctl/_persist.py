@@ -151,7 +151,8 @@ def _prepare(stream: object, buf: object, hit_ratio: object, num_bytes: object, 
     clip_window(offset, checked_bytes, buffer.nbytes, 0)  # the byte range; no device yet
     hit = hit_prop if hit_prop is _PERSISTING else check_property(hit_prop, "hit_prop")
     miss = miss_prop if miss_prop is _STREAMING else check_property(miss_prop, "miss_prop", miss=True)
-    if any(flag is not True and flag is not False for flag in (reset_on_exit, share, strict, clamp)):
+    if (reset_on_exit is not True and reset_on_exit is not False or share is not True and share is not False
+            or strict is not True and strict is not False or clamp is not True and clamp is not False):
         raise TypeError("reset_on_exit, share, strict and clamp must be bools")
     remember_stream = ref is not None and own_stream is None and stream_remembered(stream, ref)
     stamp = None if own_buffer is not None else remembered(buf, buffer)
