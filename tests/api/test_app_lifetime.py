@@ -95,6 +95,31 @@ def test_a_started_scope_ends_when_collected(fake):
     assert fake.state() == before
 
 
+@pytest.mark.parametrize("cut", ["start", "stop"])
+def test_an_interrupt_as_start_or_stop_changes_the_device_leaves_nothing_behind(fake, monkeypatch, cut):
+    """The interrupt lands as the backend's call returns, its change made (the worst place); real signals at any
+    place: tests/registry/test_restore_promise.py."""
+    s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(4 * MiB)
+    before = fake.state()
+    p = l2ctl.persist(s, buf, 1.0, set_aside=2 * G)
+
+    def interrupt_after(call):
+        def interrupted(*args, **kwargs):
+            call(*args, **kwargs)
+            raise KeyboardInterrupt
+        return interrupted
+
+    if cut == "stop":
+        p.start()
+    with monkeypatch.context() as patch:
+        for name in ("apply_window", "apply_state"):
+            patch.setattr(fake, name, interrupt_after(getattr(fake, name)))
+        with pytest.raises(KeyboardInterrupt):
+            p.start() if cut == "start" else p.stop()
+    assert l2ctl.budget().scopes == ()  # the next l2ctl call settles what the interrupted one left
+    assert fake.state() == before and not p.active
+
+
 def test_app_scopes_and_with_scopes_share_a_device_and_end_in_any_order(fake):
     s, t = l2ctl.Stream(), l2ctl.Stream()
     a, b = l2ctl.DeviceBuffer(2 * MiB), l2ctl.DeviceBuffer(2 * MiB)
