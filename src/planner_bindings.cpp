@@ -762,6 +762,7 @@ void bind_planner(py::module_& core) {
   m.attr("plan_default_limit_fraction") = pl::default_limit_fraction;
   m.def("plan_round_up", &pl::round_up, "nbytes"_a, "granularity"_a);
   m.def("plan_tax_free_limit", &pl::tax_free_limit, "maximum"_a, "granularity"_a);
+  m.def("plan_granted_set_aside", &pl::granted_set_aside, "request"_a, "maximum"_a, "clamp"_a);
   m.def("plan_auto_set_aside", &pl::auto_set_aside, "demand"_a, "current"_a, "granularity"_a, "maximum"_a);
   m.def("plan_default_hit_ratio", &pl::default_hit_ratio, "granted"_a, "window_bytes"_a);
   m.def("plan_shared_hit_ratios", &pl::shared_hit_ratios, "requests"_a, "set_aside"_a);

@@ -32,7 +32,8 @@ struct Hooks {
   PyObject* require_persistence = nullptr;   // _device.require_persistence(device): raises where unsupported
   PyObject* resolve_target = nullptr;        // _targets.resolve_target(obj) -> _registry.Target
   PyObject* after_changes = nullptr;         // _targets.after_changes(target, window) -> changed | None
-  PyObject* announce = nullptr;              // _persist._announce(scope, clip, limit, demand, capped)
+  PyObject* announce = nullptr;              // _persist._announce(scope, clip, limit, demand, capped, clamped)
+  PyObject* unavailable = nullptr;           // _persist._unavailable(scope): warns that a best-effort scope is off
   PyObject* stream_type = nullptr;           // l2ctl.Stream
   PyObject* buffer_type = nullptr;           // l2ctl.DeviceBuffer
   PyObject* persisting = nullptr;            // AccessProperty.PERSISTING
@@ -44,9 +45,10 @@ Hooks hooks;
 
 
 enum Arg { a_stream, a_buf, a_hit_ratio, a_num_bytes, a_offset, a_hit_prop, a_miss_prop, a_set_aside, a_reset_on_exit,
-           a_share, a_policy, n_args };
-const char* const arg_names[n_args] = {"stream",  "buf",       "hit_ratio", "num_bytes",     "offset", "hit_prop",
-                                       "miss_prop", "set_aside", "reset_on_exit", "share", "policy"};
+           a_share, a_policy, a_strict, a_clamp, n_args };
+const char* const arg_names[n_args] = {"stream",    "buf",       "hit_ratio",     "num_bytes", "offset",
+                                       "hit_prop",  "miss_prop", "set_aside",     "reset_on_exit", "share",
+                                       "policy",    "strict",    "clamp"};
 PyObject* interned_args[n_args];
 
 // Hit ratios up to here stay below 1.0 in float32 too: taken as they are (others go through _prepare).
@@ -162,6 +164,9 @@ struct Persist {
   Limit limit;
   long long limit_bytes;
   bool reset_on_exit, share, enabled;
+  bool strict;  // false: where the device cannot persist, the scope changes nothing and says why (`reason`)
+  bool clamp;   // an exact set-aside above the device's max is granted the max, with a warning
+  PyObject* reason;  // why the scope changes nothing (a "no persistence" policy, or the device), or NULL
   // The device (and the registry, one per backend) a foreign stream's context / the pointer was checked for.
   int stream_checked, buffer_checked;
   std::uint64_t stream_checked_on, buffer_checked_on;  // registry serials (0: none)
@@ -176,6 +181,7 @@ struct Persist {
   int device;
   std::uintptr_t first_slot;
   bool has_slots;
+  bool idle;  // entered without applying anything (`reason` says why): device and stream describe the target
   // An entry under way: its Python calls (a graph's predicate, a warning filter) may run anything, and the entry
   // reads the fields above after them, so neither a second entry nor `__init__` may change them meanwhile.
   bool entering;
@@ -189,6 +195,7 @@ void clear_request(Persist* self) {
   Py_CLEAR(self->buffer_ref);
   Py_CLEAR(self->stream_object);
   Py_CLEAR(self->buffer_object);
+  Py_CLEAR(self->reason);
 }
 
 int persist_traverse(Persist* self, visitproc visit, void* arg) {
@@ -198,6 +205,7 @@ int persist_traverse(Persist* self, visitproc visit, void* arg) {
   Py_VISIT(self->buffer_ref);
   Py_VISIT(self->stream_object);
   Py_VISIT(self->buffer_object);
+  Py_VISIT(self->reason);
   Py_VISIT(self->changed);
   Py_VISIT(self->executables);
   Py_VISIT(self->window);
@@ -213,11 +221,28 @@ int persist_clear(Persist* self) {
   return 0;
 }
 
+PyObject* persist_exit(PyObject* o, PyObject* const* args, Py_ssize_t nargs);
+
+// A live scope whose object is collected (a started scope nobody stopped, or one an interrupt cut off from its
+// name between start() returning and the assignment) ends here, as stop() would: the device holds what the other
+// live scopes ask for. Inside an l2ctl call on this thread (a collection there) the end is deferred to that call's
+// return (end_scope). An error of the end cannot be raised from a finalizer: it is reported as unraisable.
+void persist_finalize(PyObject* o) {
+  if (!reinterpret_cast<Persist*>(o)->live) return;
+  PyObject *type, *value, *traceback;
+  PyErr_Fetch(&type, &value, &traceback);  // what was being raised stays raised
+  PyObject* r = persist_exit(o, nullptr, 0);
+  if (r == nullptr) PyErr_WriteUnraisable(o);
+  Py_XDECREF(r);
+  PyErr_Restore(type, value, traceback);
+}
+
 void persist_dealloc(Persist* self) {
+  if (PyObject_CallFinalizerFromDealloc(reinterpret_cast<PyObject*>(self)) < 0) return;  // resurrected
   PyObject_GC_UnTrack(self);
   if (self->weakrefs != nullptr) PyObject_ClearWeakRefs(reinterpret_cast<PyObject*>(self));
-  // A live scope whose object goes: the planner sees its holder dead and ends it at the next call (the
-  // documented fallback for a holder whose __exit__ never ran).
+  // The finalizer ended a live scope; should one still be recorded (its end failed), the planner sees its holder
+  // dead and ends it at the next call.
   persist_clear(self);
   self->live.~shared_ptr();
   PyTypeObject* type = Py_TYPE(self);
@@ -233,7 +258,7 @@ PyObject* persist_new(PyTypeObject* type, PyObject*, PyObject*) {
   self->stream_checked = self->buffer_checked = -1;
   self->num_bytes = -1;
   self->requested = std::nan("");
-  self->enabled = true;
+  self->enabled = self->strict = true;
   return reinterpret_cast<PyObject*>(self);
 }
 
@@ -309,6 +334,8 @@ bool take_common(Persist* self, PyObject* const* v) {
   if (v[a_reset_on_exit] != nullptr && !is_bool(v[a_reset_on_exit])) return false;
   if (v[a_share] != nullptr && !is_bool(v[a_share])) return false;
   if (v[a_policy] != nullptr && v[a_policy] != Py_None) return false;
+  if (v[a_strict] != nullptr && !is_bool(v[a_strict])) return false;
+  if (v[a_clamp] != nullptr && !is_bool(v[a_clamp])) return false;
   // The stream and the buffer: l2ctl's own, or foreign objects already resolved.
   PyObject* stream = v[a_stream];
   PyObject* buf = v[a_buf];
@@ -370,6 +397,9 @@ bool take_common(Persist* self, PyObject* const* v) {
   self->reset_on_exit = v[a_reset_on_exit] == nullptr || v[a_reset_on_exit] == Py_True;
   self->share = v[a_share] == Py_True;
   self->enabled = true;
+  self->strict = v[a_strict] == nullptr || v[a_strict] == Py_True;
+  self->clamp = v[a_clamp] == Py_True;
+  Py_CLEAR(self->reason);
   return true;
 }
 
@@ -388,14 +418,17 @@ void take_prepared(Persist* self, PyObject* const* v) {
   if (args[a_reset_on_exit] == nullptr) args[a_reset_on_exit] = Py_True;
   if (args[a_share] == nullptr) args[a_share] = Py_False;
   if (args[a_policy] == nullptr) args[a_policy] = Py_None;
+  if (args[a_strict] == nullptr) args[a_strict] = Py_True;
+  if (args[a_clamp] == nullptr) args[a_clamp] = Py_False;
   PyObject* result = PyObject_Vectorcall(hooks.prepare, args, n_args, nullptr);
   Py_DECREF(zero);
   if (result == nullptr) throw py::error_already_set();
   py::tuple t = py::reinterpret_steal<py::tuple>(result);
   // (stream_ref | None, target, buffer_ref, offset, num_bytes | None, hit_prop, miss_prop, hit_ratio | None,
-  //  limit (None, "auto", "max" or bytes), reset_on_exit, share, enabled, stream_remembered, buffer_stamp)
+  //  limit (None, "auto", "max" or bytes), reset_on_exit, share, disabled (None, or why), stream_remembered,
+  //  buffer_stamp, strict, clamp)
   //  buffer_stamp: None (not remembered), or (stamp_of | None, stamp).
-  if (t.size() != 14) throw py::type_error("_prepare returned the wrong number of fields");
+  if (t.size() != 16) throw py::type_error("_prepare returned the wrong number of fields");
   py::object stream_ref = t[0];
   if (stream_ref.is_none()) {
     Py_CLEAR(self->stream_ref);
@@ -423,7 +456,10 @@ void take_prepared(Persist* self, PyObject* const* v) {
   }
   self->reset_on_exit = t[9].cast<bool>();
   self->share = t[10].cast<bool>();
-  self->enabled = t[11].cast<bool>();
+  self->enabled = t[11].is_none();
+  Py_XSETREF(self->reason, t[11].is_none() ? nullptr : Py_NewRef(t[11].ptr()));
+  self->strict = t[14].cast<bool>();
+  self->clamp = t[15].cast<bool>();
   Py_CLEAR(self->stream_object);
   Py_CLEAR(self->buffer_object);
   self->stream_checked = self->buffer_checked = -1;
@@ -457,6 +493,7 @@ int initialise(Persist* self, PyObject* const* v) {
     self->clipped = false;
     self->device = -1;
     self->has_slots = false;
+    self->idle = false;
     Py_CLEAR(self->window);
     Py_CLEAR(self->changed);
     Py_CLEAR(self->executables);
@@ -583,6 +620,9 @@ struct Entering {
   Persist* self;
 };
 
+PyObject* apply(Persist* self);
+void describe_idle(Persist* self);
+
 PyObject* enter(Persist* self) {
   if (self->live) {
     PyErr_SetString(PyExc_RuntimeError,
@@ -597,7 +637,69 @@ PyObject* enter(Persist* self) {
     PyErr_SetString(PyExc_RuntimeError, "this scope is already active (entered in another thread?); create a new one");
     throw py::error_already_set();
   }
-  if (!self->enabled) return Py_NewRef(self);
+  if (!self->enabled) {  // a "no persistence" policy: nothing to apply; the object still says where and why
+    describe_idle(self);
+    return Py_NewRef(self);
+  }
+  self->idle = false;
+  Py_CLEAR(self->reason);
+  if (self->strict) return apply(self);
+  try {
+    return apply(self);
+  } catch (py::error_already_set& error) {
+    // Best effort: the device cannot persist (no device, pre-Ampere, MIG, a limit refused under MPS). The entry
+    // is atomic, so nothing was applied; anything else (a user's argument, an interrupt) is raised as it is.
+    if (!error.matches(names().not_supported)) throw;
+    PyObject* reason = PyObject_Str(error.value().ptr());
+    if (reason == nullptr) throw py::error_already_set();
+    Py_XSETREF(self->reason, reason);
+  }
+  describe_idle(self);
+  PyObject* r = PyObject_CallOneArg(hooks.unavailable, reinterpret_cast<PyObject*>(self));  // warns (once)
+  if (r == nullptr) throw py::error_already_set();
+  Py_DECREF(r);
+  return Py_NewRef(self);
+}
+
+// A scope entered without applying anything (`reason` says why): where it would have applied, as far as that can
+// be known without a device that persists; the device -1 where there is none. Changes nothing.
+void describe_idle(Persist* self) {
+  const Entering entering(self);  // the Python it calls must not initialise the object again meanwhile
+  self->idle = true;
+  self->has_window = self->clipped = false;
+  Py_CLEAR(self->window);
+  self->device = -1;
+  self->has_slots = false;
+  self->first_slot = 0;
+  try {
+    if (self->stream_ref != nullptr) {
+      self->first_slot = self->handle;
+      self->has_slots = true;
+      int device = self->stream_device;
+      if (device < 0) {
+        PyObject* d = PyObject_CallOneArg(hooks.stream_device, self->stream_ref);
+        if (d == nullptr) throw py::error_already_set();
+        device = static_cast<int>(as_ll(d));
+        Py_DECREF(d);
+      }
+      self->device = device;
+    } else {
+      py::object target = py::reinterpret_steal<py::object>(PyObject_CallOneArg(hooks.resolve_target, self->target));
+      if (!target) throw py::error_already_set();
+      for (py::handle slot : target.attr(L2CTL_NAME("slots"))) {
+        self->first_slot = py::reinterpret_borrow<py::tuple>(slot)[1].cast<std::uintptr_t>();
+        self->has_slots = true;
+        break;
+      }
+      self->device = target.attr(L2CTL_NAME("device")).cast<int>();
+    }
+  } catch (py::error_already_set& error) {
+    if (!error.matches(names().not_supported)) throw;  // no device: -1
+  }
+}
+
+// The entry proper: the scope registered and the device changed through the planner.
+PyObject* apply(Persist* self) {
   const Entering entering(self);
   py::object backend;
   const std::shared_ptr<Registry_object> registry = active_registry(&backend);
@@ -694,11 +796,15 @@ PyObject* enter(Persist* self) {
   long long request = self->limit_bytes;
   if (self->limit == Limit::max) {
     request = limits.persisting_max;
-  } else if (self->limit == Limit::exact && request > limits.persisting_max) {
-    value_error("set_aside of " + std::to_string(request) + " bytes exceeds persistingL2CacheMaxSize (" +
-                std::to_string(limits.persisting_max) + " bytes) of device " + std::to_string(device) +
-                "; ask for at most that, or 'max'");
+  } else if (self->limit == Limit::exact) {
+    try {
+      request = pl::granted_set_aside(request, limits.persisting_max, self->clamp);
+    } catch (const std::invalid_argument& e) {
+      value_error(std::string("device ") + std::to_string(device) + ": " + e.what() +
+                  " (clamp=True grants the max instead, with a warning)");
+    }
   }
+  const bool clamped = self->limit == Limit::exact && request != self->limit_bytes;
   if (target) {  // a graph-like target may refuse a window that would not reach what it launches
     // The window object only for a target that looks at it (its `admit`).
     py::object requested_window = target.attr(L2CTL_NAME("admit")).is_none() ? py::none() : window_object(window);
@@ -751,11 +857,12 @@ PyObject* enter(Persist* self) {
     }
     const bool thrash = window.hit_prop == l2ctl::access_persisting &&
                         entered.demand > static_cast<double>(entered.limit) * (1 + 1e-9);
-    if (clipped || entered.capped || thrash) {
+    if (clipped || entered.capped || thrash || clamped) {
       py::object clip = clipped ? py::object(py::make_tuple(full, nbytes, limits.max_window)) : py::object(py::none());
+      py::object clamp = clamped ? py::object(py::make_tuple(self->limit_bytes, request)) : py::object(py::none());
       PyObject* r = PyObject_CallFunctionObjArgs(hooks.announce, reinterpret_cast<PyObject*>(self), clip.ptr(),
                                                  py::int_(entered.limit).ptr(), py::float_(entered.demand).ptr(),
-                                                 entered.capped ? Py_True : Py_False, nullptr);
+                                                 entered.capped ? Py_True : Py_False, clamp.ptr(), nullptr);
       if (r == nullptr) throw py::error_already_set();
       Py_DECREF(r);
     }
@@ -826,7 +933,7 @@ PyObject* get_active(PyObject* o, void*) { return PyBool_FromLong(static_cast<bo
 
 PyObject* get_device(PyObject* o, void*) {
   auto* self = reinterpret_cast<Persist*>(o);
-  if (self->device < 0) {
+  if (self->device < 0 && !self->idle) {
     PyErr_SetString(PyExc_RuntimeError, "the scope has not been entered");
     return nullptr;
   }
@@ -835,7 +942,7 @@ PyObject* get_device(PyObject* o, void*) {
 
 PyObject* get_stream(PyObject* o, void*) {
   auto* self = reinterpret_cast<Persist*>(o);
-  if (!self->has_slots) {
+  if (!self->has_slots && !self->idle) {
     PyErr_SetString(PyExc_RuntimeError, "the scope has not been entered");
     return nullptr;
   }
@@ -869,6 +976,11 @@ int set_scope(PyObject* o, PyObject* value, void*) {
   }
 }
 
+PyObject* get_reason(PyObject* o, void*) {
+  PyObject* reason = reinterpret_cast<Persist*>(o)->reason;
+  return Py_NewRef(reason != nullptr ? reason : Py_None);
+}
+
 PyObject* get_requested(PyObject* o, void*) {
   auto* self = reinterpret_cast<Persist*>(o);
   if (std::isnan(self->requested)) Py_RETURN_NONE;
@@ -882,6 +994,9 @@ PyGetSetDef persist_getset[] = {
     {"active", get_active, nullptr, "Whether the scope is live.", nullptr},
     {"device", get_device, nullptr, "The device of the stream (or graph) the window is on, once entered.", nullptr},
     {"stream", get_stream, nullptr, "The handle of the stream (or graph node) the window is on, once entered.", nullptr},
+    {"reason", get_reason, nullptr,
+     "Why the scope changes nothing (a \"no persistence\" policy, or with strict=False a device that cannot "
+     "persist), or None.", nullptr},
     {"_scope", get_scope, set_scope, "The registry's live scope, or None.", nullptr},
     {"_requested_hit_ratio", get_requested, nullptr, "The hit ratio asked for (None: fitted to the set-aside).",
      nullptr},
@@ -891,10 +1006,18 @@ PyMemberDef persist_members[] = {
     {"__weaklistoffset__", T_PYSSIZET, offsetof(Persist, weakrefs), READONLY, nullptr},
     {nullptr, 0, 0, 0, nullptr}};
 
+PyObject* persist_stop(PyObject* o, PyObject*) { return persist_exit(o, nullptr, 0); }
+
 PyMethodDef persist_methods[] = {
     {"__enter__", persist_enter, METH_NOARGS, "Apply the window (and limit) through the registry."},
     {"__exit__", reinterpret_cast<PyCFunction>(reinterpret_cast<void*>(persist_exit)), METH_FASTCALL,
      "End the scope: the device holds what the live scopes still ask for."},
+    {"start", persist_enter, METH_NOARGS,
+     "Start the scope and return it (what `with` does on entry): for a scope that lives as long as an app or a "
+     "model, ended by stop(), by garbage collection or at interpreter exit."},
+    {"stop", persist_stop, METH_NOARGS,
+     "End the scope (what `with` does on exit); nothing when it is not live."},
+    {"close", persist_stop, METH_NOARGS, "stop(), by the name files and contextlib.closing use."},
     {nullptr, nullptr, 0, nullptr}};
 
 // ---- the other scopes' compiled entries ----------------------------------------------------------------------------
@@ -1042,6 +1165,7 @@ void bind_scope_types(py::module_& planner) {
       {Py_tp_new, reinterpret_cast<void*>(persist_new)},
       {Py_tp_init, reinterpret_cast<void*>(persist_init)},
       {Py_tp_dealloc, reinterpret_cast<void*>(persist_dealloc)},
+      {Py_tp_finalize, reinterpret_cast<void*>(persist_finalize)},
       {Py_tp_traverse, reinterpret_cast<void*>(persist_traverse)},
       {Py_tp_clear, reinterpret_cast<void*>(persist_clear)},
       {Py_tp_methods, persist_methods},
@@ -1073,6 +1197,7 @@ void bind_scope_types(py::module_& planner) {
         hooks.resolve_target = take("resolve_target");
         hooks.after_changes = take("after_changes");
         hooks.announce = take("announce");
+        hooks.unavailable = take("unavailable");
         hooks.stream_type = take("stream_type");
         hooks.buffer_type = take("buffer_type");
         hooks.persisting = take("persisting");

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 __all__ = ["L2ctlError", "CudaError", "NotSupportedError", "NoDeviceError", "CountersUnavailableError", "CuptiError",
            "KernelsUnavailableError",
-           "L2BudgetWarning", "SetAsideTaxWarning", "WindowClippedWarning"]
+           "L2BudgetWarning", "SetAsideTaxWarning", "SetAsideClampedWarning", "WindowClippedWarning",
+           "PersistenceUnavailableWarning"]
 
 
 class L2ctlError(Exception):
@@ -75,3 +76,14 @@ class SetAsideTaxWarning(UserWarning):
 
 class WindowClippedWarning(UserWarning):
     """A window was larger than ``accessPolicyMaxWindowSize`` and was clipped to it."""
+
+
+class SetAsideClampedWarning(UserWarning):
+    """An exact set-aside above the device's ``persistingL2CacheMaxSize`` was granted the max (``clamp=True``);
+    the message names the bytes asked and granted."""
+
+
+class PersistenceUnavailableWarning(UserWarning):
+    """A best-effort scope (``persist(..., strict=False)``) found a device that cannot persist (no device,
+    compute capability below 8.0, a MIG instance, a limit refused under MPS) and changes nothing; its
+    ``reason`` says why. Warned once per device and reason."""

@@ -14,7 +14,8 @@ import numpy as np
 from . import _registry
 from ._registry import _native
 from ._device import check_owned_pointer, check_stream_context, properties, require_persistence, stream_device
-from ._errors import L2BudgetWarning, SetAsideTaxWarning, WindowClippedWarning
+from ._errors import (L2BudgetWarning, NotSupportedError, PersistenceUnavailableWarning, SetAsideClampedWarning, SetAsideTaxWarning,
+                      WindowClippedWarning)
 from ._interop import BufferRef, StreamRef, remembered, resolve_buffer, stream_remembered
 from ._memory import BufferLike, DeviceBuffer, Stream
 from ._plan import DEFAULT_LIMIT_FRACTION, check_nbytes, clip_window, normalize_hit_ratio
@@ -106,16 +107,24 @@ def _policy_fields(policy: object) -> tuple[Optional[float], LimitRequest, bool,
                                 getattr(inner, "num_bytes", None))
 
 
+def _disabled_reason(policy: object) -> str:
+    """Why a scope made from a "no persistence" policy changes nothing: the tuner's reason where it gave one."""
+    reason = getattr(policy, "reason", None)
+    return f"the policy is \"no persistence\" ({reason})" if isinstance(reason, str) else "the policy is disabled"
+
+
 #: What _prepare returns for the compiled scope (src/scope_types.cpp): the stream (None for a graph-like target,
 #: resolved at entry), the target as given, the buffer, the byte range, the properties, the hit ratio (None: fit
-#: to the set-aside), the limit request, reset_on_exit, share, enabled, whether the stream object may be
-#: remembered, and how to tell the buffer object's memory moved (None: not remembered).
+#: to the set-aside), the limit request, reset_on_exit, share, why the scope is disabled (None: it is not),
+#: whether the stream object may be remembered, how to tell the buffer object's memory moved (None: not
+#: remembered), strict and clamp.
 Prepared = tuple[Optional[StreamRef], object, BufferRef, int, Optional[int], int, int, Optional[float], LimitRequest,
-                 bool, bool, bool, bool, Optional[tuple[Optional[Callable[[Any], Any]], Any]]]
+                 bool, bool, Optional[str], bool, Optional[tuple[Optional[Callable[[Any], Any]], Any]], bool, bool]
 
 
 def _prepare(stream: object, buf: object, hit_ratio: object, num_bytes: object, offset: object, hit_prop: object,
-             miss_prop: object, set_aside: object, reset_on_exit: object, share: object, policy: object) -> Prepared:
+             miss_prop: object, set_aside: object, reset_on_exit: object, share: object, policy: object,
+             strict: object, clamp: object) -> Prepared:
     """``persist``'s arguments checked and normalised, before any device query or CUDA call: every form the
     compiled scope does not take as it is (the one place their rules are written)."""
     requested = None if hit_ratio is None else normalize_hit_ratio(hit_ratio)
@@ -143,17 +152,20 @@ def _prepare(stream: object, buf: object, hit_ratio: object, num_bytes: object, 
     clip_window(offset, checked_bytes, buffer.nbytes, 0)  # the byte range; no device yet
     hit = hit_prop if hit_prop is _PERSISTING else check_property(hit_prop, "hit_prop")
     miss = miss_prop if miss_prop is _STREAMING else check_property(miss_prop, "miss_prop", miss=True)
-    if reset_on_exit is not True and reset_on_exit is not False or share is not True and share is not False:
-        raise TypeError("reset_on_exit and share must be bools")
+    if (reset_on_exit is not True and reset_on_exit is not False or share is not True and share is not False
+            or strict is not True and strict is not False or clamp is not True and clamp is not False):
+        raise TypeError("reset_on_exit, share, strict and clamp must be bools")
     remember_stream = ref is not None and own_stream is None and stream_remembered(stream, ref)
     stamp = None if own_buffer is not None else remembered(buf, buffer)
     return (ref, stream, buffer, offset, checked_bytes, int(hit), int(miss), requested, limit, reset_on_exit, share,
-            enabled, remember_stream, stamp)
+            None if enabled else _disabled_reason(policy), remember_stream, stamp, strict, clamp)
 
 
-def _announce(scope: "Persist", clip: Optional[tuple[int, int, int]], limit: int, demand: float, capped: bool) -> None:
+def _announce(scope: "Persist", clip: Optional[tuple[int, int, int]], limit: int, demand: float, capped: bool,
+              clamped: Optional[tuple[int, int]]) -> None:
     """The entered scope's warnings: a clipped window (``clip``: bytes asked, bytes kept, the device's largest
-    window), an "auto" limit kept at the tax-free one, windows asking more than the set-aside. The compiled entry
+    window), a set-aside clamped to the max (``clamped``: bytes asked, bytes granted), an "auto" limit kept at the
+    tax-free one, windows asking more than the set-aside. The compiled entry
     calls this after the registry's lock is released (a filter may raise: the scope then ends, or run user code),
     with no Python frame of l2ctl's between: stacklevel 2 names the user's line."""
     device = scope.device
@@ -163,6 +175,11 @@ def _announce(scope: "Persist", clip: Optional[tuple[int, int, int]], limit: int
             f"window of {full} bytes clipped to accessPolicyMaxWindowSize ({max_window}"
             f" bytes) of device {device}; only the first {nbytes} bytes persist",
             WindowClippedWarning, stacklevel=2)
+    if clamped is not None:
+        asked, granted = clamped
+        warnings.warn(
+            f"device {device}: set_aside of {asked} bytes exceeds persistingL2CacheMaxSize; clamped to {granted} "
+            "bytes (clamp=True)", SetAsideClampedWarning, stacklevel=2)
     if capped:
         warnings.warn(
             f"device {device}: set_aside='auto' kept the persisting limit at {limit} bytes, the driver's default "
@@ -179,22 +196,45 @@ def _announce(scope: "Persist", clip: Optional[tuple[int, int, int]], limit: int
             L2BudgetWarning, stacklevel=2)
 
 
+#: (device, reason) pairs a best-effort scope has warned of: once each per process.
+_warned_unavailable: set[tuple[int, str]] = set()
+
+
+def _unavailable(scope: "Persist") -> None:
+    """A best-effort scope (strict=False) found that its device cannot persist: it changes nothing, and says so
+    once per device and reason. Called by the compiled entry with no Python frame of l2ctl's between: stacklevel
+    2 names the user's line."""
+    key = (scope.device, str(scope.reason))
+    if key in _warned_unavailable:
+        return
+    _warned_unavailable.add(key)
+    warnings.warn(f"l2ctl.persist(strict=False) changes nothing here: {scope.reason}",
+                  PersistenceUnavailableWarning, stacklevel=2)
+
+
 def _set_aside(scope: "Persist") -> int:
-    """The limit in force on the device (bytes), once entered."""
+    """The limit in force on the device (bytes), once entered; 0 where the device cannot persist (or none was
+    found)."""
     device = scope.device
-    return _registry.observed_limit(device, properties(device).persisting_l2_cache_max_size)
+    try:
+        props = properties(device) if device >= 0 else None
+    except NotSupportedError:  # a best-effort scope that found no device
+        return 0
+    if props is None or not props.supports_persistence:
+        return 0
+    return _registry.observed_limit(device, props.persisting_l2_cache_max_size)
 
 
 def _repr(scope: "Persist") -> str:
     if not scope.active:
-        return "<l2ctl.persist inactive>"
+        return "<l2ctl.persist inactive>" if scope.reason is None else f"<l2ctl.persist off: {scope.reason}>"
     return f"<l2ctl.persist device={scope.device} window={scope.window}>"
 
 
 if TYPE_CHECKING:
     class Persist:
         """Keep ``buf`` (or ``num_bytes`` of it from ``offset``) in L2 for kernels launched on ``stream``
-    inside the ``with`` block.
+    inside the ``with`` block (or between ``start()`` and ``stop()``).
 
     >>> with l2ctl.persist(stream, lut, hit_ratio=0.75) as p:
     ...     run_my_kernels(stream)
@@ -217,6 +257,17 @@ if TYPE_CHECKING:
       get half each).
     - ``policy``: a Policy (or what l2ctl.tune returned) instead of ``hit_ratio`` and ``set_aside`` (and,
       when the policy has a byte range, ``offset``/``num_bytes``); passing both is an error.
+    - ``clamp=True``: an int ``set_aside`` above persistingL2CacheMaxSize is granted the max, with a
+      SetAsideClampedWarning naming the bytes asked and granted (without it: ValueError).
+    - ``strict=False`` (best effort): where the device cannot persist (no device, compute capability below
+      8.0, a MIG instance, a limit refused under MPS), the scope changes nothing, warns once per device
+      (PersistenceUnavailableWarning) and ``reason`` says why. Arguments are still checked: a bad hit ratio
+      raises either way.
+
+    A scope for an app's lifetime (set at model load, kept until unload or for a server's life):
+    ``p = l2ctl.persist(stream, buf, ...).start()`` ... ``p.stop()`` (``close()`` too). It is the same scope as
+    the ``with`` block, with the same promises; it also ends when the object is garbage-collected and at
+    interpreter exit.
 
     The stream, the graph nodes and the limit always hold what the live scopes ask for, recomputed after
     every entry and exit: nested scopes, scopes ended in any order, scopes in other threads and scopes
@@ -231,9 +282,11 @@ if TYPE_CHECKING:
     shared by every library that uses it). Graphs: an l2ctl graph or ``graph.select(predicate)``.
 
     Inside the block the object describes what was applied: ``window`` (as requested, hit ratio
-    resolved; empty before entry and for a "no persistence" policy), ``set_aside`` (the limit in force,
-    bytes), ``device``, ``stream`` (the handle), ``clipped``. One object is one scope: entering it again
-    while it is live (from another thread too) is refused.
+    resolved; empty before entry and for a scope that changes nothing), ``set_aside`` (the limit in force,
+    bytes; 0 where the device cannot persist), ``device`` (-1 where no device was found), ``stream`` (the
+    handle), ``clipped``, ``active`` (whether it is live in l2ctl's registry) and ``reason`` (None, or why
+    it changes nothing: a "no persistence" policy, or with ``strict=False`` the device). One object is one
+    scope: entering it again while it is live (from another thread too) is refused.
     """
 
         window: AccessPolicyWindow
@@ -254,6 +307,8 @@ if TYPE_CHECKING:
             reset_on_exit: bool = True,
             share: bool = False,
             policy: Optional[Any] = None,
+            strict: bool = True,
+            clamp: bool = False,
         ) -> None: ...
 
         @property
@@ -264,13 +319,18 @@ if TYPE_CHECKING:
         def stream(self) -> int: ...
         @property
         def set_aside(self) -> int: ...
+        @property
+        def reason(self) -> Optional[str]: ...
+        def start(self) -> "Persist": ...
+        def stop(self) -> None: ...
+        def close(self) -> None: ...
         def __enter__(self) -> "Persist": ...
         def __exit__(self, exc_type: object, exc: object, tb: object) -> None: ...
 else:
     # The scope is a compiled type (src/scope_types.cpp): its construction, entry and end run in C++, so no
     # bytecode runs between a device change and its record, and a lean scope costs about its driver calls.
     Persist = _native.Persist
-    Persist.__doc__ = 'Keep ``buf`` (or ``num_bytes`` of it from ``offset``) in L2 for kernels launched on ``stream``\ninside the ``with`` block.\n\n>>> with l2ctl.persist(stream, lut, hit_ratio=0.75) as p:\n...     run_my_kernels(stream)\n\n- ``hit_ratio``: fraction of the window\'s lines given ``hit_prop``. None: as much as the set-aside\n  holds next to the other windows in force, min(1, room / window bytes). Values in (1, 1 + 1e-6]\n  count as 1.0; NaN, negatives and larger values raise ValueError.\n- ``set_aside="auto"`` raises the device\'s persisting limit just enough for the windows in force\n  (rounded up to the driver\'s granularity), never below what it was, and never past the driver\'s\n  default limit (30% of persistingL2CacheMaxSize: 9.375 MiB on an H100, 11.25 MiB on an H200).\n  When the windows ask for more, it stops there and says so (SetAsideTaxWarning): the set-aside is a\n  tax on everything else, L2 reserved for persisting lines is lost to every other kernel on the GPU\n  (plain copies ran 2.4x slower at the max on an H100: docs/results.md), and below the default limit\n  the measured tax is nil. An int asks for exactly that many bytes (the driver rounds it;\n  ``p.set_aside`` is what it granted), ``"max"`` for persistingL2CacheMaxSize; None leaves the\n  limit alone. l2ctl.tune() measures what a larger set-aside buys and costs.\n- A window larger than accessPolicyMaxWindowSize is clipped to it, with a WindowClippedWarning.\n- ``share=True``: hit ratios of all shared scopes in force on the device are scaled so their total\n  demand fits what the other windows leave of the set-aside (two windows as large as the set-aside\n  get half each).\n- ``policy``: a Policy (or what l2ctl.tune returned) instead of ``hit_ratio`` and ``set_aside`` (and,\n  when the policy has a byte range, ``offset``/``num_bytes``); passing both is an error.\n\nThe stream, the graph nodes and the limit always hold what the live scopes ask for, recomputed after\nevery entry and exit: nested scopes, scopes ended in any order, scopes in other threads and scopes\nwhose block raised all end in the right state; when the last scope on a device ends, the limit and\nwindows are what they were before l2ctl changed them, and the persisting lines are reset\n(``reset_on_exit``). An exception in entry (a warning turned into an error included) leaves nothing\nchanged.\n\nThe window applies to kernels *launched* inside the block; it is a stream attribute, so work already\nqueued keeps the window it was launched with. Streams: l2ctl.Stream, torch/CuPy streams, anything\nwith ``__cuda_stream__``, an int handle, or None (the legacy default stream of the current device,\nshared by every library that uses it). Graphs: an l2ctl graph or ``graph.select(predicate)``.\n\nInside the block the object describes what was applied: ``window`` (as requested, hit ratio\nresolved; empty before entry and for a "no persistence" policy), ``set_aside`` (the limit in force,\nbytes), ``device``, ``stream`` (the handle), ``clipped``. One object is one scope: entering it again\nwhile it is live (from another thread too) is refused.\n'
+    Persist.__doc__ = 'Keep ``buf`` (or ``num_bytes`` of it from ``offset``) in L2 for kernels launched on ``stream``\ninside the ``with`` block (or between ``start()`` and ``stop()``).\n\n>>> with l2ctl.persist(stream, lut, hit_ratio=0.75) as p:\n...     run_my_kernels(stream)\n\n- ``hit_ratio``: fraction of the window\'s lines given ``hit_prop``. None: as much as the set-aside\n  holds next to the other windows in force, min(1, room / window bytes). Values in (1, 1 + 1e-6]\n  count as 1.0; NaN, negatives and larger values raise ValueError.\n- ``set_aside="auto"`` raises the device\'s persisting limit just enough for the windows in force\n  (rounded up to the driver\'s granularity), never below what it was, and never past the driver\'s\n  default limit (30% of persistingL2CacheMaxSize: 9.375 MiB on an H100, 11.25 MiB on an H200).\n  When the windows ask for more, it stops there and says so (SetAsideTaxWarning): the set-aside is a\n  tax on everything else, L2 reserved for persisting lines is lost to every other kernel on the GPU\n  (plain copies ran 2.4x slower at the max on an H100: docs/results.md), and below the default limit\n  the measured tax is nil. An int asks for exactly that many bytes (the driver rounds it;\n  ``p.set_aside`` is what it granted), ``"max"`` for persistingL2CacheMaxSize; None leaves the\n  limit alone. l2ctl.tune() measures what a larger set-aside buys and costs.\n- A window larger than accessPolicyMaxWindowSize is clipped to it, with a WindowClippedWarning.\n- ``share=True``: hit ratios of all shared scopes in force on the device are scaled so their total\n  demand fits what the other windows leave of the set-aside (two windows as large as the set-aside\n  get half each).\n- ``policy``: a Policy (or what l2ctl.tune returned) instead of ``hit_ratio`` and ``set_aside`` (and,\n  when the policy has a byte range, ``offset``/``num_bytes``); passing both is an error.\n- ``clamp=True``: an int ``set_aside`` above persistingL2CacheMaxSize is granted the max, with a\n  SetAsideClampedWarning naming the bytes asked and granted (without it: ValueError).\n- ``strict=False`` (best effort): where the device cannot persist (no device, compute capability below\n  8.0, a MIG instance, a limit refused under MPS), the scope changes nothing, warns once per device\n  (PersistenceUnavailableWarning) and ``reason`` says why. Arguments are still checked: a bad hit ratio\n  raises either way.\n\nA scope for an app\'s lifetime (set at model load, kept until unload or for a server\'s life):\n``p = l2ctl.persist(stream, buf, ...).start()`` ... ``p.stop()`` (``close()`` too). It is the same scope as\nthe ``with`` block, with the same promises; it also ends when the object is garbage-collected and at\ninterpreter exit.\n\nThe stream, the graph nodes and the limit always hold what the live scopes ask for, recomputed after\nevery entry and exit: nested scopes, scopes ended in any order, scopes in other threads and scopes\nwhose block raised all end in the right state; when the last scope on a device ends, the limit and\nwindows are what they were before l2ctl changed them, and the persisting lines are reset\n(``reset_on_exit``). An exception in entry (a warning turned into an error included) leaves nothing\nchanged.\n\nThe window applies to kernels *launched* inside the block; it is a stream attribute, so work already\nqueued keeps the window it was launched with. Streams: l2ctl.Stream, torch/CuPy streams, anything\nwith ``__cuda_stream__``, an int handle, or None (the legacy default stream of the current device,\nshared by every library that uses it). Graphs: an l2ctl graph or ``graph.select(predicate)``.\n\nInside the block the object describes what was applied: ``window`` (as requested, hit ratio\nresolved; empty before entry and for a scope that changes nothing), ``set_aside`` (the limit in force,\nbytes; 0 where the device cannot persist), ``device`` (-1 where no device was found), ``stream`` (the\nhandle), ``clipped``, ``active`` (whether it is live in l2ctl\'s registry) and ``reason`` (None, or why\nit changes nothing: a "no persistence" policy, or with ``strict=False`` the device). One object is one\nscope: entering it again while it is live (from another thread too) is refused.\n'
     Persist.set_aside = property(_set_aside, doc=_set_aside.__doc__)
 
     def _parameters(stream: Target, buf: BufferLike, hit_ratio: Optional[float] = None, *,
@@ -286,7 +346,8 @@ else:
     _native.set_scope_hooks(
         prepare=_prepare, stream_device=stream_device, check_stream_context=check_stream_context,
         check_owned_pointer=check_owned_pointer, properties=properties, require_persistence=require_persistence,
-        resolve_target=resolve_target, after_changes=after_changes, announce=_announce, stream_type=Stream,
+        resolve_target=resolve_target, after_changes=after_changes, announce=_announce, unavailable=_unavailable,
+        stream_type=Stream,
         buffer_type=DeviceBuffer, persisting=_PERSISTING, streaming=_STREAMING, no_window=AccessPolicyWindow())
 
 

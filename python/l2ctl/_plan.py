@@ -20,6 +20,7 @@ __all__ = [
     "round_up",
     "round_down",
     "parse_set_aside_request",
+    "granted_set_aside",
     "check_set_aside_request",
     "auto_set_aside",
     "tax_free_limit",
@@ -155,15 +156,14 @@ def parse_set_aside_request(value: object, maximum: int) -> int:
     if isinstance(value, str):
         return int(maximum)
     if isinstance(value, numbers.Integral):
-        n = int(value)
-        if n > maximum:
-            raise ValueError(
-                f"set-aside of {n} bytes exceeds persistingL2CacheMaxSize ({maximum} bytes); ask for at most "
-                f"{maximum}, or 'max'"
-            )
-        return n
+        return granted_set_aside(int(value), maximum)
     assert isinstance(value, numbers.Real)
     return int(math.floor(float(value) * maximum))
+
+
+def granted_set_aside(request: int, maximum: int, clamp: bool = False) -> int:
+    """An exact request checked against the device's max: itself, the max where ``clamp``, else ValueError."""
+    return int(_native.plan_granted_set_aside(int(request), int(maximum), bool(clamp)))
 
 
 #: The limit a fresh process gets from the driver, as a fraction of persistingL2CacheMaxSize: 9,830,400 of

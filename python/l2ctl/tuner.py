@@ -174,9 +174,11 @@ class TunedPolicy:
         return (self.ci[1] - self.ci[0]) / 2
 
     def persist(self, target: Target, **kwargs: Any) -> Persist:
-        """``l2ctl.persist(target, <the chosen buffer>, policy=self)`` (a stream or a graph, as tune's); a scope
-        that changes nothing when the answer is "no persistence"."""
-        return persist(target, self.buffer, policy=self.policy, **kwargs)
+        """``l2ctl.persist(target, <the chosen buffer>, policy=self, **kwargs)`` (a stream or a graph, as tune's):
+        a ``with`` block, or ``.start()`` ... ``.stop()`` for an app's lifetime. When the answer is "no
+        persistence" the scope changes nothing and its ``reason`` says why; ``strict=False`` gives the same where
+        the device cannot persist."""
+        return persist(target, self.buffer, policy=self, **kwargs)
 
     def __str__(self) -> str:
         n = sum(len(c.points) for c in self.candidates.values())

@@ -91,6 +91,13 @@ long long tax_free_limit(long long maximum, long long granularity) {
   return std::min(maximum, round_up(fraction, std::max(1LL, granularity)));
 }
 
+long long granted_set_aside(long long request, long long maximum, bool clamp) {
+  if (request <= maximum || clamp) return std::min(request, maximum);
+  throw std::invalid_argument("set-aside of " + std::to_string(request) + " bytes exceeds persistingL2CacheMaxSize (" +
+                              std::to_string(maximum) + " bytes); ask for at most " + std::to_string(maximum) +
+                              ", or 'max'");
+}
+
 long long auto_set_aside(double demand, long long current, long long granularity, long long maximum) {
   if (demand <= 0) return current;
   const long long need = std::min(maximum, round_up(static_cast<long long>(std::ceil(demand)), std::max(1LL, granularity)));

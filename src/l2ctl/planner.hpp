@@ -321,6 +321,9 @@ constexpr double default_limit_fraction = 0.3;
 double normalize_hit_ratio(double ratio);  // a ratio in [0, 1 + tolerance] as CUDA takes it (never above 1.0f)
 long long round_up(long long nbytes, long long granularity);
 long long tax_free_limit(long long maximum, long long granularity);
+// An exact set-aside request checked against the device's max (persistingL2CacheMaxSize): the request, or, above
+// the max, the max where `clamp` (the caller warns), else std::invalid_argument. The one copy of the rule.
+long long granted_set_aside(long long request, long long maximum, bool clamp);
 long long auto_set_aside(double demand, long long current, long long granularity, long long maximum);
 double default_hit_ratio(long long granted, long long window_bytes);
 std::vector<double> shared_hit_ratios(const std::vector<std::pair<double, long long>>& requests, long long set_aside);

@@ -199,8 +199,10 @@ def test_where_nothing_pays_the_answer_is_no_persistence(sim):
         assert f"points on {tuned.grid_best.point.candidate} " in text  # what "no" was decided from
         assert tuned.grid_best is not None and tuned.grid_best_tax.set_aside == tuned.grid_best.point.set_aside
         before = fake.state()
-        with tuned.persist(s) as p:
-            assert not p.active
+        with tuned.persist(s) as p:  # issue 34: reading what it applied crashed ("the scope has not been entered")
+            assert not p.active and p.window == l2ctl.AccessPolicyWindow()
+            assert p.set_aside == fake.device(0).limit and p.device == 0 and p.stream == s.handle
+            assert p.reason is not None and tuned.reason in p.reason
         assert fake.state() == before
 
 

@@ -5,7 +5,7 @@ code through it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:
     from typing_extensions import assert_type
@@ -43,7 +43,13 @@ def main() -> None:
         assert_type(tuned.hit_ratio, float)
         with tuned.persist(s) as q:
             assert_type(q, l2ctl.Persist)
+            assert_type(q.reason, Optional[str])
             step(s, lut, out)
+        served = tuned.persist(s, strict=False).start()  # an app's lifetime
+        assert_type(served, l2ctl.Persist)
+        step(s, lut, out)
+        served.stop()
+        l2ctl.persist(s, lut, 1.0, set_aside=8 << 20, clamp=True, strict=False).start().close()
         other = Stream()
         done = s.record()
         assert_type(done, l2ctl.Event)

@@ -19,7 +19,7 @@ DEVICE_CHANGES = {"apply_window", "apply_state", "set_persisting_limit", "set_st
 #: The planner's arithmetic, named in _plan.py for the API and its tests: each only calls the compiled one.
 ARITHMETIC = {"round_up": "plan_round_up", "tax_free_limit": "plan_tax_free_limit",
               "auto_set_aside": "plan_auto_set_aside", "default_hit_ratio": "plan_default_hit_ratio",
-              "shared_hit_ratios": "plan_shared_hit_ratios"}
+              "shared_hit_ratios": "plan_shared_hit_ratios", "granted_set_aside": "plan_granted_set_aside"}
 
 
 def rules_in_facade(source: str) -> list[str]:
@@ -98,5 +98,6 @@ def test_each_name_of_the_arithmetic_reaches_the_planner(name, monkeypatch):
 
     monkeypatch.setattr(_plan, "_native", Stand_in())
     args = {"round_up": (5, 4), "tax_free_limit": (100, 10), "auto_set_aside": (5.0, 0, 1, 100),
-            "default_hit_ratio": (1, 2), "shared_hit_ratios": ([(0.5, 10)], 100)}[name]
+            "default_hit_ratio": (1, 2), "shared_hit_ratios": ([(0.5, 10)], 100),
+            "granted_set_aside": (5, 10)}[name]
     assert getattr(_plan, name)(*args) == answer

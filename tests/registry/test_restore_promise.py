@@ -1,5 +1,6 @@
 """The restore promise under attack, on the simulator: asynchronous exceptions delivered by real signals (a
-timer) at any point of an entry or an end, also while waiting for the registry's lock; finalizers that call
+timer) at any point of an entry or an end (of `with` blocks and of app-lifetime scopes' start() and stop()),
+also while waiting for the registry's lock; finalizers that call
 l2ctl from inside l2ctl, forced at every allocation of an entry and an end; one scope object entered from
 two threads at once; a live scope initialised again; streams and pointers of another CUDA context. (A
 scope ended while another simulator is installed: tests/registry/test_registry.py.) Whatever happens, no lock stays held, no scope is orphaned,
@@ -50,8 +51,17 @@ def _scopes(fake: FakeBackend) -> list[Callable[[], None]]:
         with l2ctl.persist(s, small, 0.5), l2ctl.persist(t, big, 0.25, set_aside=2 * G, share=True):
             pass
 
+    def app_scope_ended_inside_a_block() -> None:
+        # An app-lifetime scope an interrupt cuts off (before `app` is bound, or before stop()) is ended when
+        # its object goes: the device is back once the interrupt has unwound this frame.
+        app = l2ctl.persist(s, big, 0.25, set_aside=2 * G).start()
+        with l2ctl.persist(t, small, 0.5):
+            app.stop()
+
     return [
         lambda: l2ctl.persist(s, small, 0.75, set_aside=None, reset_on_exit=False).__enter__().__exit__(None, None, None),
+        lambda: l2ctl.persist(t, small, 0.5).start().stop(),
+        app_scope_ended_inside_a_block,
         lambda: _block(l2ctl.persist(t, small, 0.5)),
         lambda: _block(l2ctl.persist(s, big, None, set_aside=4 * G)),
         lambda: _block(l2ctl.persist(g, small, 0.5)),

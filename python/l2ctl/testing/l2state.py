@@ -240,7 +240,12 @@ class L2State:
                     except BaseException as exc:  # noqa: B036 - re-raised below, after every handler is back
                         error = error or exc
             if error is not None:
-                raise error
+                try:
+                    raise error
+                finally:
+                    # The frame must not keep the exception whose traceback holds it: that cycle would keep the
+                    # interrupted code's objects (a started scope) alive until the cycle collector runs.
+                    error = None
             for number in caught:
                 handlers[number](number, None)
 

@@ -268,6 +268,15 @@ int main() {
     expect(half == std::vector<double>({0.5, 0.5}), "the source documents' example");
     expect(pl::default_hit_ratio(1, 4) == 0.25 && pl::default_hit_ratio(8, 4) == 1.0, "default hit ratio");
     expect(pl::normalize_hit_ratio(1.0000001) == 1.0, "never above 1.0f");
+    expect(pl::granted_set_aside(maximum, maximum, false) == maximum, "the max itself is granted");
+    expect(pl::granted_set_aside(maximum + 1, maximum, true) == maximum, "clamped to the max on request");
+    bool refused = false;
+    try {
+      pl::granted_set_aside(maximum + 1, maximum, false);
+    } catch (const std::invalid_argument&) {
+      refused = true;
+    }
+    expect(refused, "above the max without clamp: refused");
   });
 
   run("the driver's rounding is probed in every direction", [] {
