@@ -336,7 +336,8 @@ else:
     def _parameters(stream: Target, buf: BufferLike, hit_ratio: Optional[float] = None, *,
                     num_bytes: Optional[int] = None, offset: int = 0, hit_prop: AccessProperty = _PERSISTING,
                     miss_prop: AccessProperty = _STREAMING, set_aside: LimitRequest = "auto",
-                    reset_on_exit: bool = True, share: bool = False, policy: Optional[Any] = None) -> None:
+                    reset_on_exit: bool = True, share: bool = False, policy: Optional[Any] = None,
+                    strict: bool = True, clamp: bool = False) -> None:
         """The parameters the compiled type takes (``arg_names`` in src/scope_types.cpp; a test compares them),
         for inspect.signature and help(): a compiled type carries no signature of its own."""
 
