@@ -9,7 +9,7 @@ runtime of that flavour come from. The one copy of these rules, for both of the 
 The flavour: ``L2CTL_CUDA=12|13`` when set, else the major of the first system toolkit found, else the CUDA
 version of the local driver, else 13. A system toolkit of the flavour's major (12.8 or newer for 12) is used
 where present: nvcc on PATH, CUDA_HOME, CUDA_PATH, /usr/local/cuda, /usr/local/cuda-X.Y; else the flavour's
-pip packages, found through this interpreter (``importlib``), so an isolated build and ``--no-build-isolation``
+pip packages, found on this interpreter's path (sys.path), so an isolated build and ``--no-build-isolation``
 with PYTHONPATH both work.
 """
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 import ctypes
 import filecmp
 import glob
-import importlib.util
 import os
 import re
 import shutil
@@ -126,11 +125,16 @@ def flavour(env: Mapping[str, str] = os.environ) -> tuple[int, str]:
 
 
 def _pip_dir(module: str) -> Optional[str]:
-    try:
-        spec = importlib.util.find_spec(module)
-    except ImportError:
-        return None
-    return next(iter(spec.submodule_search_locations or []), None) if spec else None
+    """The folder of NVIDIA's pip package ``module`` (``nvidia.cuda_runtime``) on this interpreter's path, the
+    first in path order, as an import would find it. The path is read, nothing is imported: NVIDIA's packages
+    are namespace packages, and importing them caches their locations in sys.modules (a later search, in the
+    build or in a test that changes sys.path, would then see the first answer, or fail to recompute it)."""
+    parts = module.split(".")
+    for entry in sys.path:
+        folder = os.path.join(entry or os.getcwd(), *parts)
+        if os.path.isdir(folder):
+            return folder
+    return None
 
 
 def pip_cuda(flavour: int) -> Optional[Cuda]:

@@ -82,8 +82,7 @@ def test_the_pip_packages_of_each_flavour_are_found(monkeypatch, tmp_path, no_sy
     _runtime(runtime / "include", runtime / layout[1], major * 1000 + 90, cupti=False)
     (site / "nvidia" / cupti / "include").mkdir(parents=True, exist_ok=True)
     (site / "nvidia" / cupti / "include" / "cupti_range_profiler.h").write_text("")
-    monkeypatch.delitem(sys.modules, "nvidia", raising=False)
-    monkeypatch.setattr(sys, "path", [str(site), *sys.path])
+    monkeypatch.setattr(sys, "path", [str(site)])  # only the fake packages: NVIDIA's real ones may be installed here
     monkeypatch.setenv("L2CTL_CUDA", str(major))
     cuda = l2ctl_cuda.find()
     assert cuda.flavour == major and cuda.include_dirs == [str(runtime / "include")]
@@ -131,8 +130,7 @@ def test_staging_rewrites_only_what_changed(tmp_path):
 def test_write_cmake_names_the_staged_paths(monkeypatch, tmp_path, no_system_cuda):
     site = tmp_path / "site"
     _runtime(site / "nvidia" / "cu13" / "include", site / "nvidia" / "cu13" / "lib", 13000)
-    monkeypatch.delitem(sys.modules, "nvidia", raising=False)
-    monkeypatch.setattr(sys, "path", [str(site), *sys.path])
+    monkeypatch.setattr(sys, "path", [str(site)])  # only the fake packages: NVIDIA's real ones may be installed here
     out, stage = tmp_path / "cuda.cmake", tmp_path / "stage"
     l2ctl_cuda.write_cmake(str(out), str(stage))
     text = out.read_text()
