@@ -417,7 +417,14 @@ class TorchCaptures:
 
     def _admit(self, device: int, window: AccessPolicyWindow) -> Callable[[_registry.Scope], None]:
         value = window.as_tuple()
-        if not window.empty and self._replays != "new":
+        if not window.empty:
+            self._refuse_unreached(device, value)
+        return _CaptureScope(self, device, None if window.empty else value)
+
+    def _refuse_unreached(self, device: int, value: Any) -> None:
+        """Raise when the block may replay a recording whose template is gone and that does not carry the window
+        ``value`` (``()``: any window, as a search varies it)."""
+        if self._replays != "new":
             found = list(_torch_graphs.trees.recorded(device) if self._replays is None else self._replays(value))
             unknown, other = _torch_graphs.without(found, value)
             if unknown or other:
@@ -430,7 +437,6 @@ class TorchCaptures:
                     "the templates of what it records, and every scope reaches them), pass "
                     "torch_captures(replays='new') if the block replays only what it records itself, or call "
                     "torch.compiler.reset() and start again")
-        return _CaptureScope(self, device, None if window.empty else value)
 
     def __repr__(self) -> str:
         return f"<l2ctl.graph.torch_captures device={self._device}>"

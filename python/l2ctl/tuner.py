@@ -386,6 +386,7 @@ def _tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, str
         enqueue = enqueue_of(workload)
         for _ in range(RECORDING_CALLS):
             enqueue(stream)
+        cast(TorchCaptures, target)._refuse_unreached(device, ())  # the points vary the window
     considered: Optional[ModelCandidates] = None
     if model is not None:  # the model's tensors that a window could serve on this device, named by path
         considered = from_module(model, device=device)
