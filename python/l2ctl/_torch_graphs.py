@@ -250,7 +250,8 @@ class _TemplateKeeper:
     def __init__(self) -> None:
         self._listeners: dict[int, tuple[type, Callable[[object, int], None]]] = {}
         self._tokens = itertools.count(1)
-        self._saved: dict[type, dict[str, object]] = {}  # class -> its own attributes l2ctl replaced
+        #: class -> (its own attributes l2ctl replaced, what l2ctl put there)
+        self._saved: dict[type, tuple[dict[str, object], dict[str, object]]] = {}
         self._defaulted: "weakref.WeakSet[Any]" = weakref.WeakSet()  # graphs that asked for keep_graph=False
 
     def keep(self, cls: type, device_of: Callable[[Any], int],
@@ -259,11 +260,11 @@ class _TemplateKeeper:
             token = next(self._tokens)
             self._listeners[token] = (cls, captured)
             if cls not in self._saved:
-                self._saved[cls] = {name: cls.__dict__.get(name, _ABSENT) for name in ("__init__", "capture_end")}
-                self._patch(cls, device_of)
+                saved = {name: cls.__dict__.get(name, _ABSENT) for name in ("__init__", "capture_end")}
+                self._saved[cls] = (saved, self._patch(cls, device_of))
         return lambda: self._release(token)
 
-    def _patch(self, cls: Any, device_of: Callable[[Any], int]) -> None:
+    def _patch(self, cls: Any, device_of: Callable[[Any], int]) -> dict[str, object]:
         init, capture_end, keeper = cls.__init__, cls.capture_end, self  # what is there now (maybe inherited)
 
         def __init__(graph: Any, keep_graph: bool = False, *args: Any, **kwargs: Any) -> None:
@@ -278,6 +279,7 @@ class _TemplateKeeper:
             keeper._captured(cls, graph, device_of(graph))
 
         cls.__init__, cls.capture_end = __init__, capture_end_kept
+        return {"__init__": __init__, "capture_end": capture_end_kept}
 
     def _captured(self, cls: type, graph: Any, device: int) -> None:
         with _lock:
@@ -295,7 +297,10 @@ class _TemplateKeeper:
             if entry is None or any(c is entry[0] for c, _ in self._listeners.values()):
                 return
             cls: Any = entry[0]
-            for name, value in self._saved.pop(cls).items():
+            saved, ours = self._saved.pop(cls)
+            for name, value in saved.items():
+                if cls.__dict__.get(name) is not ours[name]:
+                    continue  # someone wrapped it after l2ctl: theirs stays (and calls l2ctl's, which still works)
                 if value is _ABSENT:
                     delattr(cls, name)
                 else:
