@@ -343,7 +343,8 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
     the smallest set-aside within noise of the best.
     """
     keeps = isinstance(target, TorchCaptures) and not getattr(workload, "records_each_window", False)
-    with target if keeps else contextlib.nullcontext():  # type: ignore[attr-defined]  # templates kept throughout
+    block = target if isinstance(target, TorchCaptures) and keeps else contextlib.nullcontext()
+    with block:  # a torch_captures() target: templates kept throughout
         return _tune(workload, target, candidates, stream=stream, rounds=rounds, repeat=repeat, warmup=warmup,
                      confidence=confidence, min_gain=min_gain, tax_gain=tax_gain, seed=seed, progress=progress,
                      records=keeps)
