@@ -86,8 +86,9 @@ def interleaved(base: Callable[[], float], other: Callable[[], float], rounds: i
 
 def summary(name: str, base: list[float], other: list[float], **extra: Any) -> dict[str, Any]:
     b, o = statistics.median(base), statistics.median(other)
-    return {"name": name, "baseline_ms": b, "ms": o, "speedup": b / o, "round_speedups": [x / y for x, y in zip(base, other)],
-            "baseline_runs_ms": base, "runs_ms": other, **extra}
+    return {"name": name, "baseline_ms": b, "ms": o, "speedup": b / o,
+            "round_speedups": [x / y for x, y in zip(base, other)], "baseline_runs_ms": base, "runs_ms": other,
+            **extra}
 
 
 def tuned_dict(tuned: l2ctl.TunedPolicy, seconds: float) -> dict[str, Any]:

@@ -31,9 +31,10 @@ from . import _backend
 
 WindowTuple = tuple[int, int, float, int, int]
 
-__all__ = ["TOO_OLD_HINT", "KEEP_GRAPH_HINT", "CUPY_GRAPH_HINT", "CALLABLE_HINT", "foreign_target_error", "is_torch_graph",
-           "template_of", "has_executable", "keep_templates", "kept", "is_kept", "describe",
-           "allocator_blocks", "GraphTrees", "TorchGraphTrees", "trees", "use_trees", "without", "recordings", "remember_recordings"]
+__all__ = ["TOO_OLD_HINT", "KEEP_GRAPH_HINT", "CUPY_GRAPH_HINT", "CALLABLE_HINT", "foreign_target_error",
+           "is_torch_graph", "template_of", "has_executable", "keep_templates", "kept", "is_kept", "describe",
+           "allocator_blocks", "GraphTrees", "TorchGraphTrees", "trees", "use_trees", "without", "recordings",
+           "remember_recordings"]
 
 TOO_OLD_HINT = ("this PyTorch cannot keep a CUDA graph's template (torch.cuda.CUDAGraph(keep_graph=True) needs "
                 "torch >= 2.9), so l2ctl can neither keep nor change the graphs it records: upgrade torch, or persist "

@@ -278,7 +278,8 @@ _torch_views: "weakref.WeakKeyDictionary[Any, Graph]" = weakref.WeakKeyDictionar
 def as_graph(obj: object, device: object = None) -> Graph:
     """A Graph view of: an l2ctl Graph, an int cudaGraph_t, a torch.cuda.CUDAGraph captured with
     ``keep_graph=True`` or inside a ``torch_captures()`` scope (its windows reach torch's own ``replay()``:
-    l2ctl has torch re-instantiate it after every change), or a cuda-python ``cudaGraph_t``/``CUgraph``. Foreign graphs are borrowed, never
+    l2ctl has torch re-instantiate it after every change), or a cuda-python ``cudaGraph_t``/``CUgraph``.
+    Foreign graphs are borrowed, never
     destroyed by l2ctl. ``device``: the graph's device (None: the current one). Refused (saying what to
     do instead): graphs whose executable no window can reach any more (a torch graph with
     ``keep_graph=False``, a CuPy graph) and functions."""
@@ -447,7 +448,8 @@ class _CaptureScope:
     current stream: what is recorded now was recorded before; from now on, every stream made current gets
     the window too) and after its end (what is new was recorded under the window; the watch stops)."""
 
-    def __init__(self, captures: TorchCaptures, device: int, window: Optional[tuple[int, int, float, int, int]]) -> None:
+    def __init__(self, captures: TorchCaptures, device: int,
+                 window: Optional[tuple[int, int, float, int, int]]) -> None:
         self.captures, self.device, self.window = captures, device, window
         self.before: set[int] = set()
         self.entered = False  # the first call is the entry's, every later one an end's
@@ -460,7 +462,8 @@ class _CaptureScope:
             self.entered = True  # first: an entry cut short is ended as an end, never entered twice
             self.before = _torch_graphs.recordings(self.device)
             self.unkeep = self.captures._keep(lambda graph: self.recorded.__setitem__(graph, None))
-            self.unwatch = _torch_graphs.trees.watch_current(self.device, lambda stream: self._made_current(scope, stream))
+            self.unwatch = _torch_graphs.trees.watch_current(self.device,
+                                                             lambda stream: self._made_current(scope, stream))
         else:
             self._stop()
             _torch_graphs.remember_recordings(self.device, self.before, self.window)

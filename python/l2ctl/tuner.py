@@ -63,8 +63,8 @@ WorkloadLike = Union[Callable[[Any], Any], Workload]
 #: What tune chooses among: one buffer, a sequence of them, a dict name -> buffer, a model (its tensors,
 #: filtered by l2ctl.candidates' rule), or "discover" (the memory a graph target's kernels are given).
 Candidates = Union[BufferLike, Sequence[BufferLike], Mapping[str, BufferLike], SupportsNamedTensors, Literal["discover"]]
-DISCOVER_HINT = ("'discover' reads the arguments of a graph's kernel nodes: give it as the target a graph whose template "
-                 "l2ctl can read (an l2ctl Graph, a torch.cuda.CUDAGraph captured inside "
+DISCOVER_HINT = ("'discover' reads the arguments of a graph's kernel nodes: give it as the target a graph whose "
+                 "template l2ctl can read (an l2ctl Graph, a torch.cuda.CUDAGraph captured inside "
                  "`with l2ctl.graph.torch_captures():` or with keep_graph=True) or, for code compiled with "
                  "torch.compile(mode='reduce-overhead') or graphed by make_graphed_callables, the "
                  "l2ctl.graph.torch_captures() object itself (tune runs the step inside it first, so torch keeps the "
@@ -510,8 +510,9 @@ def _nothing_to_try(reason: str, device: int, start: float, confidence: float,
                     considered: Optional[ModelCandidates]) -> TunedPolicy:
     """"no persistence" without a measurement: nothing could be tried, for ``reason``."""
     free = Tax(0, 1.0, (1.0, 1.0), 0, 0.0, 0.0)  # what measure_tax says of no set-aside
-    return TunedPolicy(Policy(enabled=False), None, _NO_BUFFER, 0.0, 0.0, (1.0, 1.0), confidence, {}, None, free, free,
-                       reason, [], time.monotonic() - start, auto_set_aside_cap(device), environment(device), considered)
+    return TunedPolicy(Policy(enabled=False), None, _NO_BUFFER, 0.0, 0.0, (1.0, 1.0), confidence, {}, None, free,
+                       free, reason, [], time.monotonic() - start, auto_set_aside_cap(device), environment(device),
+                       considered)
 
 
 def winners(points: list[PointResult], cap: int, min_gain: float, tax_gain: float = TAX_GAIN) -> list[PointResult]:
