@@ -192,3 +192,25 @@ def test_no_torch_graph_can_keep_a_template_before_torch_2_9(fake):
     finally:
         _torch_graphs.use_trees(previous)
         old.close()
+
+
+def test_a_block_that_raises_puts_the_class_back_and_a_later_wrapper_stays(fake, trees):
+    own = dict(FakeTorchGraph.__dict__)
+    with pytest.raises(RuntimeError, match="the user's"):
+        with graph.torch_captures():
+            raise RuntimeError("the user's")
+    assert dict(FakeTorchGraph.__dict__) == own
+    with graph.torch_captures():
+        ours = FakeTorchGraph.__init__
+        seen = []
+
+        def theirs(self, *args, **kwargs):  # another library wraps the class while l2ctl's wrapper is there
+            seen.append(args)
+            ours(self, *args, **kwargs)
+
+        FakeTorchGraph.__init__ = theirs
+    try:
+        assert FakeTorchGraph.__dict__["__init__"] is theirs  # not torn out from under them
+        assert FakeTorchGraph.__dict__["capture_end"] is own["capture_end"]
+    finally:
+        FakeTorchGraph.__init__ = own["__init__"]
