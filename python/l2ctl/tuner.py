@@ -42,12 +42,11 @@ from ._targets import Target, as_target, resolve_target
 from ._limit import auto_set_aside_cap
 from ._memory import BufferLike, StreamLike
 from ._persist import Persist, Policy, persist
-from ._torch_graphs import is_torch_graph
-from .graph import Graph, TorchCaptures
+from .graph import TorchCaptures
 from ._plan import check_count, normalize_hit_ratio
 from .bench import Progress, Record, Report, environment
 from .bench.records import simulated_label
-from .candidates import ModelCandidates, SupportsNamedTensors, from_graph, from_module, is_module
+from .candidates import ModelCandidates, SupportsNamedTensors, from_graph, from_module, from_steps, is_module
 from .bench.paired import Arm, check_confidence, compare
 from .bench.tax import Tax, measure_tax
 from .bench.timing import check_repeats
@@ -62,7 +61,8 @@ WorkloadLike = Union[Callable[[Any], Any], Workload]
 #: What tune chooses among: one buffer, a sequence of them, a dict name -> buffer, a model (its tensors,
 #: filtered by l2ctl.candidates' rule), or "discover" (the memory a graph target's kernels are given).
 Candidates = Union[BufferLike, Sequence[BufferLike], Mapping[str, BufferLike], SupportsNamedTensors, Literal["discover"]]
-DISCOVER_HINT = ("'discover' reads the arguments of a graph's kernel nodes: give it a graph whose template l2ctl can "
+DISCOVER_HINT = ("'discover' reads the arguments of a graph's kernel nodes, or of the kernels an eager step launches "
+                 "on a stream target: give it a stream, or a graph whose template l2ctl can "
                  "read (an l2ctl Graph, a torch.cuda.CUDAGraph(keep_graph=True)) as the target. For torch.compile, "
                  "compile the step with mode='default' and capture it in a torch.cuda.CUDAGraph(keep_graph=True): "
                  "the temporaries Inductor allocates then stay at the addresses the replays use")
@@ -317,7 +317,11 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
     (an l2ctl Graph or a selection of its nodes, a torch.cuda.CUDAGraph captured with keep_graph=True),
     whose kernel nodes then carry each point's window and whose executables are made anew for it. With a
     graph, ``stream`` is required: the stream the workload replays on, where it is timed.
-    The graphs torch.compile records (``graph.torch_captures()``) keep the window they were captured with,
+    ``candidates="discover"`` tries the memory the workload's kernels are given, nobody naming it: a graph's
+    kernel nodes' arguments, or, on a stream, the arguments of the kernels the step launches as it runs
+    (l2ctl.candidates.from_steps: read through CUPTI over three steps after a warm-up; a temporary the step
+    allocates inside is tried when it comes back at the same address every step, one that moves is listed as
+    such and never tried). The graphs torch.compile records (``graph.torch_captures()``) keep the window they were captured with,
     so tuning them needs a workload that records its step anew under each window
     (``l2ctl.workloads.Compiled``); for any other, tune the same step captured with keep_graph=True.
 
@@ -331,7 +335,7 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
     enqueue_of(workload)
     model = None if not is_module(candidates) else cast(SupportsNamedTensors, candidates)
     discover = isinstance(candidates, str) and candidates == "discover"
-    if discover and not (isinstance(target, Graph) or is_torch_graph(target)):
+    if discover and isinstance(target, TorchCaptures):
         raise ValueError(DISCOVER_HINT)
     named = {} if model is not None or discover else resolve_candidates(candidates)
     warmup, repeat = check_repeats(warmup, repeat)
@@ -369,10 +373,15 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
         if not considered.tried:
             raise ValueError(f"no tensor of the model can be tried: {considered.summary()}")
         named = resolve_candidates(dict(considered.tried))
-    elif discover:  # the memory the graph's kernels are given, yours or not
-        considered = from_graph(target)
+    elif discover:  # the memory the graph's (or the eager step's) kernels are given, yours or not
+        if target_ref is None:
+            considered = from_graph(target)
+        else:  # the step runs eagerly: its launches recorded over a few steps (each in a fresh scope of nothing)
+            enqueue = enqueue_of(workload)
+            considered = from_steps(lambda: enqueue(stream), device)
         if not considered.tried:
-            raise ValueError(f"no range the graph's kernels are given can be tried: {considered.summary()}")
+            raise ValueError(f"no range the {'graph' if target_ref is None else 'step'}'s kernels are given can be "
+                             f"tried: {considered.summary()}")
         named = resolve_candidates(dict(considered.tried))
     elif isinstance(candidates, ModelCandidates):
         considered = candidates

@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <cupti_callbacks.h>
+#include <cupti_driver_cbid.h>
 #include <cupti_profiler_host.h>
 #include <cupti_profiler_target.h>
 #include <cupti_range_profiler.h>
@@ -10,7 +11,10 @@
 #include <cupti_target.h>
 #include <dlfcn.h>
 
+#include <atomic>
+#include <cstring>
 #include <mutex>
+#include <unordered_map>
 
 #include "l2ctl/device.hpp"
 #include "l2ctl/driver.hpp"
@@ -28,6 +32,7 @@ struct Cupti {
   L2CTL_CUPTI_FN(cuptiSubscribe)
   L2CTL_CUPTI_FN(cuptiUnsubscribe)
   L2CTL_CUPTI_FN(cuptiEnableDomain)
+  L2CTL_CUPTI_FN(cuptiEnableCallback)
   L2CTL_CUPTI_FN(cuptiProfilerInitialize)
   L2CTL_CUPTI_FN(cuptiProfilerDeInitialize)
   L2CTL_CUPTI_FN(cuptiProfilerGetCounterAvailability)
@@ -104,6 +109,7 @@ void cupti_load(const std::string& path) {
     L2CTL_RESOLVE(cuptiSubscribe)
     L2CTL_RESOLVE(cuptiUnsubscribe)
     L2CTL_RESOLVE(cuptiEnableDomain)
+    L2CTL_RESOLVE(cuptiEnableCallback)
     L2CTL_RESOLVE(cuptiProfilerInitialize)
     L2CTL_RESOLVE(cuptiProfilerDeInitialize)
     L2CTL_RESOLVE(cuptiProfilerGetCounterAvailability)
@@ -393,6 +399,255 @@ std::vector<RangeValues> RangeProfiler::stop() {
     throw CuptiError("cuptiRangeProfilerDecodeData", -2,
                      std::to_string(decode.numOfRangeDropped) + " kernel ranges were dropped");
   return out;
+}
+
+// ---- the launch recorder (eager discovery) ------------------------------------------------------------
+
+namespace {
+
+// The runtime's __cudaLaunchKernel (CUDA 13's <<<>>>), declared in crt/device_functions.h; CUPTI passes its
+// arguments in declaration order, as for every call (its struct is not in the generated headers).
+struct RuntimeLaunchParams {
+  cudaKernel_t kernel;
+  dim3 gridDim;
+  dim3 blockDim;
+  void** args;
+  size_t sharedMem;
+  cudaStream_t stream;
+};
+
+// The parameters CUPTI passes for cuLaunchKernel(_ptsz) and cuLaunchKernelEx(_ptsz): generated_cuda_meta.h's
+// cuLaunchKernel_params and cuLaunchKernelEx_params, written out because that header compiles only inside the
+// driver's own build (it names the driver's _v1 types).
+struct DriverLaunchParams {
+  CUfunction f;
+  unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+  CUstream hStream;
+  void** kernelParams;
+  void** extra;
+};
+struct DriverLaunchExParams {
+  const CUlaunchConfig* config;
+  CUfunction f;
+  void** kernelParams;
+  void** extra;
+};
+
+struct ParamReader {
+  PFN_cuFuncGetParamInfo_v12040 func_param = nullptr;
+  PFN_cuKernelGetParamInfo_v12040 kernel_param = nullptr;
+  PFN_cuCtxGetDevice_v2000 ctx_device = nullptr;
+};
+
+const ParamReader& param_reader() {
+  static const ParamReader r = [] {
+    ParamReader d;
+    d.func_param = driver_entry<PFN_cuFuncGetParamInfo_v12040>("cuFuncGetParamInfo", 12040);
+    d.kernel_param = driver_entry<PFN_cuKernelGetParamInfo_v12040>("cuKernelGetParamInfo", 12040);
+    d.ctx_device = driver_entry<PFN_cuCtxGetDevice_v2000>("cuCtxGetDevice", 2000);
+    return d;
+  }();
+  return r;
+}
+
+// CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000 and its _ptsz form: CUDA 13's headers name them, CUDA 12's
+// do not (its runtime has no such call); callback ids are never renumbered.
+constexpr CUpti_CallbackId kRuntimeLaunchKernel = 505, kRuntimeLaunchKernelPtsz = 506;
+
+// Which recording a runtime launch now running on this thread was recorded by (0: none): the driver launch it
+// makes inside is the same launch. A generation, not a flag, so that a recording stopped between a launch's
+// entry and exit leaves nothing behind for the next one.
+std::atomic<std::uint64_t> g_generation{0};
+thread_local std::uint64_t t_runtime_launch = 0;
+
+}  // namespace
+
+struct LaunchRecorder::State {
+  std::mutex mutex;  // launches come from any thread
+  std::size_t max_launches = 0;
+  std::size_t dropped = 0, unreadable = 0;
+  std::vector<LaunchArguments> launches;
+  // (offset, size) of each parameter, per CUfunction or CUkernel: read once per kernel
+  std::unordered_map<const void*, std::vector<std::pair<std::size_t, std::size_t>>> layouts;
+  std::vector<std::pair<CUcontext, int>> devices;  // context -> device, read once per context
+  CUpti_SubscriberHandle subscriber = nullptr;
+  std::uint64_t generation = 0;
+
+  const std::vector<std::pair<std::size_t, std::size_t>>& layout(const void* fn, bool kernel) {
+    auto found = layouts.find(fn);
+    if (found != layouts.end()) return found->second;
+    std::vector<std::pair<std::size_t, std::size_t>> params;
+    const ParamReader& r = param_reader();
+    for (std::size_t i = 0;; ++i) {  // the count is stored nowhere: ask until the driver says there is none
+      std::size_t offset = 0, size = 0;
+      CUresult got = CUDA_ERROR_INVALID_VALUE;
+      if (kernel && r.kernel_param != nullptr)
+        got = r.kernel_param(static_cast<CUkernel>(const_cast<void*>(fn)), i, &offset, &size);
+      else if (!kernel && r.func_param != nullptr)
+        got = r.func_param(static_cast<CUfunction>(const_cast<void*>(fn)), i, &offset, &size);
+      if (got != CUDA_SUCCESS) break;
+      params.emplace_back(offset, size);
+    }
+    return layouts.emplace(fn, std::move(params)).first->second;
+  }
+
+  int device_of(CUcontext context) {
+    for (const auto& [ctx, dev] : devices)
+      if (ctx == context) return dev;
+    CUdevice dev = -1;
+    const ParamReader& r = param_reader();
+    if (r.ctx_device == nullptr || r.ctx_device(&dev) != CUDA_SUCCESS) dev = -1;  // the launch's, current now
+    devices.emplace_back(context, static_cast<int>(dev));
+    return static_cast<int>(dev);
+  }
+
+  // One launch: true when recorded (or dropped for room), false when its arguments could not be read.
+  bool record(const CUpti_CallbackData* info, const void* fn, bool kernel, CUstream stream, void** params,
+              void** extra) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (launches.size() >= max_launches) {
+      ++dropped;
+      return true;
+    }
+    LaunchArguments launch;
+    if (params != nullptr && fn != nullptr) {
+      const auto& layout = this->layout(fn, kernel);
+      if (layout.empty()) return false;
+      for (unsigned i = 0; i < layout.size(); ++i) {
+        if (params[i] == nullptr) break;
+        const auto* bytes = static_cast<const unsigned char*>(params[i]);
+        for (std::size_t at = 0; at + 8 <= layout[i].second; at += 8) {  // pointers sit at 8-byte offsets
+          std::uint64_t value = 0;
+          std::memcpy(&value, bytes + at, 8);
+          if (value != 0) launch.words.push_back({i, static_cast<unsigned>(at), value});
+        }
+      }
+    } else if (extra != nullptr) {  // one packed buffer: CU_LAUNCH_PARAM_BUFFER_POINTER, its size, END
+      const unsigned char* buffer = nullptr;
+      std::size_t size = 0;
+      for (std::size_t k = 0; extra[k] != CU_LAUNCH_PARAM_END && k < 16; k += 2) {
+        if (extra[k] == CU_LAUNCH_PARAM_BUFFER_POINTER) buffer = static_cast<const unsigned char*>(extra[k + 1]);
+        if (extra[k] == CU_LAUNCH_PARAM_BUFFER_SIZE) size = *static_cast<const std::size_t*>(extra[k + 1]);
+      }
+      if (buffer == nullptr) return false;
+      for (std::size_t at = 0; at + 8 <= size; at += 8) {
+        std::uint64_t value = 0;
+        std::memcpy(&value, buffer + at, 8);
+        if (value != 0) launch.words.push_back({0, static_cast<unsigned>(at), value});
+      }
+    } else {
+      return false;
+    }
+    launch.kernel = info->symbolName != nullptr ? info->symbolName : "";
+    launch.stream = reinterpret_cast<std::uintptr_t>(stream);
+    launch.device = device_of(info->context);
+    launches.push_back(std::move(launch));
+    return true;
+  }
+};
+
+namespace {
+
+void CUPTIAPI on_launch(void* userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void* data) {
+  const auto* info = static_cast<const CUpti_CallbackData*>(data);
+  auto* state = static_cast<LaunchRecorder::State*>(userdata);
+  if (info == nullptr || state == nullptr) return;
+  if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
+    if (info->callbackSite == CUPTI_API_EXIT) {
+      t_runtime_launch = 0;
+      return;
+    }
+    // Not read here (a layout the driver cannot tell): the driver call inside records it, where it is seen.
+    const auto* p = static_cast<const RuntimeLaunchParams*>(info->functionParams);
+    if (p != nullptr && state->record(info, p->kernel, true, p->stream, p->args, nullptr))
+      t_runtime_launch = state->generation;
+    return;
+  }
+  if (domain != CUPTI_CB_DOMAIN_DRIVER_API || info->callbackSite != CUPTI_API_ENTER ||
+      (t_runtime_launch != 0 && t_runtime_launch == state->generation))
+    return;
+  bool read = true;
+  switch (cbid) {
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel:
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz: {  // the two parameter structs are the same
+      const auto* p = static_cast<const DriverLaunchParams*>(info->functionParams);
+      read = state->record(info, p->f, false, p->hStream, p->kernelParams, p->extra);
+      break;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx:
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz: {
+      const auto* p = static_cast<const DriverLaunchExParams*>(info->functionParams);
+      read = state->record(info, p->f, false, p->config != nullptr ? p->config->hStream : nullptr, p->kernelParams,
+                           p->extra);
+      break;
+    }
+    default:
+      return;
+  }
+  if (!read) {
+    std::lock_guard<std::mutex> lock(state->mutex);
+    ++state->unreadable;
+  }
+}
+
+}  // namespace
+
+LaunchRecorder::LaunchRecorder(std::size_t max_launches) : state_(std::make_unique<State>()) {
+  if (!cupti_loaded()) throw CuptiError("LaunchRecorder", -1, "libcupti is not loaded (call cupti_load first)");
+  const ParamReader& r = param_reader();
+  if (r.func_param == nullptr && r.kernel_param == nullptr)
+    throw NotSupported("reading a launch's arguments (cuFuncGetParamInfo) needs a driver of CUDA 12.4 or newer "
+                       "(r550+); this driver is CUDA " + cuda_version_text(driver_version()));
+  state_->max_launches = max_launches;
+}
+
+LaunchRecorder::~LaunchRecorder() { release(); }
+
+void LaunchRecorder::release() noexcept {
+  if (state_ && state_->subscriber != nullptr) {
+    (void)g_cupti.cuptiUnsubscribe(state_->subscriber);  // waits for callbacks in flight, then none come
+    state_->subscriber = nullptr;
+  }
+}
+
+void LaunchRecorder::start() {
+  State& s = *state_;
+  if (s.subscriber != nullptr) throw std::logic_error("the recorder is already recording");
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.launches.clear();
+    s.dropped = s.unreadable = 0;
+    s.generation = ++g_generation;
+  }
+  check_cupti(g_cupti.cuptiSubscribe(&s.subscriber, reinterpret_cast<CUpti_CallbackFunc>(on_launch), &s),
+              "cuptiSubscribe");
+  try {
+    for (CUpti_CallbackId id : {CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
+                                CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz})
+      check_cupti(g_cupti.cuptiEnableCallback(1, s.subscriber, CUPTI_CB_DOMAIN_DRIVER_API, id), "cuptiEnableCallback");
+    for (CUpti_CallbackId id : {kRuntimeLaunchKernel, kRuntimeLaunchKernelPtsz})
+      (void)g_cupti.cuptiEnableCallback(1, s.subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, id);  // a CUPTI 12 lacks them
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+std::vector<LaunchArguments> LaunchRecorder::stop() {
+  release();
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  return std::move(s.launches);
+}
+
+std::size_t LaunchRecorder::dropped() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->dropped;
+}
+
+std::size_t LaunchRecorder::unreadable() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->unreadable;
 }
 
 }  // namespace l2ctl

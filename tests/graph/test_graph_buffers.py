@@ -80,10 +80,11 @@ def test_discover_where_nothing_pays(fake):
 def test_discover_needs_a_graph_it_can_read(fake):
     with l2ctl.Stream() as s, l2ctl.DeviceBuffer(1 << 16) as buf:
         calls = len(fake.calls)
-        for target in (s, graph.torch_captures()):
-            with pytest.raises(ValueError, match="keep_graph=True"):
-                l2ctl.tune(lambda st: None, target, "discover", stream=s)
+        with pytest.raises(ValueError, match="keep_graph=True"):
+            l2ctl.tune(lambda st: None, graph.torch_captures(), "discover", stream=s)
         assert len(fake.calls) == calls
+        with pytest.raises(ValueError, match="no range the step's kernels are given can be tried: 0 ranges"):
+            l2ctl.tune(lambda st: None, s, "discover")  # a stream: the eager step's launches, here none
         with graph.capture(s) as g:
             fake.launch_modeled_kernel(s.handle, "k", streamed_bytes=1e6, args=(buf.ptr,))  # 64 KiB: too small
         with pytest.raises(ValueError, match="no range the graph's kernels are given can be tried: 1 range, 0 tried"):
