@@ -155,11 +155,11 @@ class StepBuffers:
 
 def record_steps(run: Callable[[], object], device: int, names: Optional[Mapping[str, object]] = None,
                  steps: int = 3) -> StepBuffers:
-    """Run ``run()`` once unrecorded (a warm-up: first allocations, lazy loads), then ``steps`` times with the
-    launch calls recorded, and map the arguments of the kernels launched on ``device`` to memory as
+    """Run ``run()`` once as a warm-up (first allocations, lazy loads; its launches are not compared), then
+    ``steps`` times with the launch calls recorded, and map the arguments of the kernels launched on ``device`` to memory as
     :func:`map_pointers` does (torch's blocks read after each step, freed ones included). The recorder is
     subscribed only while a step runs and is released on every path. CountersUnavailableError, saying what to
-    install, where CUPTI cannot record."""
+    install or which tool holds CUPTI, where CUPTI cannot record: before the step has run."""
     if isinstance(steps, bool) or not isinstance(steps, int) or not 2 <= steps <= 16:
         raise ValueError(f"steps must be an int from 2 to 16 (the steps compared), got {steps!r}")
     named = _named(names)
@@ -168,9 +168,8 @@ def record_steps(run: Callable[[], object], device: int, names: Optional[Mapping
         recorder = _backend.current().LaunchRecorder(MAX_LAUNCHES)
     except CountersUnavailableError as exc:  # CuptiError is one
         raise CountersUnavailableError(f"{exc}; {CUPTI_HINT}") from exc
-    run()
     recorded: list[tuple[list[tuple[int, str, list[tuple[int, int, int]]]], list[tuple[int, int, str]]]] = []
-    for _ in range(steps):
+    for index in range(steps + 1):  # the first is the warm-up, recorded too so that a refusal comes before it
         try:
             recorder.start()
         except CuptiError as exc:
@@ -183,9 +182,10 @@ def record_steps(run: Callable[[], object], device: int, names: Optional[Mapping
             launches = recorder.stop()
         if recorder.dropped:
             raise ValueError(f"the step launched more than {MAX_LAUNCHES} kernels: too many to discover from")
-        ours = [(i, str(name), list(words)) for i, (name, _stream, dev, words) in enumerate(launches)
-                if dev == device]
-        recorded.append((ours, _torch_blocks(device, True)))
+        if index:
+            ours = [(i, str(name), list(words)) for i, (name, _stream, dev, words) in enumerate(launches)
+                    if dev == device]
+            recorded.append((ours, _torch_blocks(device, True)))
     return _compare_steps(recorded, named)
 
 

@@ -501,7 +501,8 @@ struct LaunchRecorder::State {
     return static_cast<int>(dev);
   }
 
-  // One launch: true when recorded (or dropped for room), false when its arguments could not be read.
+  // One launch (`kernel`: fn is a CUkernel, else a CUfunction): true when recorded (or dropped for room), false
+  // when its arguments could not be read.
   bool record(const CUpti_CallbackData* info, const void* fn, bool kernel, CUstream stream, void** params,
               void** extra) {
     std::lock_guard<std::mutex> lock(mutex);
@@ -512,7 +513,9 @@ struct LaunchRecorder::State {
     LaunchArguments launch;
     if (params != nullptr && fn != nullptr) {
       const auto& layout = this->layout(fn, kernel);
-      if (layout.empty()) return false;
+      // A runtime launch the driver cannot describe is left to the driver call inside; a driver launch without
+      // parameters (or without a layout) is kept with no words, so that every step counts the same launches.
+      if (layout.empty() && kernel) return false;
       for (unsigned i = 0; i < layout.size(); ++i) {
         if (params[i] == nullptr) break;
         const auto* bytes = static_cast<const unsigned char*>(params[i]);
@@ -525,7 +528,7 @@ struct LaunchRecorder::State {
     } else if (extra != nullptr) {  // one packed buffer: CU_LAUNCH_PARAM_BUFFER_POINTER, its size, END
       const unsigned char* buffer = nullptr;
       std::size_t size = 0;
-      for (std::size_t k = 0; extra[k] != CU_LAUNCH_PARAM_END && k < 16; k += 2) {
+      for (std::size_t k = 0; k < 16 && extra[k] != CU_LAUNCH_PARAM_END; k += 2) {
         if (extra[k] == CU_LAUNCH_PARAM_BUFFER_POINTER) buffer = static_cast<const unsigned char*>(extra[k + 1]);
         if (extra[k] == CU_LAUNCH_PARAM_BUFFER_SIZE) size = *static_cast<const std::size_t*>(extra[k + 1]);
       }

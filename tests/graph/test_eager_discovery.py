@@ -76,6 +76,7 @@ def test_another_subscriber_is_refused_and_the_recorder_is_released_on_every_pat
         other.start()
         with pytest.raises(l2ctl.CountersUnavailableError, match="another CUPTI user"):
             candidates.from_steps(lambda: w.enqueue(s))
+        assert w._launched == 0  # refused before the step ran
         other.stop()
 
         def failing() -> None:
@@ -131,3 +132,23 @@ def test_record_steps_checks_its_arguments_before_running(fake):
         with pytest.raises(ValueError, match="steps must be an int from 2 to 16"):
             _kernel_buffers.record_steps(lambda: ran.append(1), 0, steps=steps)
     assert not ran
+
+
+def test_launches_from_several_threads_are_all_recorded(fake, run_threads):
+    fake.cupti_load("libcupti.so")
+    with l2ctl.DeviceBuffer(1 << 20) as a:
+        streams = [l2ctl.Stream() for _ in range(4)]
+        recorder = fake.LaunchRecorder(1000)
+        recorder.start()
+
+        def launch(stream) -> None:
+            for _ in range(25):
+                fake.launch_modeled_kernel(stream.handle, "k", streamed_bytes=1e3, args=(a.ptr,))
+
+        try:
+            run_threads(launch, [(st,) for st in streams])
+        finally:
+            launches = recorder.stop()
+        assert len(launches) == 100 and {h for _n, h, _d, _w in launches} == {st.handle for st in streams}
+        for st in streams:
+            st.close()
