@@ -462,8 +462,16 @@ thread_local std::uint64_t t_runtime_launch = 0;
 
 }  // namespace
 
+// The recorder the callbacks write to (null: none), and the lock every callback holds while it does: CUPTI may
+// still deliver a callback after cuptiUnsubscribe returns, so a recorder stops by clearing this pointer under the
+// lock first; a late callback then finds nothing, never a recorder that was freed. One at a time: CUPTI allows
+// one subscriber.
+namespace {
+std::mutex g_recording_mutex;
+LaunchRecorder::State* g_recording = nullptr;
+}  // namespace
+
 struct LaunchRecorder::State {
-  std::mutex mutex;  // launches come from any thread
   std::size_t max_launches = 0;
   std::size_t dropped = 0, unreadable = 0;
   std::vector<LaunchArguments> launches;
@@ -502,10 +510,9 @@ struct LaunchRecorder::State {
   }
 
   // One launch (`kernel`: fn is a CUkernel, else a CUfunction): true when recorded (or dropped for room), false
-  // when its arguments could not be read.
+  // when its arguments could not be read. Called under g_recording_mutex.
   bool record(const CUpti_CallbackData* info, const void* fn, bool kernel, CUstream stream, void** params,
               void** extra) {
-    std::lock_guard<std::mutex> lock(mutex);
     if (launches.size() >= max_launches) {
       ++dropped;
       return true;
@@ -551,23 +558,25 @@ struct LaunchRecorder::State {
 
 namespace {
 
-void CUPTIAPI on_launch(void* userdata, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void* data) {
+void CUPTIAPI on_launch(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void* data) {
   const auto* info = static_cast<const CUpti_CallbackData*>(data);
-  auto* state = static_cast<LaunchRecorder::State*>(userdata);
-  if (info == nullptr || state == nullptr) return;
+  if (info == nullptr) return;
+  if (domain == CUPTI_CB_DOMAIN_RUNTIME_API && info->callbackSite == CUPTI_API_EXIT) {
+    t_runtime_launch = 0;
+    return;
+  }
+  if (info->callbackSite != CUPTI_API_ENTER) return;
+  std::lock_guard<std::mutex> lock(g_recording_mutex);
+  LaunchRecorder::State* state = g_recording;
+  if (state == nullptr) return;
   if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
-    if (info->callbackSite == CUPTI_API_EXIT) {
-      t_runtime_launch = 0;
-      return;
-    }
     // Not read here (a layout the driver cannot tell): the driver call inside records it, where it is seen.
     const auto* p = static_cast<const RuntimeLaunchParams*>(info->functionParams);
     if (p != nullptr && state->record(info, p->kernel, true, p->stream, p->args, nullptr))
       t_runtime_launch = state->generation;
     return;
   }
-  if (domain != CUPTI_CB_DOMAIN_DRIVER_API || info->callbackSite != CUPTI_API_ENTER ||
-      (t_runtime_launch != 0 && t_runtime_launch == state->generation))
+  if (domain != CUPTI_CB_DOMAIN_DRIVER_API || (t_runtime_launch != 0 && t_runtime_launch == state->generation))
     return;
   bool read = true;
   switch (cbid) {
@@ -587,10 +596,7 @@ void CUPTIAPI on_launch(void* userdata, CUpti_CallbackDomain domain, CUpti_Callb
     default:
       return;
   }
-  if (!read) {
-    std::lock_guard<std::mutex> lock(state->mutex);
-    ++state->unreadable;
-  }
+  if (!read) ++state->unreadable;
 }
 
 }  // namespace
@@ -607,22 +613,19 @@ LaunchRecorder::LaunchRecorder(std::size_t max_launches) : state_(std::make_uniq
 LaunchRecorder::~LaunchRecorder() { release(); }
 
 void LaunchRecorder::release() noexcept {
-  if (state_ && state_->subscriber != nullptr) {
-    (void)g_cupti.cuptiUnsubscribe(state_->subscriber);  // waits for callbacks in flight, then none come
-    state_->subscriber = nullptr;
+  if (!state_ || state_->subscriber == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(g_recording_mutex);
+    if (g_recording == state_.get()) g_recording = nullptr;  // from now on a callback finds nothing to write to
   }
+  (void)g_cupti.cuptiUnsubscribe(state_->subscriber);
+  state_->subscriber = nullptr;
 }
 
 void LaunchRecorder::start() {
   State& s = *state_;
   if (s.subscriber != nullptr) throw std::logic_error("the recorder is already recording");
-  {
-    std::lock_guard<std::mutex> lock(s.mutex);
-    s.launches.clear();
-    s.dropped = s.unreadable = 0;
-    s.generation = ++g_generation;
-  }
-  check_cupti(g_cupti.cuptiSubscribe(&s.subscriber, reinterpret_cast<CUpti_CallbackFunc>(on_launch), &s),
+  check_cupti(g_cupti.cuptiSubscribe(&s.subscriber, reinterpret_cast<CUpti_CallbackFunc>(on_launch), nullptr),
               "cuptiSubscribe");
   try {
     for (CUpti_CallbackId id : {CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
@@ -634,22 +637,26 @@ void LaunchRecorder::start() {
     release();
     throw;
   }
+  std::lock_guard<std::mutex> lock(g_recording_mutex);
+  s.launches.clear();
+  s.dropped = s.unreadable = 0;
+  s.generation = ++g_generation;
+  g_recording = &s;
 }
 
 std::vector<LaunchArguments> LaunchRecorder::stop() {
   release();
-  State& s = *state_;
-  std::lock_guard<std::mutex> lock(s.mutex);
-  return std::move(s.launches);
+  std::lock_guard<std::mutex> lock(g_recording_mutex);
+  return std::move(state_->launches);
 }
 
 std::size_t LaunchRecorder::dropped() const {
-  std::lock_guard<std::mutex> lock(state_->mutex);
+  std::lock_guard<std::mutex> lock(g_recording_mutex);
   return state_->dropped;
 }
 
 std::size_t LaunchRecorder::unreadable() const {
-  std::lock_guard<std::mutex> lock(state_->mutex);
+  std::lock_guard<std::mutex> lock(g_recording_mutex);
   return state_->unreadable;
 }
 

@@ -8,6 +8,9 @@ is refused with what to do, before anything changed."""
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -152,3 +155,47 @@ def test_launches_from_several_threads_are_all_recorded(fake, run_threads):
         assert len(launches) == 100 and {h for _n, h, _d, _w in launches} == {st.handle for st in streams}
         for st in streams:
             st.close()
+
+
+_EXTENSION_RECORDER = """
+import l2ctl
+from l2ctl import _core
+from l2ctl._counters import find_cupti
+from l2ctl._errors import CuptiError
+
+try:
+    _core.LaunchRecorder(4)
+    raise SystemExit("constructed without libcupti loaded")
+except CuptiError as exc:
+    assert exc.code == -1 and "libcupti is not loaded" in str(exc), exc
+for path in find_cupti():
+    try:
+        _core.cupti_load(path)
+        break
+    except CuptiError:
+        continue
+if not _core.cupti_loaded():
+    print("no libcupti")
+elif _core.device_count() == 0:
+    try:
+        _core.LaunchRecorder(4)
+        raise SystemExit("constructed without a driver")
+    except l2ctl.NotSupportedError as exc:
+        assert "cuFuncGetParamInfo" in str(exc) and "CUDA 12.4" in str(exc), exc
+    print("no driver")
+else:
+    recorder = _core.LaunchRecorder(4)
+    recorder.start()
+    assert recorder.stop() == [] and recorder.dropped == 0 and recorder.unreadable == 0
+    print("recorded")
+"""
+
+
+def test_the_extensions_recorder_refuses_clearly_without_cupti_or_a_driver():
+    """The compiled LaunchRecorder as bound, in a process of its own (loading libcupti lasts the process): without
+    libcupti loaded, CUPTI's error -1; without a driver of CUDA 12.4 (no GPU), the driver it needs; with both, a
+    recording of nothing."""
+    done = subprocess.run([sys.executable, "-c", _EXTENSION_RECORDER], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "L2CTL_SIMULATE": ""})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() in ("no libcupti", "no driver", "recorded"), done.stdout
