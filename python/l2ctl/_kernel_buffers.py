@@ -211,4 +211,9 @@ def _compare_steps(recorded: list[tuple[list[tuple[int, str, list[tuple[int, int
     why = {label: (f"moves between steps: at {', '.join(f'0x{p:x}' for p in sorted(bases))} in {len(recorded)} "
                    f"recorded steps, so a window on one step's address misses the next step's data")
            for label, bases in moved.items()}
+    for b in per_step[-1][0]:  # the rest of what is not where it was: seen in some steps only
+        if (b.ptr, b.nbytes) not in stable_keys and b.name not in why:
+            seen = sum((b.ptr, b.nbytes) in k for k in keys)
+            why[b.name] = (f"moves between steps: at 0x{b.ptr:x} in {seen} of {len(recorded)} recorded steps, so a "
+                           f"window there would miss in the others")
     return StepBuffers(stable, why, len(recorded), tuple(len(seq) for seq in sequences))

@@ -17,6 +17,17 @@ torch = pytest.importorskip("torch", reason="these tests need PyTorch")
 MiB = 1 << 20
 
 
+@pytest.fixture
+def tstream(gpu_state):
+    """A torch stream that runs after what the current stream queued, watched for the state it leaves."""
+    s = torch.cuda.Stream(torch.device("cuda", l2ctl.device_info().index))
+    s.wait_stream(torch.cuda.current_stream(s.device))
+    gpu_state.watch(s)
+    yield s
+    torch.cuda.current_stream(s.device).wait_stream(s)
+    s.synchronize()
+
+
 def _recorder():
     """A launch recorder, or a skip saying why CUPTI cannot record here."""
     try:
@@ -43,8 +54,8 @@ class Layer:
         self.keep, self.kept, self.seen = keep, [], []
         self.dim = dim
 
-    def step(self, stream=None) -> None:
-        with torch.cuda.stream(stream or torch.cuda.current_stream(self.dev)):
+    def step(self, stream) -> None:
+        with torch.cuda.stream(stream):
             out = torch.zeros(self.nodes, self.dim, device=self.dev).index_add_(0, self.dst, self.x[self.src])
             torch.sum(out, 0, out=self.colsum)
             self.seen.append(out.data_ptr())
@@ -81,10 +92,10 @@ def test_the_recorder_reads_the_arguments_of_l2ctls_and_torchs_kernels(stream):
     assert all(device == info.index for _n, _s, device, _w in launches)
 
 
-def test_a_temporary_of_an_eager_step_is_found_at_the_same_address_every_step(stream):
+def test_a_temporary_of_an_eager_step_is_found_at_the_same_address_every_step(tstream):
     _recorder()
     layer = Layer()
-    found = _kernel_buffers.record_steps(lambda: layer.step(stream), layer.dev.index)
+    found = _kernel_buffers.record_steps(lambda: layer.step(tstream), layer.dev.index)
     assert layer.correct()
     recorded = layer.seen[1:]  # the warm-up's first, then the recorded steps'
     assert len(set(recorded)) == 1, [hex(p) for p in layer.seen]  # torch's cache gave the block back every step
@@ -95,21 +106,21 @@ def test_a_temporary_of_an_eager_step_is_found_at_the_same_address_every_step(st
     assert b.owner == "a temporary of the step" and b.nbytes >= layer.nodes * layer.dim * 4, b.describe()
     assert any("index_add" in k for k in b.kernels), b.describe()
     assert not found.moved and found.steps == 3 and len(set(found.launches)) == 1
-    listed = candidates.from_steps(lambda: layer.step(stream))
+    listed = candidates.from_steps(lambda: layer.step(tstream))
     assert b.name in listed.tried, listed.summary()
 
 
-def test_a_temporary_kept_until_the_next_step_moves_and_is_not_tried(stream):
+def test_a_temporary_kept_until_the_next_step_moves_and_is_not_tried(tstream):
     _recorder()
     layer = Layer(keep=True)
-    listed = candidates.from_steps(lambda: layer.step(stream))
+    listed = candidates.from_steps(lambda: layer.step(tstream))
     assert layer.correct()
     moving = {name: why for name, why in listed.skipped.items() if why.startswith("moves between steps")}
     assert moving and not any(name in listed.tried for name in moving), listed.skipped
     assert len(set(layer.seen[1:])) > 1, [hex(p) for p in layer.seen]
 
 
-def test_tune_discover_on_an_eager_step_leaves_the_device_as_found(stream, gpu_state):
+def test_tune_discover_on_an_eager_step_leaves_the_device_as_found(tstream):
     _recorder()
     layer = Layer()
 
@@ -117,31 +128,31 @@ def test_tune_discover_on_an_eager_step_leaves_the_device_as_found(stream, gpu_s
         layer.step(s)
 
     step.verify = lambda s: layer.correct()  # type: ignore[attr-defined]
-    tuned = l2ctl.tune(step, stream, "discover", rounds=3, repeat=3)
+    tuned = l2ctl.tune(step, tstream, "discover", rounds=3, repeat=3)
     assert layer.correct()
     considered = tuned.considered
     assert considered is not None and considered.tried, considered
     if tuned.persists:  # the measurement decides; a choice must be the step's temporary
         assert "a temporary of the step" in considered.details[tuned.buffer_name], considered.details
-        with tuned.persist(stream):
-            layer.step(stream)
+        with tuned.persist(tstream):
+            layer.step(tstream)
         assert layer.correct()
 
 
-def test_discovery_and_counters_share_cupti_one_at_a_time(stream):
+def test_discovery_and_counters_share_cupti_one_at_a_time(tstream):
     _recorder()
     layer = Layer()
     try:
         with l2ctl.counters(metrics=["gpu__time_duration.sum"]):
             try:
-                candidates.from_steps(lambda: layer.step(stream))
+                candidates.from_steps(lambda: layer.step(tstream))
             except l2ctl.CountersUnavailableError as exc:  # the profiler's launch callbacks hold the subscription
                 assert "another CUPTI user" in str(exc)
     except l2ctl.CountersUnavailableError as exc:
         if "another CUPTI user" in str(exc):
             raise
         pytest.skip(f"counters unavailable here: {exc}")
-    candidates.from_steps(lambda: layer.step(stream))  # released: discovery records again
+    candidates.from_steps(lambda: layer.step(tstream))  # released: discovery records again
     with l2ctl.counters(metrics=["gpu__time_duration.sum"]) as c:
-        layer.step(stream)
+        layer.step(tstream)
     assert len(c.results) >= 3, [k.name for k in c.results]  # zeros, the gather, index_add, the sum: counted

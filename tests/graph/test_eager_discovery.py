@@ -199,3 +199,19 @@ def test_the_extensions_recorder_refuses_clearly_without_cupti_or_a_driver():
                           env={**os.environ, "L2CTL_SIMULATE": ""})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() in ("no libcupti", "no driver", "recorded"), done.stdout
+
+
+def test_a_range_found_in_some_steps_only_is_reported_even_when_the_steps_differ(fake):
+    with l2ctl.Stream() as s, l2ctl.DeviceBuffer(8 << 20) as a, l2ctl.DeviceBuffer(8 << 20) as b:
+        runs = []
+
+        def step() -> None:  # the last step launches one kernel more, given b
+            runs.append(1)
+            fake.launch_modeled_kernel(s.handle, "k", streamed_bytes=1e6, args=(a.ptr,))
+            if len(runs) == 4:
+                fake.launch_modeled_kernel(s.handle, "extra", streamed_bytes=1e6, args=(b.ptr,))
+
+        found = _kernel_buffers.record_steps(step, 0)
+        assert [x.ptr for x in found.stable] == [a.ptr] and found.launches == (1, 1, 2)
+        assert found.moved == {"memory of extra": f"moves between steps: at 0x{b.ptr:x} in 1 of 3 recorded steps, so "
+                                                  "a window there would miss in the others"}
