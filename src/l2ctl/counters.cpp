@@ -4,12 +4,14 @@
 #include <cuda_runtime_api.h>
 #include <cupti_callbacks.h>
 #include <cupti_driver_cbid.h>
+#include <cupti_runtime_cbid.h>
 #include <cupti_profiler_host.h>
 #include <cupti_profiler_target.h>
 #include <cupti_range_profiler.h>
 #include <cupti_result.h>
 #include <cupti_target.h>
 #include <dlfcn.h>
+#include <generated_cuda_runtime_api_meta.h>  // the runtime calls' parameter structs
 
 #include <atomic>
 #include <cstring>
@@ -454,6 +456,44 @@ const ParamReader& param_reader() {
 // do not (its runtime has no such call); callback ids are never renumbered.
 constexpr CUpti_CallbackId kRuntimeLaunchKernel = 505, kRuntimeLaunchKernelPtsz = 506;
 
+// The kernel a runtime launch names by its host stub (cudaLaunchKernel, cudaLaunchKernelExC: how <<<>>> launched
+// before CUDA 13), through the runtime that registered it: the application's libcudart (torch's), found among
+// the loaded libraries, not l2ctl's static one, which never saw the stub. Only its layout is read, the same on
+// every device, so one function per stub is kept, for one recording (start() forgets them: a library unloaded
+// since may have left its addresses to another); the runtime is called without the recorder's lock held.
+using GetFuncBySymbol = cudaError_t (*)(cudaFunction_t*, const void*);
+
+GetFuncBySymbol application_runtime() {
+  static const GetFuncBySymbol found = [] {
+    for (const char* name : {"libcudart.so.13", "libcudart.so.12", "libcudart.so"}) {
+      void* lib = dlopen(name, RTLD_NOLOAD | RTLD_LAZY);  // only one already loaded: none is opened here
+      if (lib == nullptr) continue;
+      auto* fn = reinterpret_cast<GetFuncBySymbol>(dlsym(lib, "cudaGetFuncBySymbol"));
+      dlclose(lib);  // drops the reference RTLD_NOLOAD took; the process still holds its own
+      if (fn != nullptr) return fn;
+    }
+    return static_cast<GetFuncBySymbol>(nullptr);
+  }();
+  return found;
+}
+
+std::mutex g_stub_mutex;
+std::unordered_map<const void*, CUfunction> g_stub_functions;
+
+CUfunction function_of_stub(const void* stub) {
+  {
+    std::lock_guard<std::mutex> lock(g_stub_mutex);
+    auto known = g_stub_functions.find(stub);
+    if (known != g_stub_functions.end()) return known->second;
+  }
+  cudaFunction_t function = nullptr;
+  GetFuncBySymbol get = stub != nullptr ? application_runtime() : nullptr;
+  if (get == nullptr || get(&function, stub) != cudaSuccess) return nullptr;  // not kept: asked again next time
+  std::lock_guard<std::mutex> lock(g_stub_mutex);
+  g_stub_functions.emplace(stub, reinterpret_cast<CUfunction>(function));
+  return reinterpret_cast<CUfunction>(function);
+}
+
 // Which recording a runtime launch now running on this thread was recorded by (0: none): the driver launch it
 // makes inside is the same launch. A generation, not a flag, so that a recording stopped between a launch's
 // entry and exit leaves nothing behind for the next one.
@@ -566,14 +606,41 @@ void CUPTIAPI on_launch(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbi
     return;
   }
   if (info->callbackSite != CUPTI_API_ENTER) return;
+  // A runtime launch by host stub: its kernel is looked up before the recorder's lock is taken.
+  const void* stub = nullptr;
+  void** stub_args = nullptr;
+  CUstream stub_stream = nullptr;
+  if (domain == CUPTI_CB_DOMAIN_RUNTIME_API && info->functionParams != nullptr) {
+    if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000 ||
+        cbid == CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000) {  // the two parameter structs are the same
+      const auto* p = static_cast<const cudaLaunchKernel_v7000_params*>(info->functionParams);
+      stub = p->func;
+      stub_args = p->args;
+      stub_stream = p->stream;
+    } else if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060 ||
+               cbid == CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060) {
+      const auto* p = static_cast<const cudaLaunchKernelExC_v11060_params*>(info->functionParams);
+      stub = p->func;
+      stub_args = p->args;
+      stub_stream = p->config != nullptr ? p->config->stream : nullptr;
+    }
+  }
+  const CUfunction stub_function = stub != nullptr ? function_of_stub(stub) : nullptr;
   std::lock_guard<std::mutex> lock(g_recording_mutex);
   LaunchRecorder::State* state = g_recording;
   if (state == nullptr) return;
   if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
-    // Not read here (a layout the driver cannot tell): the driver call inside records it, where it is seen.
-    const auto* p = static_cast<const RuntimeLaunchParams*>(info->functionParams);
-    if (p != nullptr && state->record(info, p->kernel, true, p->stream, p->args, nullptr))
-      t_runtime_launch = state->generation;
+    // Not recorded here (a stub or kernel the driver cannot describe): the driver call inside records it, if
+    // CUPTI reports it; recorded here, the driver call inside is skipped.
+    bool recorded = false;
+    if (stub != nullptr) {
+      recorded = stub_function != nullptr &&
+                 state->record(info, stub_function, false, stub_stream, stub_args, nullptr);
+    } else if (cbid == kRuntimeLaunchKernel || cbid == kRuntimeLaunchKernelPtsz) {
+      const auto* p = static_cast<const RuntimeLaunchParams*>(info->functionParams);
+      recorded = p != nullptr && state->record(info, p->kernel, true, p->stream, p->args, nullptr);
+    }
+    if (recorded) t_runtime_launch = state->generation;
     return;
   }
   if (domain != CUPTI_CB_DOMAIN_DRIVER_API || (t_runtime_launch != 0 && t_runtime_launch == state->generation))
@@ -631,11 +698,20 @@ void LaunchRecorder::start() {
     for (CUpti_CallbackId id : {CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
                                 CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz})
       check_cupti(g_cupti.cuptiEnableCallback(1, s.subscriber, CUPTI_CB_DOMAIN_DRIVER_API, id), "cuptiEnableCallback");
+    for (CUpti_CallbackId id : {CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000,
+                                CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000,
+                                CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060,
+                                CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060})
+      check_cupti(g_cupti.cuptiEnableCallback(1, s.subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, id), "cuptiEnableCallback");
     for (CUpti_CallbackId id : {kRuntimeLaunchKernel, kRuntimeLaunchKernelPtsz})
       (void)g_cupti.cuptiEnableCallback(1, s.subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, id);  // a CUPTI 12 lacks them
   } catch (...) {
     release();
     throw;
+  }
+  {
+    std::lock_guard<std::mutex> stubs(g_stub_mutex);
+    g_stub_functions.clear();
   }
   std::lock_guard<std::mutex> lock(g_recording_mutex);
   s.launches.clear();

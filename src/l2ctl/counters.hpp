@@ -75,9 +75,10 @@ struct LaunchArguments {
 };
 
 // Records the arguments of every kernel launched in the process between start() and stop(), from CUPTI's
-// callbacks on the launch calls: the driver's cuLaunchKernel(Ex) (Triton, CuPy, l2ctl) and the runtime's
-// __cudaLaunchKernel (what <<<>>> compiles to with CUDA 13); a runtime launch is recorded once, not again by
-// the driver call it makes. The layout comes from cuFuncGetParamInfo / cuKernelGetParamInfo, cached per kernel.
+// callbacks on the launch calls: the driver's cuLaunchKernel(Ex) (Triton, CuPy, l2ctl), the runtime's
+// __cudaLaunchKernel (what <<<>>> compiles to with CUDA 13) and its cudaLaunchKernel(ExC) (<<<>>> before CUDA 13,
+// a host stub resolved through the application's own libcudart); a runtime launch is recorded once, not again
+// by the driver call it makes. The layout comes from cuFuncGetParamInfo / cuKernelGetParamInfo, cached per kernel.
 // One subscriber per process: start() throws CuptiError 39 while another (counters, a profiler) holds CUPTI.
 // stop() and the destructor unsubscribe. At most `max_launches` are kept; dropped() counts the rest.
 class LaunchRecorder {
