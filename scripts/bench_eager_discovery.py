@@ -6,10 +6,10 @@ with N x D x 4 about 0.6 x L2 (sized from this GPU), tuned by ``l2ctl.tune(step,
 tuner reads the kernels' arguments as the step launches them and tries the temporary it finds at the same
 address every step. Reported against the same code without l2ctl in the same process: tune's confirmed
 speedup and an independent check (rounds of ``--steps`` steps, alternating with and without the tuned scope,
-timed with CUDA events). ``--moving`` keeps each step's output until the next (``prev = out``), so the
+timed with CUDA events). The second form keeps each step's output until the next (``prev = out``), so the
 temporary comes from another block every step: discovery must say so and answer "no persistence".
 
-    python scripts/bench_eager_discovery.py --json eager_discovery.json [--moving] [--dim 16]
+    python scripts/bench_eager_discovery.py --json eager_discovery.json [--forms stays,moving] [--dim 16]
 
 Target (H100): >= 1.3x, or "no persistence" with the reason when the temporary moves.
 """
@@ -30,7 +30,7 @@ from l2ctl.bench.records import environment
 
 
 class GNNLayer:
-    """Mean-free message passing: each step gathers the features of ``edges`` source nodes and scatter-adds them
+    """Message passing (a sum): each step gathers the features of ``edges`` source nodes and scatter-adds them
     into a fresh output of N x D floats (0.6 x L2); ``colsum`` (a preallocated D-vector) reads the output, as the
     next layer would, and is what is checked."""
 
@@ -71,26 +71,13 @@ def timed(run: Callable[[], None], stream: torch.cuda.Stream, steps: int) -> flo
     return start.elapsed_time(end) / steps
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--json", required=True)
-    parser.add_argument("--moving", action="store_true", help="keep each step's output until the next one")
-    parser.add_argument("--dim", type=int, default=16, help="features per node (D)")
-    parser.add_argument("--edges", type=int, default=16 << 20)
-    parser.add_argument("--steps", type=int, default=20, help="steps per timed block of the independent check")
-    parser.add_argument("--rounds", type=int, default=7, help="alternating rounds of the independent check")
-    args = parser.parse_args(argv)
-    info = l2ctl.device_info()
-    device = torch.device("cuda", info.index)
-    limit = l2ctl.get_set_aside()
-    layer = GNNLayer(info.l2_cache_size, device, args.dim, args.edges, args.moving)
-    stream = torch.cuda.Stream(device)
-    stream.wait_stream(torch.cuda.current_stream())
+def run(layer: GNNLayer, stream: torch.cuda.Stream, rounds: int, steps: int) -> dict[str, Any]:
+    """Tune ``layer`` by discovery on ``stream``; when it persists, check the choice against the same code without
+    l2ctl in alternating rounds."""
     def step(s: torch.cuda.Stream) -> None:
         layer.step(s)
 
     step.verify = layer.verify  # type: ignore[attr-defined]  # tune checks the output after its measurements
-
     start = time.monotonic()
     tuned = None
     refusal = ""
@@ -101,44 +88,70 @@ def main(argv: list[str]) -> int:
     seconds = time.monotonic() - start
     if not layer.verify(stream):
         raise AssertionError("the layer's output is wrong")
-    row: dict[str, Any] = {"nodes": layer.nodes, "dim": layer.dim, "edges": layer.edges, "moving": layer.moving,
-                           "out_bytes": layer.nodes * layer.dim * 4, "tune_seconds": seconds}
+    row: dict[str, Any] = {"form": "moving" if layer.moving else "stays", "nodes": layer.nodes, "dim": layer.dim,
+                           "edges": layer.edges, "out_bytes": layer.nodes * layer.dim * 4, "tune_seconds": seconds}
+    considered = None if tuned is None else tuned.considered
+    if considered is not None:
+        row.update(summary=considered.summary(), skipped=dict(considered.skipped), tried=list(considered.tried))
     if tuned is None or not tuned.persists:
-        considered = None if tuned is None else tuned.considered
         row.update(persists=False, reason=refusal or (tuned.reason if tuned else ""),
-                   summary=considered.summary() if considered is not None else refusal,
-                   skipped=dict(considered.skipped) if considered is not None else {},
                    speedup=1.0 if tuned is None else tuned.speedup)
-    else:
-        considered = tuned.considered
-        assert considered is not None
-        baseline, persisted = [], []
-        for _ in range(args.rounds):  # alternating: drift hits both the same way
-            baseline.append(timed(lambda: layer.step(stream), stream, args.steps))
-            with tuned.persist(stream):
-                persisted.append(timed(lambda: layer.step(stream), stream, args.steps))
-        if not layer.verify(stream):
-            raise AssertionError("the layer's output is wrong under the tuned scope")
-        b, p = statistics.median(baseline), statistics.median(persisted)
-        row.update(persists=True, chosen=tuned.buffer_name, chosen_range=considered.details.get(tuned.buffer_name or ""),
-                   summary=considered.summary(), skipped=dict(considered.skipped), reason=tuned.reason,
-                   speedup=tuned.speedup, ci=list(tuned.ci), baseline_ms=tuned.baseline_ms, best_ms=tuned.best_ms,
-                   set_aside=tuned.set_aside, hit_ratio=tuned.hit_ratio, copy_slowdown=tuned.tax.copy_slowdown,
-                   check_baseline_ms=b, check_persisted_ms=p, check_speedup=b / p, check_rounds=args.rounds,
-                   check_steps=args.steps, baseline_rounds_ms=baseline, persisted_rounds_ms=persisted)
+        return row
+    assert considered is not None
+    baseline, persisted = [], []
+    for _ in range(rounds):  # alternating: drift hits both the same way
+        baseline.append(timed(lambda: layer.step(stream), stream, steps))
+        with tuned.persist(stream):
+            persisted.append(timed(lambda: layer.step(stream), stream, steps))
+    if not layer.verify(stream):
+        raise AssertionError("the layer's output is wrong under the tuned scope")
+    b, p = statistics.median(baseline), statistics.median(persisted)
+    row.update(persists=True, chosen=tuned.buffer_name, chosen_range=considered.details.get(tuned.buffer_name or ""),
+               reason=tuned.reason, speedup=tuned.speedup, ci=list(tuned.ci), baseline_ms=tuned.baseline_ms,
+               best_ms=tuned.best_ms, set_aside=tuned.set_aside, hit_ratio=tuned.hit_ratio,
+               copy_slowdown=tuned.tax.copy_slowdown, check_baseline_ms=b, check_persisted_ms=p, check_speedup=b / p,
+               baseline_rounds_ms=baseline, persisted_rounds_ms=persisted)
+    return row
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", required=True)
+    parser.add_argument("--forms", default="stays,moving",
+                        help="which layers: stays (its output freed each step), moving (kept until the next)")
+    parser.add_argument("--dim", type=int, default=16, help="features per node (D)")
+    parser.add_argument("--edges", type=int, default=16 << 20)
+    parser.add_argument("--steps", type=int, default=20, help="steps per timed block of the independent check")
+    parser.add_argument("--rounds", type=int, default=7, help="alternating rounds of the independent check")
+    args = parser.parse_args(argv)
+    forms = [f.strip() for f in args.forms.split(",") if f.strip()]
+    if not forms or set(forms) - {"stays", "moving"}:
+        parser.error("--forms: stays, moving or both")
+    info = l2ctl.device_info()
+    device = torch.device("cuda", info.index)
+    limit = l2ctl.get_set_aside()
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream())
+    rows = []
+    for form in forms:
+        layer = GNNLayer(info.l2_cache_size, device, args.dim, args.edges, form == "moving")
+        rows.append(run(layer, stream, args.rounds, args.steps))
+        del layer
+        torch.cuda.synchronize(device)
     if l2ctl.get_set_aside() != limit:
         raise AssertionError("the set-aside limit was left changed")
     with open(args.json, "w") as f:
         json.dump({"benchmark": "eager_discovery", "environment": environment(),
-                   "config": vars(args), "summary": row}, f, indent=1)
-    if row["persists"]:
-        print(f"eager GNN layer (out {row['out_bytes'] / 2**20:.1f} MiB): persist {row['chosen_range']}: "
-              f"tune {row['speedup']:.3f}x (CI {row['ci'][0]:.3f}-{row['ci'][1]:.3f}) over {row['baseline_ms']:.3f} ms; "
-              f"check {row['check_speedup']:.3f}x ({row['check_baseline_ms']:.3f} -> {row['check_persisted_ms']:.3f} ms); "
-              f"tune {seconds:.1f} s; target >= 1.3x: {'met' if row['check_speedup'] >= 1.3 else 'NOT met'}")
-    else:
-        print(f"eager GNN layer (out {row['out_bytes'] / 2**20:.1f} MiB, moving={layer.moving}): no persistence: "
-              f"{row['reason'] or row['summary']}; tune {seconds:.1f} s")
+                   "torch_cuda": torch.version.cuda, "config": vars(args), "summary": {"rows": rows}}, f, indent=1)
+    for row in rows:
+        head = f"eager GNN layer, output {row['form']} (out {row['out_bytes'] / 2**20:.1f} MiB)"
+        if row["persists"]:
+            print(f"{head}: persist {row['chosen_range']}: tune {row['speedup']:.3f}x (CI {row['ci'][0]:.3f}-"
+                  f"{row['ci'][1]:.3f}) over {row['baseline_ms']:.3f} ms; check {row['check_speedup']:.3f}x "
+                  f"({row['check_baseline_ms']:.3f} -> {row['check_persisted_ms']:.3f} ms); tune "
+                  f"{row['tune_seconds']:.1f} s; target >= 1.3x: {'met' if row['check_speedup'] >= 1.3 else 'NOT met'}")
+        else:
+            print(f"{head}: no persistence: {row['reason']}; tune {row['tune_seconds']:.1f} s")
     return 0
 
 
