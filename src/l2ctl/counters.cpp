@@ -4,16 +4,13 @@
 #include <cuda_runtime_api.h>
 #include <cupti_callbacks.h>
 #include <cupti_driver_cbid.h>
-#include <cupti_runtime_cbid.h>
 #include <cupti_profiler_host.h>
 #include <cupti_profiler_target.h>
 #include <cupti_range_profiler.h>
 #include <cupti_result.h>
 #include <cupti_target.h>
 #include <dlfcn.h>
-#include <generated_cuda_runtime_api_meta.h>  // the runtime calls' parameter structs
 
-#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
@@ -407,17 +404,6 @@ std::vector<RangeValues> RangeProfiler::stop() {
 
 namespace {
 
-// The runtime's __cudaLaunchKernel (CUDA 13's <<<>>>), declared in crt/device_functions.h; CUPTI passes its
-// arguments in declaration order, as for every call (its struct is not in the generated headers).
-struct RuntimeLaunchParams {
-  cudaKernel_t kernel;
-  dim3 gridDim;
-  dim3 blockDim;
-  void** args;
-  size_t sharedMem;
-  cudaStream_t stream;
-};
-
 // The parameters CUPTI passes for cuLaunchKernel(_ptsz) and cuLaunchKernelEx(_ptsz): generated_cuda_meta.h's
 // cuLaunchKernel_params and cuLaunchKernelEx_params, written out because that header compiles only inside the
 // driver's own build (it names the driver's _v1 types).
@@ -452,61 +438,10 @@ const ParamReader& param_reader() {
   return r;
 }
 
-// CUPTI_RUNTIME_TRACE_CBID___cudaLaunchKernel_v13000 and its _ptsz form: CUDA 13's headers name them, CUDA 12's
-// do not (its runtime has no such call); callback ids are never renumbered.
-constexpr CUpti_CallbackId kRuntimeLaunchKernel = 505, kRuntimeLaunchKernelPtsz = 506;
-
-// The kernel a runtime launch names by its host stub (cudaLaunchKernel, cudaLaunchKernelExC: how <<<>>> launched
-// before CUDA 13), through the runtime that registered it: the application's libcudart (torch's), found among
-// the loaded libraries, not l2ctl's static one, which never saw the stub. Only its layout is read, the same on
-// every device, so one function per stub is kept, for one recording (start() forgets them: a library unloaded
-// since may have left its addresses to another); the runtime is called without the recorder's lock held.
-using GetFuncBySymbol = cudaError_t (*)(cudaFunction_t*, const void*);
-
-GetFuncBySymbol application_runtime() {
-  static const GetFuncBySymbol found = [] {
-    for (const char* name : {"libcudart.so.13", "libcudart.so.12", "libcudart.so"}) {
-      void* lib = dlopen(name, RTLD_NOLOAD | RTLD_LAZY);  // only one already loaded: none is opened here
-      if (lib == nullptr) continue;
-      auto* fn = reinterpret_cast<GetFuncBySymbol>(dlsym(lib, "cudaGetFuncBySymbol"));
-      dlclose(lib);  // drops the reference RTLD_NOLOAD took; the process still holds its own
-      if (fn != nullptr) return fn;
-    }
-    return static_cast<GetFuncBySymbol>(nullptr);
-  }();
-  return found;
-}
-
-std::mutex g_stub_mutex;
-std::unordered_map<const void*, CUfunction> g_stub_functions;
-
-CUfunction function_of_stub(const void* stub) {
-  {
-    std::lock_guard<std::mutex> lock(g_stub_mutex);
-    auto known = g_stub_functions.find(stub);
-    if (known != g_stub_functions.end()) return known->second;
-  }
-  cudaFunction_t function = nullptr;
-  GetFuncBySymbol get = stub != nullptr ? application_runtime() : nullptr;
-  if (get == nullptr || get(&function, stub) != cudaSuccess) return nullptr;  // not kept: asked again next time
-  std::lock_guard<std::mutex> lock(g_stub_mutex);
-  g_stub_functions.emplace(stub, reinterpret_cast<CUfunction>(function));
-  return reinterpret_cast<CUfunction>(function);
-}
-
-// Which recording a runtime launch now running on this thread was recorded by (0: none): the driver launch it
-// makes inside is the same launch. A generation, not a flag, so that a recording stopped between a launch's
-// entry and exit leaves nothing behind for the next one.
-std::atomic<std::uint64_t> g_generation{0};
-thread_local std::uint64_t t_runtime_launch = 0;
-
-}  // namespace
-
 // The recorder the callbacks write to (null: none), and the lock every callback holds while it does: CUPTI may
 // still deliver a callback after cuptiUnsubscribe returns, so a recorder stops by clearing this pointer under the
 // lock first; a late callback then finds nothing, never a recorder that was freed. One at a time: CUPTI allows
 // one subscriber.
-namespace {
 std::mutex g_recording_mutex;
 LaunchRecorder::State* g_recording = nullptr;
 }  // namespace
@@ -515,26 +450,25 @@ struct LaunchRecorder::State {
   std::size_t max_launches = 0;
   std::size_t dropped = 0, unreadable = 0;
   std::vector<LaunchArguments> launches;
-  // (offset, size) of each parameter, per CUfunction or CUkernel: read once per kernel
-  std::unordered_map<const void*, std::vector<std::pair<std::size_t, std::size_t>>> layouts;
+  // (offset, size) of each parameter, per kernel: read once
+  std::unordered_map<CUfunction, std::vector<std::pair<std::size_t, std::size_t>>> layouts;
   std::vector<std::pair<CUcontext, int>> devices;  // context -> device, read once per context
   CUpti_SubscriberHandle subscriber = nullptr;
-  std::uint64_t generation = 0;
 
-  const std::vector<std::pair<std::size_t, std::size_t>>& layout(const void* fn, bool kernel) {
+  const std::vector<std::pair<std::size_t, std::size_t>>& layout(CUfunction fn) {
     auto found = layouts.find(fn);
     if (found != layouts.end()) return found->second;
     std::vector<std::pair<std::size_t, std::size_t>> params;
     const ParamReader& r = param_reader();
-    for (std::size_t i = 0;; ++i) {  // the count is stored nowhere: ask until the driver says there is none
-      std::size_t offset = 0, size = 0;
-      CUresult got = CUDA_ERROR_INVALID_VALUE;
-      if (kernel && r.kernel_param != nullptr)
-        got = r.kernel_param(static_cast<CUkernel>(const_cast<void*>(fn)), i, &offset, &size);
-      else if (!kernel && r.func_param != nullptr)
-        got = r.func_param(static_cast<CUfunction>(const_cast<void*>(fn)), i, &offset, &size);
-      if (got != CUDA_SUCCESS) break;
-      params.emplace_back(offset, size);
+    // cuLaunchKernel also takes a CUkernel in place of a CUfunction (the CUDA 12+ runtime launches so): when the
+    // function query finds no parameter, the kernel query is asked.
+    for (auto* query : {r.func_param, reinterpret_cast<PFN_cuFuncGetParamInfo_v12040>(r.kernel_param)}) {
+      for (std::size_t i = 0; query != nullptr; ++i) {  // the count is stored nowhere: ask until there is none
+        std::size_t offset = 0, size = 0;
+        if (query(fn, i, &offset, &size) != CUDA_SUCCESS) break;
+        params.emplace_back(offset, size);
+      }
+      if (!params.empty()) break;
     }
     return layouts.emplace(fn, std::move(params)).first->second;
   }
@@ -549,20 +483,18 @@ struct LaunchRecorder::State {
     return static_cast<int>(dev);
   }
 
-  // One launch (`kernel`: fn is a CUkernel, else a CUfunction): true when recorded (or dropped for room), false
-  // when its arguments could not be read. Called under g_recording_mutex.
-  bool record(const CUpti_CallbackData* info, const void* fn, bool kernel, CUstream stream, void** params,
-              void** extra) {
+  // One launch: true when recorded (or dropped for room), false when its arguments could not be read. Called
+  // under g_recording_mutex.
+  bool record(const CUpti_CallbackData* info, CUfunction fn, CUstream stream, void** params, void** extra) {
     if (launches.size() >= max_launches) {
       ++dropped;
       return true;
     }
     LaunchArguments launch;
     if (params != nullptr && fn != nullptr) {
-      const auto& layout = this->layout(fn, kernel);
-      // A runtime launch the driver cannot describe is left to the driver call inside; a driver launch without
-      // parameters (or without a layout) is kept with no words, so that every step counts the same launches.
-      if (layout.empty() && kernel) return false;
+      // A kernel without parameters (or whose layout the driver cannot tell) is kept with no words, so that
+      // every step counts the same launches.
+      const auto& layout = this->layout(fn);
       for (unsigned i = 0; i < layout.size(); ++i) {
         if (params[i] == nullptr) break;
         const auto* bytes = static_cast<const unsigned char*>(params[i]);
@@ -600,63 +532,22 @@ namespace {
 
 void CUPTIAPI on_launch(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void* data) {
   const auto* info = static_cast<const CUpti_CallbackData*>(data);
-  if (info == nullptr) return;
-  if (domain == CUPTI_CB_DOMAIN_RUNTIME_API && info->callbackSite == CUPTI_API_EXIT) {
-    t_runtime_launch = 0;
-    return;
-  }
-  if (info->callbackSite != CUPTI_API_ENTER) return;
-  // A runtime launch by host stub: its kernel is looked up before the recorder's lock is taken.
-  const void* stub = nullptr;
-  void** stub_args = nullptr;
-  CUstream stub_stream = nullptr;
-  if (domain == CUPTI_CB_DOMAIN_RUNTIME_API && info->functionParams != nullptr) {
-    if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000 ||
-        cbid == CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000) {  // the two parameter structs are the same
-      const auto* p = static_cast<const cudaLaunchKernel_v7000_params*>(info->functionParams);
-      stub = p->func;
-      stub_args = p->args;
-      stub_stream = p->stream;
-    } else if (cbid == CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060 ||
-               cbid == CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060) {
-      const auto* p = static_cast<const cudaLaunchKernelExC_v11060_params*>(info->functionParams);
-      stub = p->func;
-      stub_args = p->args;
-      stub_stream = p->config != nullptr ? p->config->stream : nullptr;
-    }
-  }
-  const CUfunction stub_function = stub != nullptr ? function_of_stub(stub) : nullptr;
+  if (domain != CUPTI_CB_DOMAIN_DRIVER_API || info == nullptr || info->callbackSite != CUPTI_API_ENTER) return;
   std::lock_guard<std::mutex> lock(g_recording_mutex);
   LaunchRecorder::State* state = g_recording;
   if (state == nullptr) return;
-  if (domain == CUPTI_CB_DOMAIN_RUNTIME_API) {
-    // Not recorded here (a stub or kernel the driver cannot describe): the driver call inside records it, if
-    // CUPTI reports it; recorded here, the driver call inside is skipped.
-    bool recorded = false;
-    if (stub != nullptr) {
-      recorded = stub_function != nullptr &&
-                 state->record(info, stub_function, false, stub_stream, stub_args, nullptr);
-    } else if (cbid == kRuntimeLaunchKernel || cbid == kRuntimeLaunchKernelPtsz) {
-      const auto* p = static_cast<const RuntimeLaunchParams*>(info->functionParams);
-      recorded = p != nullptr && state->record(info, p->kernel, true, p->stream, p->args, nullptr);
-    }
-    if (recorded) t_runtime_launch = state->generation;
-    return;
-  }
-  if (domain != CUPTI_CB_DOMAIN_DRIVER_API || (t_runtime_launch != 0 && t_runtime_launch == state->generation))
-    return;
   bool read = true;
   switch (cbid) {
     case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel:
     case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz: {  // the two parameter structs are the same
       const auto* p = static_cast<const DriverLaunchParams*>(info->functionParams);
-      read = state->record(info, p->f, false, p->hStream, p->kernelParams, p->extra);
+      read = state->record(info, p->f, p->hStream, p->kernelParams, p->extra);
       break;
     }
     case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx:
     case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz: {
       const auto* p = static_cast<const DriverLaunchExParams*>(info->functionParams);
-      read = state->record(info, p->f, false, p->config != nullptr ? p->config->hStream : nullptr, p->kernelParams,
+      read = state->record(info, p->f, p->config != nullptr ? p->config->hStream : nullptr, p->kernelParams,
                            p->extra);
       break;
     }
@@ -671,7 +562,7 @@ void CUPTIAPI on_launch(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbi
 LaunchRecorder::LaunchRecorder(std::size_t max_launches) : state_(std::make_unique<State>()) {
   if (!cupti_loaded()) throw CuptiError("LaunchRecorder", -1, "libcupti is not loaded (call cupti_load first)");
   const ParamReader& r = param_reader();
-  if (r.func_param == nullptr && r.kernel_param == nullptr)
+  if (r.func_param == nullptr)
     throw NotSupported("reading a launch's arguments (cuFuncGetParamInfo) needs a driver of CUDA 12.4 or newer "
                        "(r550+); this driver is CUDA " + cuda_version_text(driver_version()));
   state_->max_launches = max_launches;
@@ -698,25 +589,13 @@ void LaunchRecorder::start() {
     for (CUpti_CallbackId id : {CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
                                 CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz})
       check_cupti(g_cupti.cuptiEnableCallback(1, s.subscriber, CUPTI_CB_DOMAIN_DRIVER_API, id), "cuptiEnableCallback");
-    for (CUpti_CallbackId id : {CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_v7000,
-                                CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernel_ptsz_v7000,
-                                CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_v11060,
-                                CUPTI_RUNTIME_TRACE_CBID_cudaLaunchKernelExC_ptsz_v11060})
-      check_cupti(g_cupti.cuptiEnableCallback(1, s.subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, id), "cuptiEnableCallback");
-    for (CUpti_CallbackId id : {kRuntimeLaunchKernel, kRuntimeLaunchKernelPtsz})
-      (void)g_cupti.cuptiEnableCallback(1, s.subscriber, CUPTI_CB_DOMAIN_RUNTIME_API, id);  // a CUPTI 12 lacks them
   } catch (...) {
     release();
     throw;
   }
-  {
-    std::lock_guard<std::mutex> stubs(g_stub_mutex);
-    g_stub_functions.clear();
-  }
   std::lock_guard<std::mutex> lock(g_recording_mutex);
   s.launches.clear();
   s.dropped = s.unreadable = 0;
-  s.generation = ++g_generation;
   g_recording = &s;
 }
 

@@ -75,10 +75,9 @@ struct LaunchArguments {
 };
 
 // Records the arguments of every kernel launched in the process between start() and stop(), from CUPTI's
-// callbacks on the launch calls: the driver's cuLaunchKernel(Ex) (Triton, CuPy, l2ctl), the runtime's
-// __cudaLaunchKernel (what <<<>>> compiles to with CUDA 13) and its cudaLaunchKernel(ExC) (<<<>>> before CUDA 13,
-// a host stub resolved through the application's own libcudart); a runtime launch is recorded once, not again
-// by the driver call it makes. The layout comes from cuFuncGetParamInfo / cuKernelGetParamInfo, cached per kernel.
+// callbacks on the driver's launch calls, cuLaunchKernel(Ex) and their _ptsz forms: Triton, CuPy and l2ctl call
+// them, and the runtime's launches (torch's <<<>>>) go through them too, firing the same callbacks. The layout
+// comes from cuFuncGetParamInfo (cuKernelGetParamInfo for a CUkernel launched as a function), cached per kernel.
 // One subscriber per process: start() throws CuptiError 39 while another (counters, a profiler) holds CUPTI.
 // stop() and the destructor unsubscribe. At most `max_launches` are kept; dropped() counts the rest.
 class LaunchRecorder {

@@ -1,5 +1,5 @@
-"""On the GPU, with PyTorch: eager discovery. The launch recorder (CUPTI's callbacks on the launch calls) reads the
-arguments of l2ctl's own kernels (the driver's cuLaunchKernel) and of torch's (the runtime's launch, <<<>>>); a
+"""On the GPU, with PyTorch: eager discovery. The launch recorder (CUPTI's callbacks on the driver's launch calls)
+reads the arguments of l2ctl's own kernels (cuLaunchKernel) and of torch's (<<<>>>, through the runtime); a
 GNN layer's output, allocated inside the step, is found at the same address every step and named a temporary
 of the step; one kept until the next step moves and is reported; tune(step, stream, "discover") leaves the
 device as it found it. (What it gains is scripts/bench_eager_discovery.py's business.)"""
@@ -75,8 +75,8 @@ def test_the_recorder_reads_the_arguments_of_l2ctls_and_torchs_kernels(stream):
         kernels.reset_data(out, lut, stream)  # compiled and loaded before the recording
         recorder.start()
         try:
-            kernels.reset_data(out, lut, stream)  # the driver's cuLaunchKernel
-            t = torch.zeros(1 << 20, device=torch.device("cuda", info.index))  # torch's own launch
+            kernels.reset_data(out, lut, stream)  # l2ctl calls cuLaunchKernel itself
+            t = torch.zeros(1 << 20, device=torch.device("cuda", info.index))  # torch's <<<>>>, through the runtime
             t.add_(1.0)
         finally:
             launches = recorder.stop()
@@ -88,7 +88,8 @@ def test_the_recorder_reads_the_arguments_of_l2ctls_and_torchs_kernels(stream):
     values = {w[2] for w in words}
     assert {out.ptr, lut.ptr} <= values and device == info.index and handle == stream.handle, (name, words)
     torch_launches = [l for l in launches if t.data_ptr() in {w[2] for w in l[3]}]
-    assert torch_launches, f"torch's kernels were not seen with their arguments (runtime launch callbacks); {shown}"
+    assert torch_launches, f"torch's kernels were not seen with their arguments (the runtime's launches did not fire " \
+                           f"the driver's launch callbacks); {shown}"
     assert all(device == info.index for _n, _s, device, _w in launches)
 
 
