@@ -156,8 +156,8 @@ class StepBuffers:
 def record_steps(run: Callable[[], object], device: int, names: Optional[Mapping[str, object]] = None,
                  steps: int = 3) -> StepBuffers:
     """Run ``run()`` once as a warm-up (first allocations, lazy loads; its launches are not compared), then
-    ``steps`` times with the launch calls recorded, and map the arguments of the kernels launched on ``device`` to memory as
-    :func:`map_pointers` does (torch's blocks read after each step, freed ones included). The recorder is
+    ``steps`` times with the launch calls recorded, and map the arguments of the kernels launched on ``device``
+    to memory as :func:`map_pointers` does (torch's blocks read after each step, freed ones included). The recorder is
     subscribed only while a step runs and is released on every path. CountersUnavailableError, saying what to
     install or which tool holds CUPTI, where CUPTI cannot record: before the step has run."""
     if isinstance(steps, bool) or not isinstance(steps, int) or not 2 <= steps <= 16:
@@ -183,8 +183,8 @@ def record_steps(run: Callable[[], object], device: int, names: Optional[Mapping
         if recorder.dropped:
             raise ValueError(f"the step launched more than {MAX_LAUNCHES} kernels: too many to discover from")
         if index:
-            ours = [(i, str(name), list(words)) for i, (name, _stream, dev, words) in enumerate(launches)
-                    if dev == device]
+            ours = [(i, str(name), list(words))  # numbered among this device's launches: matched by position
+                    for i, (name, words) in enumerate((n, w) for n, _stream, dev, w in launches if dev == device)]
             recorded.append((ours, _torch_blocks(device, True)))
     return _compare_steps(recorded, named)
 
@@ -201,7 +201,7 @@ def _compare_steps(recorded: list[tuple[list[tuple[int, str, list[tuple[int, int
     moved: dict[str, set[int]] = {}
     sequences = [[name for _, name, _ in launches] for launches, _ in recorded]
     if all(seq == sequences[0] for seq in sequences):
-        for i, name in enumerate(sequences[0]):
+        for i in range(len(sequences[0])):
             given = [[(b.ptr, b.nbytes, b.name) for b in by_launch.get(i, [])] for _, by_launch in per_step]
             for slot in range(min(len(g) for g in given)):
                 places = {g[slot][:2] for g in given}

@@ -321,7 +321,8 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
     kernel nodes' arguments, or, on a stream, the arguments of the kernels the step launches as it runs
     (l2ctl.candidates.from_steps: read through CUPTI over three steps after a warm-up; a temporary the step
     allocates inside is tried when it comes back at the same address every step, one that moves is listed as
-    such and never tried). The graphs torch.compile records (``graph.torch_captures()``) keep the window they were captured with,
+    such and never tried).
+    The graphs torch.compile records (``graph.torch_captures()``) keep the window they were captured with,
     so tuning them needs a workload that records its step anew under each window
     (``l2ctl.workloads.Compiled``); for any other, tune the same step captured with keep_graph=True.
 

@@ -587,7 +587,8 @@ void LaunchRecorder::start() {
               "cuptiSubscribe");
   try {
     for (CUpti_CallbackId id : {CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
-                                CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz})
+                                CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx,
+                                CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz})
       check_cupti(g_cupti.cuptiEnableCallback(1, s.subscriber, CUPTI_CB_DOMAIN_DRIVER_API, id), "cuptiEnableCallback");
   } catch (...) {
     release();

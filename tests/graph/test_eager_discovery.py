@@ -215,3 +215,25 @@ def test_a_range_found_in_some_steps_only_is_reported_even_when_the_steps_differ
         assert [x.ptr for x in found.stable] == [a.ptr] and found.launches == (1, 1, 2)
         assert found.moved == {"memory of extra": f"moves between steps: at 0x{b.ptr:x} in 1 of 3 recorded steps, so "
                                                   "a window there would miss in the others"}
+
+
+def test_only_the_devices_launches_count_and_are_matched_among_themselves():
+    from l2ctl.testing import FakeDevice
+
+    with FakeBackend.installed(FakeDevice.h100(), FakeDevice.h100()) as fake:
+        with l2ctl.Stream(0) as s0, l2ctl.Stream(1) as s1, l2ctl.DeviceBuffer(8 << 20, device=1) as other:
+            cache: list[l2ctl.DeviceBuffer] = []
+            runs = []
+
+            def step() -> None:  # device 1 launches first, a varying number of times; device 0's temporary stays
+                runs.append(1)
+                for _ in range(len(runs)):
+                    fake.launch_modeled_kernel(s1.handle, "elsewhere", streamed_bytes=1e3, args=(other.ptr,))
+                tmp = cache.pop() if cache else l2ctl.DeviceBuffer(8 << 20, device=0)
+                fake.launch_modeled_kernel(s0.handle, "k", streamed_bytes=1e6, args=(tmp.ptr,))
+                cache.append(tmp)
+
+            found = _kernel_buffers.record_steps(step, 0)
+            assert [b.ptr for b in found.stable] == [cache[0].ptr] and not found.moved
+            assert found.launches == (1, 1, 1)
+            cache[0].free()

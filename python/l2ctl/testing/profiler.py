@@ -37,7 +37,8 @@ from typing import Any, ContextManager, Protocol
 from .errors import cupti_error
 from .model import METRIC_NAMES, DeviceModel
 
-__all__ = ["FakeRangeProfiler", "FakeLaunchRecorder", "RecordingMachine", "ProfiledMachine", "KNOWN_METRICS", "chip_name", "library_loads", "METRICS_PER_PASS",
+__all__ = ["FakeRangeProfiler", "FakeLaunchRecorder", "RecordingMachine", "ProfiledMachine", "KNOWN_METRICS",
+           "chip_name", "library_loads", "METRICS_PER_PASS",
            "REPLAY_DIRTY_BYTES"]
 
 KNOWN_METRICS = frozenset(METRIC_NAMES)
