@@ -43,7 +43,7 @@ from ._targets import Target, as_target, resolve_target
 from ._limit import auto_set_aside_cap
 from ._memory import BufferLike, StreamLike
 from ._persist import Persist, Policy, persist
-from .graph import TorchCaptures
+from .graph import Graph, TorchCaptures
 from ._plan import check_count, normalize_hit_ratio
 from .bench import Progress, Record, Report, environment
 from .bench.records import simulated_label
@@ -407,7 +407,8 @@ def _tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, str
             enqueue = enqueue_of(workload)
             considered = from_steps(lambda: enqueue(stream), device)
         if not considered.tried:
-            found = "no CUDA graph of the step was recorded inside torch_captures()" if not considered.total \
+            found = "no CUDA graph of the step was recorded inside torch_captures()" \
+                if isinstance(target, TorchCaptures) and not considered.total \
                 else f"no range the {'graph' if target_ref is None else 'step'}'s kernels are given can be tried: " \
                      f"{considered.summary()}"
             return _nothing_to_try(found, device, start, confidence, considered)
