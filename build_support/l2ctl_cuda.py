@@ -33,14 +33,16 @@ MINIMUM_TOOLKIT = {12: 12080, 13: 13000}
 #: Per flavour: the pip packages whose headers and static runtime the build uses (12.9 is the first CUDA 12
 #: runtime wheel that ships libcudart_static.a), their directories under site-packages, and the run-time
 #: extra ``[ctk]`` (NVRTC for the kernels, CUPTI for the counters: both loaded at run time, neither needed by
-#: ``import l2ctl`` nor by the simulator).
+#: ``import l2ctl`` nor by the simulator). The runtime's headers include ``crt/host_defines.h``, which NVIDIA
+#: ships apart: in the nvcc wheel for CUDA 12 (its headers only are used, never nvcc), in nvidia-cuda-crt for 13.
 PIP = {
-    12: {"build": ["nvidia-cuda-runtime-cu12>=12.9,<13", "nvidia-cuda-cupti-cu12>=12.9,<13"],
+    12: {"build": ["nvidia-cuda-runtime-cu12>=12.9,<13", "nvidia-cuda-cupti-cu12>=12.9,<13",
+                   "nvidia-cuda-nvcc-cu12>=12.9,<13"],
          "ctk": ["nvidia-cuda-nvrtc-cu12>=12.9,<13", "nvidia-cuda-cupti-cu12>=12.9,<13"],
-         "runtime": "nvidia.cuda_runtime", "cupti": "nvidia.cuda_cupti"},
-    13: {"build": ["nvidia-cuda-runtime>=13,<14", "nvidia-cuda-cupti>=13,<14"],
+         "runtime": "nvidia.cuda_runtime", "cupti": "nvidia.cuda_cupti", "crt": "nvidia.cuda_nvcc"},
+    13: {"build": ["nvidia-cuda-runtime>=13,<14", "nvidia-cuda-cupti>=13,<14", "nvidia-cuda-crt>=13,<14"],
          "ctk": ["nvidia-cuda-nvrtc>=13,<14", "nvidia-cuda-cupti>=13,<14"],
-         "runtime": "nvidia.cu13", "cupti": "nvidia.cu13"},
+         "runtime": "nvidia.cu13", "cupti": "nvidia.cu13", "crt": "nvidia.cu13"},
 }
 
 
@@ -143,12 +145,14 @@ def pip_cuda(flavour: int) -> Optional[Cuda]:
     include = os.path.join(runtime, "include") if runtime else ""
     version = _header_version(include)
     cudart = os.path.join(runtime or "", "lib", "libcudart_static.a")
-    if not version or version // 1000 != flavour or not os.path.exists(cudart):
+    crt = os.path.join(_pip_dir(PIP[flavour]["crt"]) or "", "include")
+    if not version or version // 1000 != flavour or not os.path.exists(cudart) \
+            or not os.path.exists(os.path.join(crt, "crt", "host_defines.h")):
         return None
     cupti_include = os.path.join(cupti, "include") if cupti else ""
     has_cupti = os.path.exists(os.path.join(cupti_include, "cupti_range_profiler.h"))
     return Cuda(flavour, "", f"the pip packages {', '.join(PIP[flavour]['build'])} ({runtime})", version,
-                [include], cudart, cupti_include if has_cupti else None)
+                list(dict.fromkeys([include, crt])), cudart, cupti_include if has_cupti else None)
 
 
 def needs_pip(flavour: int, env: Mapping[str, str] = os.environ) -> bool:
@@ -188,7 +192,9 @@ def write_cmake(out: str, stage_dir: str) -> Cuda:
     runtime and CUPTI's headers, staged under ``stage_dir`` when they come from the build environment."""
     cuda = find()
     if cuda.source.startswith("the pip packages"):
-        cuda.include_dirs = [stage(d, os.path.join(stage_dir, "cuda-include")) for d in cuda.include_dirs]
+        # one folder for them all (the runtime's headers and crt/), as a toolkit's include/ holds them
+        cuda.include_dirs = list(dict.fromkeys(stage(d, os.path.join(stage_dir, "cuda-include"))
+                                               for d in cuda.include_dirs))
         if cuda.cupti_include:
             cuda.cupti_include = stage(cuda.cupti_include, os.path.join(stage_dir, "cupti-include"))
         os.makedirs(os.path.join(stage_dir, "lib"), exist_ok=True)

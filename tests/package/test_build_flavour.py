@@ -25,6 +25,13 @@ def _runtime(include: pathlib.Path, lib: pathlib.Path, version: int, cupti: bool
         (include / "cupti_range_profiler.h").write_text("#pragma once\n")
 
 
+def _crt(include: pathlib.Path) -> pathlib.Path:
+    """The crt/ headers the runtime's include, where NVIDIA's pip packages put them apart from it."""
+    (include / "crt").mkdir(parents=True, exist_ok=True)
+    (include / "crt" / "host_defines.h").write_text("#pragma once\n")
+    return include
+
+
 def _toolkit(root: pathlib.Path, version: int) -> pathlib.Path:
     _runtime(root / "include", root / "lib64", version)
     return root
@@ -84,8 +91,10 @@ def test_the_pip_packages_of_each_flavour_are_found(monkeypatch, tmp_path, no_sy
     (site / "nvidia" / cupti / "include" / "cupti_range_profiler.h").write_text("")
     monkeypatch.setattr(sys, "path", [str(site)])  # only the fake packages: NVIDIA's real ones may be installed here
     monkeypatch.setenv("L2CTL_CUDA", str(major))
+    assert l2ctl_cuda.pip_cuda(major) is None  # without crt/host_defines.h, which cuda_runtime_api.h includes
+    crt = _crt(site / "nvidia" / ("cuda_nvcc" if major == 12 else "cu13") / "include")
     cuda = l2ctl_cuda.find()
-    assert cuda.flavour == major and cuda.include_dirs == [str(runtime / "include")]
+    assert cuda.flavour == major and cuda.include_dirs == list(dict.fromkeys([str(runtime / "include"), str(crt)]))
     assert cuda.cudart_static == str(runtime / "lib" / "libcudart_static.a")
     assert cuda.cupti_include == str(site / "nvidia" / cupti / "include")
     assert l2ctl_cuda.pip_cuda(25 - major) is None  # the other flavour's headers are not taken for this one
@@ -129,7 +138,7 @@ def test_staging_rewrites_only_what_changed(tmp_path):
 
 def test_write_cmake_names_the_staged_paths(monkeypatch, tmp_path, no_system_cuda):
     site = tmp_path / "site"
-    _runtime(site / "nvidia" / "cu13" / "include", site / "nvidia" / "cu13" / "lib", 13000)
+    _runtime(_crt(site / "nvidia" / "cu13" / "include"), site / "nvidia" / "cu13" / "lib", 13000)
     monkeypatch.setattr(sys, "path", [str(site)])  # only the fake packages: NVIDIA's real ones may be installed here
     out, stage = tmp_path / "cuda.cmake", tmp_path / "stage"
     l2ctl_cuda.write_cmake(str(out), str(stage))
@@ -137,7 +146,7 @@ def test_write_cmake_names_the_staged_paths(monkeypatch, tmp_path, no_system_cud
     assert 'set(L2CTL_CUDA_FLAVOUR "13")' in text and 'set(L2CTL_CUDA_WHY "the default' in text
     assert f'set(L2CTL_CUDART_STATIC "{stage}/lib/libcudart_static.a")' in text
     assert f'set(L2CTL_CUDA_INCLUDE_DIRS "{stage}/cuda-include")' in text and str(site) not in text.split("SOURCE")[0]
-    assert (stage / "cuda-include" / "cuda_runtime_api.h").exists()
+    assert (stage / "cuda-include" / "cuda_runtime_api.h").exists() and (stage / "cuda-include" / "crt").is_dir()
 
 
 def test_the_backend_keeps_the_build_directory_of_another_environment(monkeypatch, tmp_path):
