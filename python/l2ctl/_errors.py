@@ -44,9 +44,8 @@ class NoDeviceError(NotSupportedError):
 
 
 class CountersUnavailableError(NotSupportedError):
-    """CUPTI cannot do what was asked here: read hardware counters, or record the kernels' arguments for eager
-    discovery (no CUPTI, no permission, unsupported GPU, a profiler already attached); the message says which
-    and what to do."""
+    """Hardware counters cannot be read here (no CUPTI, no permission, unsupported GPU, a profiler
+    already attached); the message says which and what to do."""
 
 
 class KernelsUnavailableError(NotSupportedError):
