@@ -90,9 +90,11 @@ def find_cupti() -> list[str]:
     for entry in sys.path:  # pip wheels: nvidia/cu13/lib, nvidia/cuda_cupti/lib
         for pattern in ("nvidia/cu*/lib/libcupti.so*", "nvidia/cuda_cupti/lib/libcupti.so*"):
             found += sorted(glob.glob(os.path.join(entry, pattern)), reverse=True)
-    # After L2CTL_CUPTI, the CUPTI of the build's own CUDA major (a CUDA 12 build beside a CUDA 13 toolkit takes
-    # the nvidia-cuda-cupti-cu12 wheel's), then the others, each group in the order found (the sort is stable).
-    own = f"libcupti.so.{_core.runtime_version() // 1000}"
+    # After L2CTL_CUPTI, the CUPTI of the CUDA major the profiler must serve: the build's own (a CUDA 12 build
+    # beside a CUDA 13 toolkit takes the nvidia-cuda-cupti-cu12 wheel's), unless the driver is of a newer major:
+    # CUPTI 12.9's range profiler read no counters under a CUDA 13 driver (H200, driver 580), so there the
+    # driver's is tried first. Then the others, each group in the order found (the sort is stable).
+    own = f"libcupti.so.{max(_core.runtime_version(), _core.driver_version()) // 1000}"  # no driver: 0
     found.sort(key=lambda path: own not in os.path.basename(path))
     return list(dict.fromkeys(explicit + found + [own, "libcupti.so.13", "libcupti.so.12", "libcupti.so"]))
 

@@ -36,6 +36,24 @@ def test_find_cupti_honours_the_environment(monkeypatch):
     assert _counters.find_cupti()[-1] == "libcupti.so"
 
 
+def test_find_cupti_prefers_a_newer_drivers_cuda_major(monkeypatch, tmp_path):
+    """A CUDA 12 build under a CUDA 13 driver tries CUPTI 13 first (CUPTI 12 read no counters there)."""
+    lib = tmp_path / "site" / "nvidia" / "cuda_cupti" / "lib"
+    lib.mkdir(parents=True)
+    for major in (12, 13):
+        (lib / f"libcupti.so.{major}").write_bytes(b"")
+    monkeypatch.delenv("L2CTL_CUPTI", raising=False)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "none"))
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "site")])
+    monkeypatch.setattr(_counters._core, "runtime_version", lambda: 12090)
+    monkeypatch.setattr(_counters._core, "driver_version", lambda: 13000)
+    found = [path for path in _counters.find_cupti() if path.startswith(str(tmp_path))]
+    assert found == [str(lib / "libcupti.so.13"), str(lib / "libcupti.so.12")]
+    monkeypatch.setattr(_counters._core, "driver_version", lambda: 12080)  # a CUDA 12 driver: the build's own
+    found = [path for path in _counters.find_cupti() if path.startswith(str(tmp_path))]
+    assert found == [str(lib / "libcupti.so.12"), str(lib / "libcupti.so.13")]
+
+
 def test_find_cupti_prefers_the_builds_cuda_major(monkeypatch, tmp_path):
     """A CUDA 12 build beside a CUDA 13 toolkit loads the nvidia-cuda-cupti-cu12 wheel's libcupti.so.12 (and a
     CUDA 13 build the cu13 wheel's over a CUDA 12 toolkit's)."""
