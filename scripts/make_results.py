@@ -239,6 +239,46 @@ def readme_findings() -> str:
     ])
 
 
+APP_LIFETIME = [("h100", "app_lifetime", "H100", "CUDA 13"), ("h100", "app_lifetime_cu12", "H100", "CUDA 12"),
+                ("h200", "app_lifetime", "H200", "CUDA 13")]
+
+
+def _app_records() -> list[tuple[str, str, dict[str, Any]]]:
+    """The app-lifetime example's records (examples/app_lifetime.py), each checked: outputs verified, device
+    restored."""
+    found = []
+    for gpu, name, label, build in APP_LIFETIME:
+        record = load(gpu, name)
+        if record is None:
+            continue
+        if not (record["verified"] and record["device_restored"]):
+            raise ValueError(f"{gpu}/{name}.json: outputs not verified or the device not restored")
+        found.append((label, build, record))
+    return found
+
+
+def app_lifetime() -> str:
+    """A model served for its lifetime three ways (examples/app_lifetime.py): the same code without l2ctl, a
+    hand-written set-aside with no window (as StreamDiffusion's helper does), l2ctl's tuned app-lifetime scope."""
+    rows = ["| GPU, build | step without l2ctl | hand-written set-aside: step (its copy tax) | l2ctl (its copy tax) "
+            "| l2ctl's set-aside, window | commit |", "|---|---|---|---|---|---|"]
+    for label, build, r in _app_records():
+        scope, harm = r["l2ctl_scope"], r["helper_harm"]
+        rows.append(f"| {label}, {build} | {r['median_step_ms']['baseline']:.3f} ms | {r['speedup']['helper']:.2f}x "
+                    f"({harm['copy_slowdown']:.2f}x) | **{r['speedup']['l2ctl']:.2f}x** ({r['l2ctl_copy_slowdown']:.2f}x) "
+                    f"| {mib(scope['set_aside'])} MiB, {mib(scope['window_bytes'])} MiB | {r['environment']['commit']} |")
+    return "\n".join(rows)
+
+
+def readme_app() -> str:
+    """The README's app-lifetime line: the lowest l2ctl and the worst hand-written speedup over the H100 records."""
+    h100 = [r for label, _b, r in _app_records() if label == "H100"]
+    if not h100:
+        return ""
+    return (f"`examples/app_lifetime.py` on an H100: l2ctl {min(r['speedup']['l2ctl'] for r in h100):.2f}x, a "
+            f"hand-written set-aside without a window {min(r['speedup']['helper'] for r in h100):.2f}x.")
+
+
 def readme_multigpu() -> str:
     """The multi-GPU paragraph's numbers, from the two-GPU records under torchrun (h100x2/): the DDP example's
     gain per rank against its single-GPU gain, and NCCL's bus bandwidth under each set-aside."""
@@ -598,7 +638,8 @@ GENERATORS: dict[str, Callable[[], str]] = {"readme-gallery": readme_gallery, "r
                                              "readme-graphed-callable": readme_graphed_callable,
                                              "readme-cost": readme_cost,
                                              "readme-findings": readme_findings,
-                                             "readme-multigpu": readme_multigpu}
+                                             "readme-multigpu": readme_multigpu,
+                                             "app-lifetime": app_lifetime, "readme-app": readme_app}
 for _gpu in GPUS:
     for _name, _fn in (("tax", tax), ("gallery", gallery), ("tune-models", tune_models), ("overhead", overhead),
                        ("overhead-targets", overhead_targets), ("overhead-forms", overhead_forms), ("reset-data", reset_data),
