@@ -240,7 +240,7 @@ def readme_findings() -> str:
 
 
 APP_LIFETIME = [("h100", "app_lifetime", "H100", "CUDA 13"), ("h100", "app_lifetime_cu12", "H100", "CUDA 12"),
-                ("h200", "app_lifetime", "H200", "CUDA 13")]
+                ("h200", "app_lifetime", "H200", "CUDA 13"), ("h200", "app_lifetime_cu12", "H200", "CUDA 12")]
 
 
 def _app_records() -> list[tuple[str, str, dict[str, Any]]]:
