@@ -380,12 +380,13 @@ graphed_tuned = l2ctl.tune(Replay(), g, candidates, stream=stream)
 print(graphed_tuned)"""),
     new_markdown_cell("""## Compiled with `torch.compile(mode="reduce-overhead")`
 
-torch.compile's CUDA graph trees record graphs on a stream of their own and keep only the executables:
-nothing can change their windows once recorded. A window reaches them only while they are captured, so
-the target is `l2ctl.graph.torch_captures()`: a scope on it puts the window on the streams torch captures
-on, and every graph recorded inside carries it. Enter it **before the compiled function's first call**;
-l2ctl refuses it when the graph trees hold graphs recorded outside it (it cannot tell whether their
-replays would carry the window, and without it a larger set-aside only slows them).
+torch.compile's CUDA graph trees record graphs on a stream of their own and, with torch's defaults, keep
+only the executables. The target is `l2ctl.graph.torch_captures()`: while a block or scope on it lives,
+every graph torch records keeps its template, so a scope's window goes on its kernel nodes (torch
+re-instantiates it), and on the streams torch captures and runs eager kernels on. Call the compiled
+function **for the first time inside it**; l2ctl refuses a scope when the graph trees hold graphs
+recorded outside every block (their replays would not carry the window, and without it a larger
+set-aside only slows them).
 
 Two things decide whether compiled code can gain. Inductor may write into buffers of its own:
 compiled together, `acc.zero_(); acc.index_add_(...)` scatters into a temporary that is then copied into
@@ -433,36 +434,33 @@ torch.compiler.reset()"""),
 
 Compile the zeroing with the scatter and Inductor scatters into a temporary of its own, then copies it
 into `acc`: a window on `acc` reaches nothing. No name reaches that temporary, but the graph's kernels are
-given its address. `l2ctl.graph.buffers(g, names)` reads every kernel node's arguments through the driver
-and says what each range is (yours, a temporary of a captured graph, torch's cache) and which kernels use
-it; `tune(step, g, "discover")` tries those ranges. It needs a graph whose template l2ctl can read, so the
-compiled step (default mode) is captured in a `torch.cuda.CUDAGraph(keep_graph=True)`: its temporaries
-then stay where the replays use them."""),
+given its address. `tune(step, captures, "discover")` reads every kernel node's arguments of the graphs
+torch recorded inside the `torch_captures()` block (through the driver), says what each range is (yours,
+a temporary of a captured graph, torch's cache), in which graph and which kernels use it, and tries
+them. The step stays as written: compiled with `mode="reduce-overhead"`, first called inside the block
+(tune calls it first: warm-up and recording)."""),
     torch_cell("""def zero_and_scatter():
     acc.zero_()
     acc.index_add_(0, index, values)
 
 
-inductor = torch.compile(zero_and_scatter)
-temp_graph = torch.cuda.CUDAGraph(keep_graph=True)
-with torch.cuda.stream(stream):
-    inductor()                                          # compile and warm up outside the capture
-    with torch.cuda.graph(temp_graph, stream=stream):
-        inductor()
-    temp_graph.replay()
-for found in l2ctl.graph.buffers(temp_graph, {"acc": acc}):
-    print(found.describe())
+inductor = torch.compile(zero_and_scatter, mode="reduce-overhead")   # acc is marked static above
 
 
-def replay_temp(s):
+def run_inductor(s):
     with torch.cuda.stream(s):
-        temp_graph.replay()
+        torch.compiler.cudagraph_mark_step_begin()
+        inductor()
 
 
-named = l2ctl.tune(replay_temp, temp_graph, {"acc": acc}, stream=stream)
-discovered = l2ctl.tune(replay_temp, temp_graph, "discover", stream=stream)
-print("acc named:", named)
-print(discovered.report())
+with l2ctl.graph.torch_captures() as captures:
+    named = l2ctl.tune(run_inductor, captures, {"acc": acc}, stream=stream)
+    discovered = l2ctl.tune(run_inductor, captures, "discover", stream=stream)
+    print("acc named:", named)
+    print(discovered.report())
+    with discovered.persist(captures):
+        for _ in range(10):
+            run_inductor(stream)
 torch.compiler.reset()"""),
 ])
 

@@ -6,13 +6,16 @@ windows into an executable only when it instantiates it, and no call changes an 
   l2ctl sets the windows on its kernel nodes and has torch remake its executable (torch's own
   ``instantiate()``), so ``replay()`` runs with them.
 - ``keep_graph=False`` (the default), ``torch.cuda.make_graphed_callables`` and torch.compile's CUDA graph
-  trees (``mode="reduce-overhead"``) destroy the template once instantiated. A window reaches them only
-  through the stream they are captured on (CUDA copies it into every kernel node captured there):
-  ``capture_streams`` names those streams.
+  trees (``mode="reduce-overhead"``) destroy the template once instantiated. While a
+  ``graph.torch_captures()`` scope lives, l2ctl has every ``torch.cuda.CUDAGraph`` torch makes keep it
+  (``keep_templates``: torch's ``__init__`` is given ``keep_graph=True``, and the executable is still made
+  at capture end, as the default does) and remembers those graphs (``kept``), so they take windows as a
+  keep_graph graph does. A graph made outside such a scope is reached only through the stream it is
+  captured on (CUDA copies its window into every kernel node captured there): ``capture_streams``.
 
 torch is not imported at import time, its graph trees only when a ``graph.torch_captures()`` scope is
 used. Their names (``get_manager``, ``.stream``, ``get_roots``, ``.children``, ``.graph``) are the same
-from torch 2.6 to 2.15.
+from torch 2.6 to 2.15; ``CUDAGraph``'s ``__init__`` (torch's C++ binding) takes ``keep_graph`` from 2.9.
 """
 
 from __future__ import annotations
@@ -24,18 +27,25 @@ import warnings
 import weakref
 from typing import Any, Callable, Optional, Protocol
 
+from . import _backend
+
 WindowTuple = tuple[int, int, float, int, int]
 
-__all__ = ["KEEP_GRAPH_HINT", "CUPY_GRAPH_HINT", "CALLABLE_HINT", "foreign_target_error", "is_torch_graph",
-           "template_of", "has_executable",
-           "allocator_blocks", "GraphTrees", "TorchGraphTrees", "trees", "use_trees", "without", "recordings", "remember_recordings"]
+__all__ = ["TOO_OLD_HINT", "KEEP_GRAPH_HINT", "CUPY_GRAPH_HINT", "CALLABLE_HINT", "foreign_target_error",
+           "is_torch_graph", "template_of", "has_executable", "keep_templates", "kept", "is_kept", "describe",
+           "allocator_blocks", "GraphTrees", "TorchGraphTrees", "trees", "use_trees", "without", "recordings",
+           "remember_recordings"]
 
+TOO_OLD_HINT = ("this PyTorch cannot keep a CUDA graph's template (torch.cuda.CUDAGraph(keep_graph=True) needs "
+                "torch >= 2.9), so l2ctl can neither keep nor change the graphs it records: upgrade torch, or persist "
+                "on l2ctl.graph.torch_captures() from before the compiled function's first call (its window then "
+                "goes into the graphs as they are captured)")
 KEEP_GRAPH_HINT = (
-    "this torch.cuda.CUDAGraph keeps only its executable graph (keep_graph=False, the default), and CUDA cannot "
-    "change the kernel nodes of an executable: a window set now would never reach its replays while the set-aside "
-    "grows. Capture it as torch.cuda.CUDAGraph(keep_graph=True) (torch >= 2.9), or enter "
-    "l2ctl.persist(<its capture stream>, buf) around the capture and the replays (CUDA copies the stream's window "
-    "into the captured nodes)"
+    "this torch.cuda.CUDAGraph keeps only its executable graph (keep_graph=False, the default, made outside any "
+    "l2ctl.graph.torch_captures() scope), and CUDA cannot change the kernel nodes of an executable: a window set "
+    "now would never reach its replays while the set-aside grows. Make and capture it inside "
+    "`with l2ctl.graph.torch_captures():` (torch then keeps its template, whatever flags it was made with), or as "
+    "torch.cuda.CUDAGraph(keep_graph=True) (torch >= 2.9)"
 )
 CUPY_GRAPH_HINT = (
     "a CuPy graph is instantiated when its capture ends and cannot be instantiated again, and CUDA cannot change "
@@ -113,6 +123,12 @@ class GraphTrees(Protocol):
         """The graphs the graph trees hold on ``device`` (one object per recording)."""
         ...
 
+    def keep_templates(self, captured: Callable[[object, int], None]) -> Optional[Callable[[], None]]:
+        """From now on every graph PyTorch makes keeps its template (``keep_templates``), and
+        ``captured(graph, device)`` is called as each one's capture ends; returns the call that stops, or None
+        where this PyTorch cannot keep a template (before 2.9)."""
+        ...
+
 
 class TorchGraphTrees:
     """torch.compile's CUDA graph trees (one tree manager per device) and torch.cuda.graph's default stream."""
@@ -163,6 +179,13 @@ class TorchGraphTrees:
                 pending.extend(children)
         return found
 
+    def keep_templates(self, captured: Callable[[object, int], None]) -> Optional[Callable[[], None]]:
+        import torch
+
+        if not callable(getattr(torch.cuda.CUDAGraph, "raw_cuda_graph_exec", None)):  # before 2.9: no keep_graph
+            return None
+        return keep_templates(torch.cuda.CUDAGraph, lambda graph: int(torch.cuda.current_device()), captured)
+
 
 class _StreamWatch:
     """Who is told when torch makes a stream current. ``torch.cuda.set_stream`` is the function through which
@@ -212,6 +235,119 @@ class _StreamWatch:
 _stream_watch = _StreamWatch()
 
 
+# ---- templates kept for what is captured inside a torch_captures() scope ---------------------------------
+
+_ABSENT = object()
+
+
+class _TemplateKeeper:
+    """While anyone asks, the graphs of a graph class keep their template. Its ``__init__`` (torch's C++
+    binding, which reads ``keep_graph``) is given ``keep_graph=True``; its ``capture_end`` then makes the
+    executable at once for a graph that asked for ``keep_graph=False``, as torch does for those, so its first
+    replay and ``raw_cuda_graph_exec()`` behave as its maker expects, and remembers every graph captured
+    (``kept``). Only what was made and captured while the class is patched is kept; the class's own
+    attributes are put back when the last one stops (a process with no such scope runs torch's untouched)."""
+
+    def __init__(self) -> None:
+        self._listeners: dict[int, tuple[type, Callable[[object, int], None]]] = {}
+        self._tokens = itertools.count(1)
+        #: class -> (its own attributes l2ctl replaced, what l2ctl put there)
+        self._saved: dict[type, tuple[dict[str, object], dict[str, object]]] = {}
+        self._defaulted: "weakref.WeakSet[Any]" = weakref.WeakSet()  # graphs that asked for keep_graph=False
+
+    def keep(self, cls: type, device_of: Callable[[Any], int],
+             captured: Callable[[object, int], None]) -> Callable[[], None]:
+        with _lock:
+            token = next(self._tokens)
+            self._listeners[token] = (cls, captured)
+            if cls not in self._saved:
+                saved = {name: cls.__dict__.get(name, _ABSENT) for name in ("__init__", "capture_end")}
+                self._saved[cls] = (saved, self._patch(cls, device_of))
+        return lambda: self._release(token)
+
+    def _patch(self, cls: Any, device_of: Callable[[Any], int]) -> dict[str, object]:
+        init, capture_end, keeper = cls.__init__, cls.capture_end, self  # what is there now (maybe inherited)
+
+        def __init__(graph: Any, keep_graph: bool = False, *args: Any, **kwargs: Any) -> None:
+            init(graph, True, *args, **kwargs)
+            if not keep_graph:
+                keeper._defaulted.add(graph)
+
+        def capture_end_kept(graph: Any) -> None:
+            capture_end(graph)
+            if graph in keeper._defaulted and not has_executable(graph):
+                graph.instantiate()  # torch instantiates a default graph here; a kept one would wait for replay()
+            keeper._captured(cls, graph, device_of(graph))
+
+        cls.__init__, cls.capture_end = __init__, capture_end_kept
+        return {"__init__": __init__, "capture_end": capture_end_kept}
+
+    def _captured(self, cls: type, graph: Any, device: int) -> None:
+        with _lock:
+            try:
+                _kept[graph] = (device, _backend._active)
+            except TypeError:  # not weakly referable: never listed
+                return
+            listeners = [fn for c, fn in self._listeners.values() if c is cls]
+        for captured in listeners:
+            captured(graph, device)
+
+    def _release(self, token: int) -> None:
+        with _lock:
+            entry = self._listeners.pop(token, None)
+            if entry is None or any(c is entry[0] for c, _ in self._listeners.values()):
+                return
+            cls: Any = entry[0]
+            saved, ours = self._saved.pop(cls)
+            for name, value in saved.items():
+                if cls.__dict__.get(name) is not ours[name]:
+                    continue  # someone wrapped it after l2ctl: theirs stays (and calls l2ctl's, which still works)
+                if value is _ABSENT:
+                    delattr(cls, name)
+                else:
+                    setattr(cls, name, value)
+
+
+_keeper = _TemplateKeeper()
+#: Every graph captured while its class kept templates -> its device and the backend it was captured under (weak
+#: keys: a graph torch drops is gone).
+_kept: "weakref.WeakKeyDictionary[Any, tuple[int, object]]" = weakref.WeakKeyDictionary()
+
+
+def keep_templates(cls: type, device_of: Callable[[Any], int],
+                   captured: Callable[[object, int], None]) -> Callable[[], None]:
+    """Have every graph of ``cls`` (torch.cuda.CUDAGraph, or the simulator's stand-in) made from now on keep its
+    template, ``captured(graph, device)`` called as each capture ends (``device_of(graph)`` says where); returns
+    the call that stops (the class is put back when the last caller stops)."""
+    return _keeper.keep(cls, device_of, captured)
+
+
+def _holds_template(graph: Any) -> bool:
+    try:
+        graph.raw_cuda_graph()
+    except RuntimeError:  # reset() since
+        return False
+    return True
+
+
+def is_kept(graph: object) -> bool:
+    """Whether ``graph`` was captured inside a torch_captures() scope and still holds its template."""
+    with _lock:
+        try:
+            known = _kept.get(graph, (None, None))[1] is _backend._active
+        except TypeError:
+            return False
+    return known and _holds_template(graph)
+
+
+def kept(device: int) -> list[Any]:
+    """The torch graphs on ``device`` captured inside torch_captures() scopes that still hold their template,
+    in the order they were captured."""
+    with _lock:
+        graphs = [g for g, where in _kept.items() if where == (device, _backend._active)]
+    return [g for g in graphs if _holds_template(g)]
+
+
 trees: GraphTrees = TorchGraphTrees()
 
 
@@ -220,6 +356,19 @@ def use_trees(source: GraphTrees) -> GraphTrees:
     global trees
     previous, trees = trees, source
     return previous
+
+
+def describe(graph: object, index: int, count: int) -> str:
+    """How a report names a kept graph: its place among ``count`` and what made it (a recording of the graph
+    trees, or a torch.cuda.CUDAGraph: torch.cuda.graph, make_graphed_callables)."""
+    with _lock:
+        try:
+            device = _kept.get(graph, (None, None))[0]
+        except TypeError:
+            device = None
+    tree = device is not None and any(getattr(node, "graph", None) is graph for node in trees.recorded(device))
+    made = "a recording of torch.compile's CUDA graph trees" if tree else "a torch.cuda.CUDAGraph"
+    return f"graph {index + 1} of {count} ({made})"
 
 
 def allocator_blocks(device: int) -> list[tuple[int, int, bool]]:
@@ -259,10 +408,14 @@ def _window_of(node: object) -> object:
 
 def without(recordings: list[object], window: WindowTuple) -> tuple[int, int]:
     """Of ``recordings``, how many l2ctl did not see recorded (their window is unknown) and how many carry
-    another window than ``window``."""
+    another window than ``window``; a recording whose graph kept its template counts as neither (a scope puts
+    its window on the graph's nodes)."""
     unknown = other = 0
+    reachable = {id(node) for node in recordings if is_kept(getattr(node, "graph", None))}  # windows on their nodes
     with _lock:
         for node in recordings:
+            if id(node) in reachable:
+                continue
             seen = _window_of(node)
             if seen is _UNKNOWN:
                 unknown += 1

@@ -37,7 +37,9 @@ from typing import Any, Optional, Protocol, Union
 from ._device import properties, resolve_device
 from ._interop import BufferRef, resolve_buffer
 from ._memory import BufferLike
-from .graph import as_graph, buffers
+from . import _torch_graphs
+from ._kernel_buffers import map_pointers
+from .graph import TorchCaptures, as_graph
 
 __all__ = ["Patterns", "SupportsNamedTensors", "CandidateRule", "ModelCandidates", "is_module", "rule_for",
            "from_module",
@@ -169,12 +171,24 @@ def _size_reason(nbytes: int, rule: CandidateRule) -> Optional[str]:
 
 def from_graph(graph: object, names: Optional[Mapping[str, object]] = None, *, most: int = MOST) -> ModelCandidates:
     """The tuner's candidates from the memory ``graph``'s kernel nodes are given (l2ctl.graph.buffers: an l2ctl
-    Graph or a torch.cuda.CUDAGraph(keep_graph=True)), by the same rule; ``names`` (name -> tensor) names the
-    ranges that are yours, the rest are named by the kernels given them. ``details`` says of each what it
-    is (yours, a temporary of a captured graph, torch's cache, an allocation) and which kernels use it."""
-    g = as_graph(graph)
-    rule = rule_for(g.device, most)
-    found = buffers(g, names)
+    Graph or a torch.cuda.CUDAGraph that kept its template), or those of every graph a ``torch_captures()``
+    object saw recorded (``captures.graphs()``), by the same rule; ``names`` (name -> tensor) names the ranges
+    that are yours, the rest are named by the kernels given them. ``details`` says of each what it is (yours,
+    a temporary of a captured graph, torch's cache, an allocation), which kernels use it and, for several
+    graphs, in which."""
+    graphs = [as_graph(g) for g in graph.graphs()] if isinstance(graph, TorchCaptures) else [as_graph(graph)]
+    device = graphs[0].device if graphs else resolve_device(getattr(graph, "_device", None))
+    rule = rule_for(device, most)
+    nodes = [(g, k.node, k.function) for g in graphs for k in g.kernel_nodes()]
+    found, per_node = map_pointers(device, [(node, function) for _, node, function in nodes], names)
+    where: dict[int, list[str]] = {}  # a range (its address) -> the graphs whose kernels are given it
+    if isinstance(graph, TorchCaptures):
+        labels = {id(g): _torch_graphs.describe(g._torch() if g._torch is not None else None, i, len(graphs))
+                  for i, g in enumerate(graphs)}
+        for g, node, _ in nodes:
+            for b in per_node.get(node, ()):
+                if labels[id(g)] not in where.setdefault(b.ptr, []):
+                    where[b.ptr].append(labels[id(g)])
     skipped: dict[str, str] = {}
     entries = []
     details = {}
@@ -184,9 +198,9 @@ def from_graph(graph: object, names: Optional[Mapping[str, object]] = None, *, m
             skipped[b.name] = why
             continue
         entries.append(([b.name], (b.ptr, b.nbytes), resolve_buffer((b.ptr, b.nbytes))))
-        details[b.name] = b.describe()
-    tried, nbytes = _filtered(entries, skipped, rule, g.device)
-    return ModelCandidates(tried, skipped, rule, len(found), g.device, nbytes,
+        details[b.name] = b.describe() + (f"; in {', '.join(where[b.ptr])}" if b.ptr in where else "")
+    tried, nbytes = _filtered(entries, skipped, rule, device)
+    return ModelCandidates(tried, skipped, rule, len(found), device, nbytes,
                            {name: details[name] for name in tried}, "range")
 
 

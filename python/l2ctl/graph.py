@@ -4,9 +4,10 @@ Replays use the windows stored in a graph's kernel nodes (CUDA copies a stream's
 capture), and CUDA copies node attributes into an executable only when it instantiates it
 (cudaGraphExecUpdate reports success but carries no window: benchmarks/results/h100/graph.json). So l2ctl
 sets the windows on the template and remakes every executable made from it: its own before the next
-launch, a torch.cuda.CUDAGraph's at once. Graphs whose template is gone (torch's keep_graph=False,
-make_graphed_callables, torch.compile's graph trees, CuPy's) get a window only at capture:
-``torch_captures()`` and docs/DESIGN.md ("Graphs").
+launch, a torch.cuda.CUDAGraph's at once. PyTorch's graphs made with its defaults (keep_graph=False,
+make_graphed_callables, torch.compile's graph trees) keep their template when made inside a
+``torch_captures()`` scope; elsewhere, and for CuPy's, the template is gone and a window reaches them only
+at capture: docs/DESIGN.md ("Graphs").
 
     with l2ctl.Stream() as s:
         with l2ctl.graph.capture(s) as g:
@@ -276,8 +277,9 @@ _torch_views: "weakref.WeakKeyDictionary[Any, Graph]" = weakref.WeakKeyDictionar
 
 def as_graph(obj: object, device: object = None) -> Graph:
     """A Graph view of: an l2ctl Graph, an int cudaGraph_t, a torch.cuda.CUDAGraph captured with
-    ``keep_graph=True`` (its windows reach torch's own ``replay()``: l2ctl has torch re-instantiate it
-    after every change), or a cuda-python ``cudaGraph_t``/``CUgraph``. Foreign graphs are borrowed, never
+    ``keep_graph=True`` or inside a ``torch_captures()`` scope (its windows reach torch's own ``replay()``:
+    l2ctl has torch re-instantiate it after every change), or a cuda-python ``cudaGraph_t``/``CUgraph``.
+    Foreign graphs are borrowed, never
     destroyed by l2ctl. ``device``: the graph's device (None: the current one). Refused (saying what to
     do instead): graphs whose executable no window can reach any more (a torch graph with
     ``keep_graph=False``, a CuPy graph) and functions."""
@@ -326,29 +328,42 @@ Replays = Union[Callable[[tuple[int, int, float, int, int]], Iterable[object]], 
 
 
 class TorchCaptures:
-    """Wherever PyTorch runs a step while the scope lives, as a target for ``l2ctl.persist``: the window goes
-    on the streams PyTorch captures on (torch.compile's graph-tree recording stream and torch.cuda.graph's
-    default capture stream, which ``make_graphed_callables`` uses), so CUDA copies it into every kernel node
-    captured there, for good (their template is gone); and on the streams eager kernels launch on: torch's
-    current stream at entry and every stream made current inside the block (``torch.cuda.stream(s)``,
+    """Wherever PyTorch runs a step while the scope lives, as a target for ``l2ctl.persist`` and ``l2ctl.tune``.
+
+    **Templates kept.** While a scope on it lives, or a ``with torch_captures() as captures:`` block (which
+    changes nothing else), every ``torch.cuda.CUDAGraph`` torch makes keeps its template, whatever flags it was
+    made with: the recordings of torch.compile's CUDA graph trees (``mode="reduce-overhead"``),
+    ``make_graphed_callables``' graphs and ``torch.cuda.graph(torch.cuda.CUDAGraph())``. They replay as
+    before (a graph made with the default flags still gets its executable at capture end), and l2ctl
+    remembers them: a scope's window then goes on their kernel nodes, with torch's executables made anew,
+    as for a ``keep_graph=True`` graph, and ``tune(step, captures, "discover")`` reads what their kernels are
+    given. The cost: each graph's template stays in host memory as long as the graph, and every scope's entry
+    and end re-instantiates each kept graph that has an executable (``scripts/bench_torch_captures.py``
+    measures both).
+
+    **Streams.** The window also goes on the streams PyTorch captures on (torch.compile's graph-tree
+    recording stream and torch.cuda.graph's default capture stream), so CUDA copies it into every kernel
+    node captured there while the scope lives; and on the streams eager kernels launch on: torch's current
+    stream at entry and every stream made current inside the block (``torch.cuda.stream(s)``,
     ``torch.cuda.set_stream``), where torch.compile runs what it does not graph (an in-place update of an
     input not marked static, graph breaks, dynamic shapes, its warm-up runs).
 
         step = torch.compile(step_fn, mode="reduce-overhead")
-        with l2ctl.persist(l2ctl.graph.torch_captures(), acc, policy=tuned):   # before the first call
-            for _ in range(100):
-                step()                      # warm-up, recording and replays, graphed or not: with the window
+        with l2ctl.graph.torch_captures() as captures:             # before the first call
+            tuned = l2ctl.tune(run_step, captures, "discover", stream=s)
+            with tuned.persist(captures):
+                for _ in range(100):
+                    step()
 
     A scope with a window is refused, before any change, when the graph trees on its device hold a recording
-    without that window (recorded outside any such scope, so l2ctl cannot tell, or under another window):
-    a larger set-aside only slows its replays (2x on an H100). ``replays`` narrows that check to what the
-    block replays: ``"new"`` when it replays only what it records itself (a ``make_graphed_callables`` or
-    ``torch.cuda.graph`` capture made inside it, a compiled function first called inside it), or a function
-    of the window that returns the recordings it replays (l2ctl.workloads.Compiled knows them). l2ctl sees
-    the graph trees only, not what make_graphed_callables or torch.cuda.graph captured before the scope:
-    capture those inside it. The current stream at entry is the entering thread's (torch's is per thread);
-    a stream any thread makes current through ``torch.cuda.set_stream`` or ``torch.cuda.stream(s)`` while the
-    scope lives gets the window too. ``with s:`` on a ``torch.Stream`` and ``torch.accelerator.set_stream``
+    whose template is gone and that does not carry that window (recorded outside any such scope, so l2ctl
+    cannot tell, or under another window): a larger set-aside only slows its replays (2x on an H100).
+    ``replays`` narrows that check to what the block replays: ``"new"`` when it replays only what it records
+    itself, or a function of the window that returns the recordings it replays. l2ctl sees the graph trees
+    only, not what make_graphed_callables or torch.cuda.graph captured outside every scope: capture those
+    inside one. The current stream at entry is the entering thread's (torch's is per thread); a stream any
+    thread makes current through ``torch.cuda.set_stream`` or ``torch.cuda.stream(s)`` while the scope
+    lives gets the window too. ``with s:`` on a ``torch.Stream`` and ``torch.accelerator.set_stream``
     bypass that function: l2ctl does not see those."""
 
     def __init__(self, device: object = None, *, replays: Optional[Replays] = None) -> None:
@@ -356,29 +371,73 @@ class TorchCaptures:
             raise TypeError(f"replays must be 'new' or a function of the window, got {replays!r}")
         self._device = device
         self._replays = replays
+        self._graphs: "weakref.WeakKeyDictionary[Any, None]" = weakref.WeakKeyDictionary()
+        self._blocks: list[Callable[[], None]] = []  # how to stop keeping, one per open with block
+
+    def __enter__(self) -> "TorchCaptures":
+        stop = self._keep()
+        if stop is None:
+            raise ValueError(_torch_graphs.TOO_OLD_HINT)
+        self._blocks.append(stop)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._blocks.pop()()
+
+    def _keep(self, also: Optional[Callable[[object], None]] = None) -> Optional[Callable[[], None]]:
+        """Templates kept from now on; the graphs captured on this device are this object's too (and ``also``'s)."""
+        device = resolve_device(self._device)
+
+        def captured(graph: object, on: int) -> None:
+            if on == device:
+                self._graphs[graph] = None
+                if also is not None:
+                    also(graph)
+
+        return _torch_graphs.trees.keep_templates(captured)
+
+    def graphs(self) -> list[Any]:
+        """The torch graphs captured in this object's blocks and scopes that still hold their template, in the
+        order they were captured: what ``tune(step, captures, "discover")`` reads."""
+        return [g for g in list(self._graphs) if _torch_graphs.is_kept(g)]
 
     def _l2ctl_target(self) -> _registry.Target:
         device = resolve_device(self._device)
         streams = [*_torch_graphs.trees.capture_streams(device), _torch_graphs.trees.current_stream(device)]
         slots = tuple(dict.fromkeys(_registry.stream_slot(resolve_stream(s).handle) for s in streams))
-        return _registry.Target(device, slots, tuple(streams), None, lambda window: self._admit(device, window))
+        views = [_torch_view(g, device) for g in _torch_graphs.kept(device)]
+        if views:
+            slots += _registry.node_slots([node for v in views for node, _, _, _ in v._kernel_node_tuples()])
+
+        def changed() -> None:  # torch's executables made anew from the templates
+            for view in views:
+                view._node_windows_changed()
+
+        return _registry.Target(device, slots, (tuple(streams), tuple(views)), changed if views else None,
+                                lambda window: self._admit(device, window))
 
     def _admit(self, device: int, window: AccessPolicyWindow) -> Callable[[_registry.Scope], None]:
         value = window.as_tuple()
-        if not window.empty and self._replays != "new":
+        if not window.empty:
+            self._refuse_unreached(device, value)
+        return _CaptureScope(self, device, None if window.empty else value)
+
+    def _refuse_unreached(self, device: int, value: Any) -> None:
+        """Raise when the block may replay a recording whose template is gone and that does not carry the window
+        ``value`` (``()``: any window, as a search varies it)."""
+        if self._replays != "new":
             found = list(_torch_graphs.trees.recorded(device) if self._replays is None else self._replays(value))
             unknown, other = _torch_graphs.without(found, value)
             if unknown or other:
                 raise ValueError(
                     f"device {device}: PyTorch's CUDA graph trees hold {unknown} graph(s) recorded outside any "
-                    f"l2ctl.graph.torch_captures() scope and {other} recorded under another window. CUDA copies a "
-                    "window into a graph only while it is captured, so their replays would not carry this one, "
-                    "and without it a larger set-aside only slows them. Enter the scope before the compiled "
-                    "function's first call (its warm-up and recording then happen inside it), pass "
-                    "torch_captures(replays='new') if the block replays only what it records itself (a "
-                    "make_graphed_callables capture, a compiled function first called inside it), or call "
+                    f"l2ctl.graph.torch_captures() scope and {other} recorded under another window, their templates "
+                    "gone. CUDA copies a window into such a graph only while it is captured, so their replays "
+                    "would not carry this one, and without it a larger set-aside only slows them. Make the "
+                    "compiled function's first call inside `with l2ctl.graph.torch_captures():` (torch then keeps "
+                    "the templates of what it records, and every scope reaches them), pass "
+                    "torch_captures(replays='new') if the block replays only what it records itself, or call "
                     "torch.compiler.reset() and start again")
-        return _CaptureScope(device, None if window.empty else value)
 
     def __repr__(self) -> str:
         return f"<l2ctl.graph.torch_captures device={self._device}>"
@@ -389,25 +448,37 @@ class _CaptureScope:
     current stream: what is recorded now was recorded before; from now on, every stream made current gets
     the window too) and after its end (what is new was recorded under the window; the watch stops)."""
 
-    def __init__(self, device: int, window: Optional[tuple[int, int, float, int, int]]) -> None:
-        self.device, self.window = device, window
+    def __init__(self, captures: TorchCaptures, device: int,
+                 window: Optional[tuple[int, int, float, int, int]]) -> None:
+        self.captures, self.device, self.window = captures, device, window
         self.before: set[int] = set()
         self.entered = False  # the first call is the entry's, every later one an end's
         self.unwatch: Optional[Callable[[], None]] = None
+        self.unkeep: Optional[Callable[[], None]] = None
+        self.recorded: "weakref.WeakKeyDictionary[Any, None]" = weakref.WeakKeyDictionary()  # kept, inside the scope
 
     def __call__(self, scope: _registry.Scope) -> None:
         if not self.entered:
             self.entered = True  # first: an entry cut short is ended as an end, never entered twice
             self.before = _torch_graphs.recordings(self.device)
-            self.unwatch = _torch_graphs.trees.watch_current(self.device, lambda stream: self._made_current(scope, stream))
+            self.unkeep = self.captures._keep(lambda graph: self.recorded.__setitem__(graph, None))
+            self.unwatch = _torch_graphs.trees.watch_current(self.device,
+                                                             lambda stream: self._made_current(scope, stream))
         else:
             self._stop()
             _torch_graphs.remember_recordings(self.device, self.before, self.window)
+            if self.window is not None:  # captured under the window (CUDA copied it from the stream): put back
+                for kept in list(self.recorded):
+                    if _torch_graphs.is_kept(kept):
+                        _torch_view(kept, self.device).clear_window()
 
     def _stop(self) -> None:
         unwatch, self.unwatch = self.unwatch, None
+        unkeep, self.unkeep = self.unkeep, None
         if unwatch is not None:
             unwatch()
+        if unkeep is not None:
+            unkeep()
 
     def _made_current(self, scope: _registry.Scope, stream: object) -> None:
         """A stream of the device is made current inside the block: the scope's window goes there first."""
@@ -417,8 +488,9 @@ class _CaptureScope:
 
 def torch_captures(device: object = None, *, replays: Optional[Replays] = None) -> TorchCaptures:
     """Where PyTorch runs a step inside the scope (the graphs torch.compile's CUDA graph trees,
-    make_graphed_callables and torch.cuda.graph capture, and the streams eager kernels launch on) as a
-    target for ``l2ctl.persist``; see TorchCaptures."""
+    make_graphed_callables and torch.cuda.graph capture, their templates kept while it lives, and the streams
+    eager kernels launch on) as a target for ``l2ctl.persist`` and ``l2ctl.tune``; as a ``with`` block, it
+    only keeps the templates; see TorchCaptures."""
     return TorchCaptures(device, replays=replays)
 
 

@@ -27,6 +27,7 @@ measured and reported; it is cached per set-aside for the process.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -62,10 +63,18 @@ WorkloadLike = Union[Callable[[Any], Any], Workload]
 #: What tune chooses among: one buffer, a sequence of them, a dict name -> buffer, a model (its tensors,
 #: filtered by l2ctl.candidates' rule), or "discover" (the memory a graph target's kernels are given).
 Candidates = Union[BufferLike, Sequence[BufferLike], Mapping[str, BufferLike], SupportsNamedTensors, Literal["discover"]]
-DISCOVER_HINT = ("'discover' reads the arguments of a graph's kernel nodes: give it a graph whose template l2ctl can "
-                 "read (an l2ctl Graph, a torch.cuda.CUDAGraph(keep_graph=True)) as the target. For torch.compile, "
-                 "compile the step with mode='default' and capture it in a torch.cuda.CUDAGraph(keep_graph=True): "
-                 "the temporaries Inductor allocates then stay at the addresses the replays use")
+DISCOVER_HINT = ("'discover' reads the arguments of a graph's kernel nodes: give it as the target a graph whose "
+                 "template l2ctl can read (an l2ctl Graph, a torch.cuda.CUDAGraph captured inside "
+                 "`with l2ctl.graph.torch_captures():` or with keep_graph=True) or, for code compiled with "
+                 "torch.compile(mode='reduce-overhead') or graphed by make_graphed_callables, the "
+                 "l2ctl.graph.torch_captures() object itself (tune runs the step inside it first, so torch keeps the "
+                 "templates of what it records)")
+#: What a "no persistence" answer found nothing to try on carries as its buffer: a range persist never reads (a
+#: scope whose policy is disabled changes nothing and checks no pointer).
+_NO_BUFFER = (256, 256)
+#: Calls of the step before a torch_captures() target is searched: torch.compile(mode="reduce-overhead") warms
+#: up at the first, records at the second and replays from the third.
+RECORDING_CALLS = 3
 
 MiB = 1 << 20
 #: A set-aside above the driver's default limit must buy at least this much (and this much more than the
@@ -319,9 +328,15 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
     (an l2ctl Graph or a selection of its nodes, a torch.cuda.CUDAGraph captured with keep_graph=True),
     whose kernel nodes then carry each point's window and whose executables are made anew for it. With a
     graph, ``stream`` is required: the stream the workload replays on, where it is timed.
-    The graphs torch.compile records (``graph.torch_captures()``) keep the window they were captured with,
-    so tuning them needs a workload that records its step anew under each window
-    (``l2ctl.workloads.Compiled``); for any other, tune the same step captured with keep_graph=True.
+    With ``graph.torch_captures()`` as the target (a ``torch.compile(mode="reduce-overhead")`` step,
+    ``make_graphed_callables``), tune keeps the templates of what torch records for the whole search and
+    first calls the workload a few times (``RECORDING_CALLS``: torch's warm-up and recording, without a
+    window); every point's window then goes on the recorded graphs' kernel nodes, torch's executables made
+    anew, and on the streams the step's eager kernels run on. The step's graphs must be recorded here or in
+    an earlier ``with torch_captures()`` block: a recording whose template is gone refuses the first point.
+    A workload that records its step anew under each window (``l2ctl.workloads.Compiled``) is run as it is.
+    ``"discover"`` reads a graph target's kernels, or the graphs torch recorded for a ``torch_captures()``
+    target (``captures.graphs()``); where no range can be tried, the answer is "no persistence", saying why.
 
     ``rounds`` x ``repeat`` timed runs per point and stage (after ``warmup`` runs per block); a point
     counts only when faster than the baseline at ``confidence`` by at least ``min_gain``; a set-aside above
@@ -329,11 +344,22 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
     set-aside slows every other kernel). See the module docstring for the search and the rule that picks
     the smallest set-aside within noise of the best.
     """
+    keeps = isinstance(target, TorchCaptures) and not getattr(workload, "records_each_window", False)
+    block = target if isinstance(target, TorchCaptures) and keeps else contextlib.nullcontext()
+    with block:  # a torch_captures() target: templates kept throughout
+        return _tune(workload, target, candidates, stream=stream, rounds=rounds, repeat=repeat, warmup=warmup,
+                     confidence=confidence, min_gain=min_gain, tax_gain=tax_gain, seed=seed, progress=progress,
+                     records=keeps)
+
+
+def _tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stream: StreamLike, rounds: int,
+          repeat: int, warmup: int, confidence: float, min_gain: float, tax_gain: float, seed: int, progress: bool,
+          records: bool) -> TunedPolicy:
     start = time.monotonic()
     enqueue_of(workload)
     model = None if not is_module(candidates) else cast(SupportsNamedTensors, candidates)
     discover = isinstance(candidates, str) and candidates == "discover"
-    if discover and not (isinstance(target, Graph) or is_torch_graph(target)):
+    if discover and not (isinstance(target, (Graph, TorchCaptures)) or is_torch_graph(target)):
         raise ValueError(DISCOVER_HINT)
     named = {} if model is not None or discover else resolve_candidates(candidates)
     warmup, repeat = check_repeats(warmup, repeat)
@@ -345,12 +371,6 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
     check_count(seed, "seed", minimum=0)
     if not isinstance(progress, bool):
         raise TypeError("progress must be a bool")
-    if isinstance(target, TorchCaptures) and not getattr(workload, "records_each_window", False):
-        raise ValueError("tune cannot vary the window of the graphs PyTorch records (each keeps the window it was "
-                         "captured with): give it a workload that records its step anew under each window "
-                         "(l2ctl.workloads.Compiled), or tune the same step captured with "
-                         "torch.cuda.CUDAGraph(keep_graph=True), then persist its policy on graph.torch_captures() "
-                         "from the compiled function's first call")
     target_ref, target = as_target(target)
     if target_ref is None:
         if stream is None:
@@ -365,6 +385,11 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
     if stream_device(resolve_stream(stream)) != device:
         raise ValueError(f"the stream is on device {stream_device(resolve_stream(stream))}, the graph on device {device}")
     info = require_persistence(device)
+    if records:  # torch's warm-up and recording, templates kept (tune's caller holds the block), no window
+        enqueue = enqueue_of(workload)
+        for _ in range(RECORDING_CALLS):
+            enqueue(stream)
+        cast(TorchCaptures, target)._refuse_unreached(device, ())  # the points vary the window
     considered: Optional[ModelCandidates] = None
     if model is not None:  # the model's tensors that a window could serve on this device, named by path
         considered = from_module(model, device=device)
@@ -374,7 +399,9 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
     elif discover:  # the memory the graph's kernels are given, yours or not
         considered = from_graph(target)
         if not considered.tried:
-            raise ValueError(f"no range the graph's kernels are given can be tried: {considered.summary()}")
+            found = "no CUDA graph of the step was recorded inside torch_captures()" if not considered.total \
+                else f"no range the graph's kernels are given can be tried: {considered.summary()}"
+            return _nothing_to_try(found, device, start, confidence, considered)
         named = resolve_candidates(dict(considered.tried))
     elif isinstance(candidates, ModelCandidates):
         considered = candidates
@@ -479,6 +506,15 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
     grid_tax = measure_tax(stream, grid_best.point.set_aside if grid_best is not None else 0)
     return TunedPolicy(policy, chosen_name, buffer, baseline_ms, best_ms, ci, confidence, results, grid_best, tax, grid_tax,
                        reason, table, time.monotonic() - start, cap, environment(device), considered)
+
+
+def _nothing_to_try(reason: str, device: int, start: float, confidence: float,
+                    considered: Optional[ModelCandidates]) -> TunedPolicy:
+    """"no persistence" without a measurement: nothing could be tried, for ``reason``."""
+    free = Tax(0, 1.0, (1.0, 1.0), 0, 0.0, 0.0)  # what measure_tax says of no set-aside
+    return TunedPolicy(Policy(enabled=False), None, _NO_BUFFER, 0.0, 0.0, (1.0, 1.0), confidence, {}, None, free,
+                       free, reason, [], time.monotonic() - start, auto_set_aside_cap(device), environment(device),
+                       considered)
 
 
 def winners(points: list[PointResult], cap: int, min_gain: float, tax_gain: float = TAX_GAIN) -> list[PointResult]:

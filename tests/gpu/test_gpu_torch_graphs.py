@@ -214,9 +214,9 @@ def test_replays_new_with_two_compiled_functions_and_a_graphed_callable(step):
                 for _ in range(3):
                     torch.compiler.cudagraph_mark_step_begin()
                     first()
-            with pytest.raises(ValueError, match="replays='new'"):  # the trees hold first's recording
-                with l2ctl.persist(graph.torch_captures(), bias, 1.0):
-                    pass
+            with l2ctl.persist(graph.torch_captures(), bias, 1.0) as other:  # first's recording kept its template
+                assert all(k.window == other.window for r in l2ctl._torch_graphs.trees.recorded(acc.device.index)
+                           for k in graph.inspect(r.graph))  # so the scope's window went on its nodes
             with torch.no_grad(), l2ctl.persist(graph.torch_captures(replays="new"), bias, 1.0) as p:
                 graphed = torch.cuda.make_graphed_callables(lambda t: t + bias, (x,))
                 second = fresh()
@@ -225,7 +225,7 @@ def test_replays_new_with_two_compiled_functions_and_a_graphed_callable(step):
                     second()
                 assert torch.equal(graphed(x), x + bias)
             recorded = l2ctl._torch_graphs.trees.recorded(acc.device.index)
-            assert l2ctl._torch_graphs.without(recorded, p.window.as_tuple()) == (0, 1)  # first's, under acc's window
+            assert l2ctl._torch_graphs.without(recorded, p.window.as_tuple()) == (0, 0)  # every one kept its template
     finally:
         torch.compiler.reset()
 

@@ -80,14 +80,27 @@ def test_discover_where_nothing_pays(fake):
 def test_discover_needs_a_graph_it_can_read(fake):
     with l2ctl.Stream() as s, l2ctl.DeviceBuffer(1 << 16) as buf:
         calls = len(fake.calls)
-        for target in (s, graph.torch_captures()):
-            with pytest.raises(ValueError, match="keep_graph=True"):
-                l2ctl.tune(lambda st: None, target, "discover", stream=s)
+        with pytest.raises(ValueError, match=r"torch_captures\(\):` or with keep_graph=True"):
+            l2ctl.tune(lambda st: None, s, "discover")
         assert len(fake.calls) == calls
+
+
+def test_discover_where_no_range_can_be_tried_says_no_persistence(fake):
+    with l2ctl.Stream() as s, l2ctl.DeviceBuffer(1 << 16) as buf:
         with graph.capture(s) as g:
             fake.launch_modeled_kernel(s.handle, "k", streamed_bytes=1e6, args=(buf.ptr,))  # 64 KiB: too small
-        with pytest.raises(ValueError, match="no range the graph's kernels are given can be tried: 1 range, 0 tried"):
-            l2ctl.tune(lambda st: g.launch(st), g, "discover", stream=s)
+        before = fake.state()
+        tuned = l2ctl.tune(lambda st: g.launch(st), g, "discover", stream=s)
+        assert not tuned.persists and tuned.buffer_name is None and tuned.speedup == 1.0
+        assert tuned.reason == "no range the graph's kernels are given can be tried: 1 range, 0 tried " \
+            f"({tuned.considered.rule.describe()}); not tried: 1 too small"
+        assert f"no persistence: {tuned.reason}; 0 points" in str(tuned) and "simulated" in str(tuned)
+        text = str(tuned.report())
+        assert tuned.reason in text and "candidates: 1 range, 0 tried" in text
+        assert tuned.report().summary["reason"] == tuned.reason and tuned.report().records == []
+        with tuned.persist(g):  # changes nothing
+            g.launch(s)
+        assert fake.state() == before
 
 
 def test_two_unnamed_ranges_given_to_the_same_kernels_keep_their_own_names(fake):

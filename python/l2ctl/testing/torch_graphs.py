@@ -1,8 +1,9 @@
 """Stand-ins for PyTorch's CUDA graphs on the simulator, so that what l2ctl does with them runs without
 torch or a GPU: ``FakeTorchGraph`` behaves as ``torch.cuda.CUDAGraph`` (its template kept or destroyed
 as ``keep_graph`` says, an executable made at capture end or at the first replay, ``instantiate()``
-making a new one from the template), and ``FakeGraphTrees`` as torch.compile's CUDA graph trees (one
-recording stream per device, recordings that keep only their executables)::
+making a new one from the template; ``keep_graph`` read by ``__init__``, as torch's C++ binding reads it,
+so l2ctl's ``keep_templates`` patches it as it patches torch's), and ``FakeGraphTrees`` as torch.compile's
+CUDA graph trees (one recording stream per device, recordings made with torch's default flags)::
 
     with FakeBackend.installed() as fake, l2ctl.Stream() as s:
         g = FakeTorchGraph(keep_graph=True)
@@ -18,7 +19,8 @@ import contextlib
 import itertools
 from typing import Any, Callable, Iterator, Optional
 
-from .. import _backend
+from .. import _backend, _torch_graphs
+from .._device import stream_device
 from .._interop import resolve_stream
 
 __all__ = ["FakeTorchGraph", "FakeGraphTrees", "FakeRecording"]
@@ -27,10 +29,11 @@ __all__ = ["FakeTorchGraph", "FakeGraphTrees", "FakeRecording"]
 class FakeTorchGraph:
     """``torch.cuda.CUDAGraph`` on the simulator (the methods l2ctl uses, with torch's errors)."""
 
-    def __init__(self, keep_graph: bool = False) -> None:
+    def __init__(self, keep_graph: bool = False) -> None:  # torch's C++ binding: where keep_graph is read
         self._backend = _backend.current()
         self.keep_graph = keep_graph
         self._stream: Optional[int] = None
+        self.device = 0
         self._graph = 0  # the template (0: none, or destroyed)
         self._exec: Any = None
         self.instantiations = 0
@@ -38,7 +41,8 @@ class FakeTorchGraph:
     def capture_begin(self, stream: object) -> None:
         if self._exec is not None or self._graph:
             raise RuntimeError("This CUDAGraph instance already owns a captured graph.")
-        self._stream = resolve_stream(stream).handle
+        ref = resolve_stream(stream)
+        self._stream, self.device = ref.handle, stream_device(ref)
         self._backend.begin_capture(self._stream, 1)
 
     def capture_end(self) -> None:
@@ -64,6 +68,15 @@ class FakeTorchGraph:
                 raise RuntimeError("Called CUDAGraph::replay without a preceding successful capture.")
             self.instantiate()
         self._exec.launch(resolve_stream(stream).handle)
+
+    def reset(self) -> None:
+        """Template and executable destroyed (torch's reset(), also run when the graph is freed)."""
+        if self._exec is not None:
+            self._exec.destroy()
+            self._exec = None
+        if self._graph:
+            self._backend.Graph(self._graph, True).destroy()
+            self._graph = 0
 
     def raw_cuda_graph(self) -> int:
         if not self.keep_graph:
@@ -94,7 +107,8 @@ class FakeGraphTrees:
     default stream until one is set), whose watchers are told before a stream becomes current, as
     ``torch.cuda.set_stream`` tells l2ctl's."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, keeps_templates: bool = True) -> None:
+        self.keeps_templates = keeps_templates  # False: a torch before 2.9, whose graphs cannot keep a template
         self.streams: dict[int, Any] = {}
         self.default_streams: dict[int, Any] = {}
         self.roots: dict[int, list[FakeRecording]] = {}
@@ -150,11 +164,17 @@ class FakeGraphTrees:
                 pending.extend(children)
         return found
 
+    def keep_templates(self, captured: Callable[[object, int], None]) -> Optional[Callable[[], None]]:
+        """FakeTorchGraph patched as l2ctl patches torch.cuda.CUDAGraph (the same code)."""
+        if not self.keeps_templates:
+            return None
+        return _torch_graphs.keep_templates(FakeTorchGraph, lambda graph: int(graph.device), captured)
+
     def record(self, launch: Callable[[int], None], device: int = 0) -> FakeRecording:
-        """Record ``launch(stream handle)`` as torch.compile would: on the recording stream, its template
-        destroyed once instantiated."""
+        """Record ``launch(stream handle)`` as torch.compile would: on the recording stream, in a graph made with
+        torch's defaults (its template destroyed once instantiated, unless l2ctl keeps templates)."""
         stream = self.capture_streams(device)[0]
-        graph = FakeTorchGraph(keep_graph=False)
+        graph = FakeTorchGraph()
         graph.capture_begin(stream)
         launch(resolve_stream(stream).handle)
         graph.capture_end()

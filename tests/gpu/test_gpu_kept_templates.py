@@ -1,0 +1,173 @@
+"""On the GPU, with PyTorch (issue 35): the graphs torch makes inside ``graph.torch_captures()`` keep their template
+and still replay as their maker expects; persist, tune and "discover" reach a graph made with torch's defaults,
+make_graphed_callables' graphs and a torch.compile(mode="reduce-overhead") step as the user wrote it; what was
+recorded outside any block is refused, saying how to fix it. (What each gains: scripts/bench_torch_captures.py.)"""
+
+from __future__ import annotations
+
+import types
+import warnings
+
+import pytest
+
+import l2ctl
+from l2ctl import graph
+
+pytestmark = [pytest.mark.gpu, pytest.mark.filterwarnings("ignore::l2ctl.SetAsideTaxWarning"),
+              pytest.mark.filterwarnings("ignore::UserWarning:torch")]  # torch's notes on its own graphs
+torch = pytest.importorskip("torch", reason="these tests need PyTorch")
+FAST = {"rounds": 3, "repeat": 2, "warmup": 1}
+
+
+@pytest.fixture
+def state():
+    """An accumulator of 0.64 x L2 (sized from this GPU), the updates a scatter-add adds into it, the expected sum."""
+    info = l2ctl.device_info()
+    dev = torch.device("cuda", info.index)
+    g = torch.Generator(device=dev).manual_seed(0)
+    acc = torch.zeros(int(0.64 * info.l2_cache_size) // 4, device=dev)
+    index = torch.randint(0, acc.numel(), (16 << 20,), device=dev, generator=g)
+    values = torch.randint(1, 5, (index.numel(),), device=dev, generator=g).float()
+    expected = torch.zeros_like(acc, dtype=torch.float64).index_add_(0, index, values.double())
+    torch.compiler.reset()
+    yield types.SimpleNamespace(acc=acc, index=index, values=values, expected=expected)
+    torch.cuda.synchronize()
+    torch.compiler.reset()
+
+
+def _right(state) -> bool:
+    torch.cuda.synchronize()
+    return bool(torch.equal(state.acc.double(), state.expected))
+
+
+def _stream():
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    return s
+
+
+def _default_graph(state, s):
+    g = torch.cuda.CUDAGraph()  # torch's defaults: keep_graph=False
+    with torch.cuda.stream(s):
+        state.acc.zero_()
+        state.acc.index_add_(0, state.index, state.values)  # warm-up
+        with torch.cuda.graph(g, stream=s):
+            state.acc.zero_()
+            state.acc.index_add_(0, state.index, state.values)
+    return g
+
+
+def test_a_default_flag_graph_made_inside_the_block_keeps_its_template_and_takes_a_scope(state):
+    own = {name: torch.cuda.CUDAGraph.__dict__.get(name) for name in ("__init__", "capture_end")}
+    s = _stream()
+    with graph.torch_captures() as captures:
+        g = _default_graph(state, s)
+        assert g.raw_cuda_graph_exec() and g.raw_cuda_graph()  # executable at capture end, and the template kept
+    assert {name: torch.cuda.CUDAGraph.__dict__.get(name) for name in own} == own  # torch's class put back
+    assert captures.graphs() == [g]
+    with torch.cuda.stream(s):
+        g.replay()
+    assert _right(state)
+    limit = l2ctl.get_set_aside()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", l2ctl.SetAsideTaxWarning)
+        with l2ctl.persist(g, state.acc, 1.0) as p:
+            assert all(k.window == p.window for k in graph.inspect(g))
+            with torch.cuda.stream(s):
+                g.replay()
+            assert _right(state)
+    assert all(k.window.empty for k in graph.inspect(g)) and l2ctl.get_set_aside() == limit
+    with torch.cuda.stream(s):
+        g.replay()
+    assert _right(state)
+
+
+def test_a_default_flag_graph_made_outside_every_block_is_refused_naming_the_block(state):
+    g = _default_graph(state, _stream())
+    limit = l2ctl.get_set_aside()
+    with pytest.raises(ValueError, match=r"torch_captures\(\)"):
+        l2ctl.persist(g, state.acc, 1.0)
+    assert l2ctl.get_set_aside() == limit
+
+
+def test_make_graphed_callables_inside_the_block(state):
+    bias = torch.randn(int(0.4 * l2ctl.device_info().l2_cache_size) // 4, device=state.acc.device)
+    x = torch.randn(64, bias.numel(), device=bias.device)
+
+    def add(t):
+        return t + bias
+
+    with graph.torch_captures() as captures, torch.no_grad():
+        graphed = torch.cuda.make_graphed_callables(add, (x,), allow_unused_input=True)
+    assert captures.graphs()  # its forward graph, kept
+    limit = l2ctl.get_set_aside()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore", l2ctl.SetAsideTaxWarning)
+        with l2ctl.persist(captures, bias, 1.0) as p:
+            kept = [k for g in captures.graphs() for k in graph.inspect(g)]
+            assert kept and all(k.window == p.window for k in kept)
+            assert torch.equal(graphed(x), x + bias)
+        assert torch.equal(graphed(x), x + bias)
+    assert l2ctl.get_set_aside() == limit
+
+
+def _compiled(state):
+    torch._dynamo.mark_static_address(state.acc)
+
+    def zero_and_scatter():  # the user's step as written
+        state.acc.zero_()
+        state.acc.index_add_(0, state.index, state.values)
+
+    compiled = torch.compile(zero_and_scatter, mode="reduce-overhead")
+
+    def run(stream):
+        with torch.cuda.stream(stream):
+            torch.compiler.cudagraph_mark_step_begin()
+            compiled()
+    return run
+
+
+def test_tune_discovers_on_a_reduce_overhead_step_as_written(state):
+    run, s = _compiled(state), _stream()
+    limit = l2ctl.get_set_aside()
+    with graph.torch_captures() as captures:
+        tuned = l2ctl.tune(run, captures, "discover", stream=s, **FAST)
+        kept = captures.graphs()
+        assert kept, "torch recorded no graph of the step"
+        details = tuned.considered.details.values()  # what each tried range is, in which graph, given to which kernels
+        assert any("a recording of torch.compile's CUDA graph trees" in d and "triton" in d for d in details), details
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", l2ctl.SetAsideTaxWarning)
+            with tuned.persist(captures) as p:
+                run(s)
+                if tuned.persists:
+                    assert all(k.window == p.window for g in kept for k in graph.inspect(g))
+    assert _right(state) and l2ctl.get_set_aside() == limit
+    assert all(k.window.empty for g in kept for k in graph.inspect(g))
+    run(s)
+    assert _right(state)
+
+
+def test_a_step_recorded_before_any_block_is_refused_saying_how(state):
+    run, s = _compiled(state), _stream()
+    for _ in range(3):
+        run(s)  # warm-up and recording outside any block: the template is gone
+    with pytest.raises(ValueError, match=r"first call inside `with l2ctl.graph.torch_captures\(\):`"):
+        l2ctl.tune(run, graph.torch_captures(), "discover", stream=s, **FAST)
+    run(s)
+    assert _right(state)
+
+
+def test_discover_on_a_step_torch_did_not_graph_says_no_persistence(state):
+    def scatter(acc):  # acc is an input mutated in place, not marked static: torch skips its graphs
+        acc.index_add_(0, state.index, state.values)
+
+    compiled = torch.compile(scatter, mode="reduce-overhead")
+    other = torch.zeros_like(state.acc)
+
+    def run(stream):
+        with torch.cuda.stream(stream):
+            compiled(other)
+
+    tuned = l2ctl.tune(run, graph.torch_captures(), "discover", stream=_stream(), **FAST)
+    assert not tuned.persists and "no CUDA graph of the step was recorded" in tuned.reason, str(tuned)
