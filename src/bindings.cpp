@@ -381,6 +381,23 @@ PYBIND11_MODULE(_core, m) {
       .def("launches", &l2ctl::RangeProfiler::launches)
       .def_property_readonly("passes", &l2ctl::RangeProfiler::passes)
       .def_property_readonly("chip", &l2ctl::RangeProfiler::chip);
+  // Kernel arguments as launched (eager discovery): CUPTI's launch callbacks.
+  py::class_<l2ctl::LaunchRecorder>(m, "LaunchRecorder")
+      .def(py::init<std::size_t>(), "max_launches"_a)
+      .def("start", &l2ctl::LaunchRecorder::start, release())
+      .def("stop",
+           [](l2ctl::LaunchRecorder& self) {
+             std::vector<l2ctl::LaunchArguments> launches = unlocked([&] { return self.stop(); });
+             py::list out;
+             for (const auto& l : launches) {
+               py::list words;
+               for (const auto& w : l.words) words.append(py::make_tuple(w.param, w.offset, w.value));
+               out.append(py::make_tuple(l.kernel, l.stream, l.device, words));
+             }
+             return out;
+           })
+      .def_property_readonly("dropped", &l2ctl::LaunchRecorder::dropped)
+      .def_property_readonly("unreadable", &l2ctl::LaunchRecorder::unreadable);
 
   // Kernels: compiled by NVRTC, cached on disk, loaded per device.
   m.def(

@@ -44,8 +44,9 @@ class NoDeviceError(NotSupportedError):
 
 
 class CountersUnavailableError(NotSupportedError):
-    """Hardware counters cannot be read here (no CUPTI, no permission, unsupported GPU, a profiler
-    already attached); the message says which and what to do."""
+    """CUPTI cannot do what was asked here: read hardware counters, or record the kernels' arguments for eager
+    discovery (no CUPTI, no permission, unsupported GPU, a profiler already attached); the message says which
+    and what to do."""
 
 
 class KernelsUnavailableError(NotSupportedError):

@@ -371,11 +371,12 @@ def describe(graph: object, index: int, count: int) -> str:
     return f"graph {index + 1} of {count} ({made})"
 
 
-def allocator_blocks(device: int) -> list[tuple[int, int, bool]]:
-    """(address, size, in a graph's private pool) of the blocks of PyTorch's caching allocator on ``device``:
-    every allocated block, and every block of a graph's private pool whatever its state (a temporary a
-    captured graph freed at capture end is still where its replays write); empty where torch is not
-    imported or has not touched CUDA (never imports it)."""
+def allocator_blocks(device: int, *, freed: bool = False) -> list[tuple[int, int, bool, bool]]:
+    """(address, size, in a graph's private pool, allocated) of the blocks of PyTorch's caching allocator on
+    ``device``: every allocated block, every block of a graph's private pool whatever its state (a temporary
+    a captured graph freed at capture end is still where its replays write) and, with ``freed``, every cached
+    block nobody holds (read after an eager step: its temporaries, freed when it returned); empty where torch
+    is not imported or has not touched CUDA (never imports it)."""
     torch = sys.modules.get("torch")
     if torch is None or not torch.cuda.is_initialized():
         return []
@@ -386,8 +387,9 @@ def allocator_blocks(device: int) -> list[tuple[int, int, bool]]:
         private = tuple(segment.get("segment_pool_id", (0, 0))) != (0, 0)
         address = int(segment["address"])
         for block in segment.get("blocks", []):
-            if private or block.get("state") == "active_allocated":
-                blocks.append((int(block.get("address", address)), int(block["size"]), private))
+            allocated = block.get("state") == "active_allocated"
+            if private or allocated or freed:
+                blocks.append((int(block.get("address", address)), int(block["size"]), private, allocated))
             address += int(block["size"])
     return blocks
 

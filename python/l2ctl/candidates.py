@@ -1,7 +1,9 @@
 """Candidates for the tuner that nobody has to list: the tensors of a ``torch.nn.Module`` (its parameters,
 their gradients, its buffers) and, with an optimizer, the optimizer's state, named by module path
 (``encoder.layers.3.bias``, ``encoder.layers.3.weight.exp_avg``); or the memory a graph's kernels are given
-(:func:`from_graph`, ``tune(step, graph, "discover")``: a compiled graph's temporaries included). Both are
+(:func:`from_graph`, ``tune(step, graph, "discover")``: a compiled graph's temporaries included), or the memory
+the kernels of an eager step are given as it runs (:func:`from_steps`, ``tune(step, stream, "discover")``: the
+temporaries it allocates inside, when they come back at the same address every step). All are
 filtered by size before anything is measured, so that a model of hundreds of tensors is tuned over the few
 a window could serve.
 
@@ -32,18 +34,17 @@ import difflib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
-from typing import Any, Optional, Protocol, Union
+from typing import Any, Callable, Optional, Protocol, Union
 
 from ._device import properties, resolve_device
 from ._interop import BufferRef, resolve_buffer
-from ._memory import BufferLike
 from . import _torch_graphs
-from ._kernel_buffers import map_pointers
+from ._kernel_buffers import GraphBuffer, map_pointers, record_steps
+from ._memory import BufferLike
 from .graph import TorchCaptures, as_graph
 
 __all__ = ["Patterns", "SupportsNamedTensors", "CandidateRule", "ModelCandidates", "is_module", "rule_for",
-           "from_module",
-           "from_graph"]
+           "from_module", "from_graph", "from_steps"]
 
 #: Tried at most, by default: each costs the tuner a screen of a few points.
 MOST = 8
@@ -178,7 +179,7 @@ def from_graph(graph: object, names: Optional[Mapping[str, object]] = None, *, m
     graphs, in which."""
     graphs = [as_graph(g) for g in graph.graphs()] if isinstance(graph, TorchCaptures) else [as_graph(graph)]
     device = graphs[0].device if graphs else resolve_device(getattr(graph, "_device", None))
-    rule = rule_for(device, most)
+    rule_for(device, most)  # checks ``most`` before the graphs are read
     nodes = [(g, k.node, k.function) for g in graphs for k in g.kernel_nodes()]
     found, per_node = map_pointers(device, [(node, function) for _, node, function in nodes], names)
     where: dict[int, list[str]] = {}  # a range (its address) -> the graphs whose kernels are given it
@@ -189,7 +190,30 @@ def from_graph(graph: object, names: Optional[Mapping[str, object]] = None, *, m
             for b in per_node.get(node, ()):
                 if labels[id(g)] not in where.setdefault(b.ptr, []):
                     where[b.ptr].append(labels[id(g)])
-    skipped: dict[str, str] = {}
+    return _from_buffers(found, device, most, {}, where)
+
+
+def from_steps(step: Callable[[], object], device: object = None, names: Optional[Mapping[str, object]] = None, *,
+               steps: int = 3, most: int = MOST) -> ModelCandidates:
+    """The tuner's candidates from the memory the kernels of an eager ``step`` (called with no arguments) are
+    given as they launch, read over ``steps`` runs after a warm-up (l2ctl._kernel_buffers.record_steps), by the
+    same rule. A range found at the same address in every run is a candidate (a temporary the step allocates
+    inside, which torch's cache hands back at the same place, included); one a kernel is given at different
+    addresses from run to run is listed in ``skipped`` as moving, never tried: a window on one run's address
+    misses the next run's data. Runs the step ``steps + 1`` times; CountersUnavailableError, saying what to
+    install, where CUPTI cannot record the launches."""
+    dev = resolve_device(device)
+    rule_for(dev, most)  # checks ``most`` before the step runs
+    found = record_steps(step, dev, names, steps)
+    return _from_buffers(found.stable, dev, most, dict(found.moved))
+
+
+def _from_buffers(found: list[GraphBuffer], device: int, most: int, skipped: dict[str, str],
+                  where: Optional[Mapping[int, list[str]]] = None) -> ModelCandidates:
+    """The candidates among ranges kernels are given (largest first), by the rule; ``skipped`` already holds
+    the ranges excluded for another reason; ``where`` names, by address, the graphs a range is used in."""
+    rule = rule_for(device, most)
+    total = len(found) + len(skipped)
     entries = []
     details = {}
     for b in found:
@@ -198,9 +222,9 @@ def from_graph(graph: object, names: Optional[Mapping[str, object]] = None, *, m
             skipped[b.name] = why
             continue
         entries.append(([b.name], (b.ptr, b.nbytes), resolve_buffer((b.ptr, b.nbytes))))
-        details[b.name] = b.describe() + (f"; in {', '.join(where[b.ptr])}" if b.ptr in where else "")
+        details[b.name] = b.describe() + (f"; in {', '.join(where[b.ptr])}" if where and b.ptr in where else "")
     tried, nbytes = _filtered(entries, skipped, rule, device)
-    return ModelCandidates(tried, skipped, rule, len(found), device, nbytes,
+    return ModelCandidates(tried, skipped, rule, total, device, nbytes,
                            {name: details[name] for name in tried}, "range")
 
 

@@ -43,12 +43,11 @@ from ._targets import Target, as_target, resolve_target
 from ._limit import auto_set_aside_cap
 from ._memory import BufferLike, StreamLike
 from ._persist import Persist, Policy, persist
-from ._torch_graphs import is_torch_graph
 from .graph import Graph, TorchCaptures
 from ._plan import check_count, normalize_hit_ratio
 from .bench import Progress, Record, Report, environment
 from .bench.records import simulated_label
-from .candidates import ModelCandidates, SupportsNamedTensors, from_graph, from_module, is_module
+from .candidates import ModelCandidates, SupportsNamedTensors, from_graph, from_module, from_steps, is_module
 from .bench.paired import Arm, check_confidence, compare
 from .bench.tax import Tax, measure_tax
 from .bench.timing import check_repeats
@@ -63,12 +62,13 @@ WorkloadLike = Union[Callable[[Any], Any], Workload]
 #: What tune chooses among: one buffer, a sequence of them, a dict name -> buffer, a model (its tensors,
 #: filtered by l2ctl.candidates' rule), or "discover" (the memory a graph target's kernels are given).
 Candidates = Union[BufferLike, Sequence[BufferLike], Mapping[str, BufferLike], SupportsNamedTensors, Literal["discover"]]
-DISCOVER_HINT = ("'discover' reads the arguments of a graph's kernel nodes: give it as the target a graph whose "
-                 "template l2ctl can read (an l2ctl Graph, a torch.cuda.CUDAGraph captured inside "
-                 "`with l2ctl.graph.torch_captures():` or with keep_graph=True) or, for code compiled with "
-                 "torch.compile(mode='reduce-overhead') or graphed by make_graphed_callables, the "
+DISCOVER_HINT = ("'discover' reads the arguments of the kernels the workload runs: give it as the target a graph "
+                 "whose template l2ctl can read (an l2ctl Graph, a torch.cuda.CUDAGraph captured inside "
+                 "`with l2ctl.graph.torch_captures():` or with keep_graph=True), for code compiled with "
+                 "torch.compile(mode='reduce-overhead') or graphed by make_graphed_callables the "
                  "l2ctl.graph.torch_captures() object itself (tune runs the step inside it first, so torch keeps the "
-                 "templates of what it records)")
+                 "templates of what it records), or the stream an eager step runs on (its launches are recorded "
+                 "through CUPTI); not a selection of a graph's nodes")
 #: What a "no persistence" answer found nothing to try on carries as its buffer: a range persist never reads (a
 #: scope whose policy is disabled changes nothing and checks no pointer).
 _NO_BUFFER = (256, 256)
@@ -335,8 +335,12 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
     anew, and on the streams the step's eager kernels run on. The step's graphs must be recorded here or in
     an earlier ``with torch_captures()`` block: a recording whose template is gone refuses the first point.
     A workload that records its step anew under each window (``l2ctl.workloads.Compiled``) is run as it is.
-    ``"discover"`` reads a graph target's kernels, or the graphs torch recorded for a ``torch_captures()``
-    target (``captures.graphs()``); where no range can be tried, the answer is "no persistence", saying why.
+    ``candidates="discover"`` tries the memory the workload's kernels are given, nobody naming it: a graph
+    target's kernel nodes' arguments, those of the graphs torch recorded for a ``torch_captures()`` target
+    (``captures.graphs()``), or, on a stream, the arguments of the kernels the step launches as it runs
+    (l2ctl.candidates.from_steps: read through CUPTI over three steps after a warm-up; a temporary the step
+    allocates inside is tried when it comes back at the same address every step, one that moves is listed as
+    such and never tried). Where no range can be tried, the answer is "no persistence", saying why.
 
     ``rounds`` x ``repeat`` timed runs per point and stage (after ``warmup`` runs per block); a point
     counts only when faster than the baseline at ``confidence`` by at least ``min_gain``; a set-aside above
@@ -359,7 +363,7 @@ def _tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, str
     enqueue_of(workload)
     model = None if not is_module(candidates) else cast(SupportsNamedTensors, candidates)
     discover = isinstance(candidates, str) and candidates == "discover"
-    if discover and not (isinstance(target, (Graph, TorchCaptures)) or is_torch_graph(target)):
+    if discover and hasattr(type(target), "_l2ctl_target") and not isinstance(target, (Graph, TorchCaptures)):
         raise ValueError(DISCOVER_HINT)
     named = {} if model is not None or discover else resolve_candidates(candidates)
     warmup, repeat = check_repeats(warmup, repeat)
@@ -396,11 +400,17 @@ def _tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, str
         if not considered.tried:
             raise ValueError(f"no tensor of the model can be tried: {considered.summary()}")
         named = resolve_candidates(dict(considered.tried))
-    elif discover:  # the memory the graph's kernels are given, yours or not
-        considered = from_graph(target)
+    elif discover:  # the memory the graph's (or the eager step's) kernels are given, yours or not
+        if target_ref is None:
+            considered = from_graph(target)
+        else:  # the step runs eagerly: its launches recorded over a few steps (each in a fresh scope of nothing)
+            enqueue = enqueue_of(workload)
+            considered = from_steps(lambda: enqueue(stream), device)
         if not considered.tried:
-            found = "no CUDA graph of the step was recorded inside torch_captures()" if not considered.total \
-                else f"no range the graph's kernels are given can be tried: {considered.summary()}"
+            found = "no CUDA graph of the step was recorded inside torch_captures()" \
+                if isinstance(target, TorchCaptures) and not considered.total \
+                else f"no range the {'graph' if target_ref is None else 'step'}'s kernels are given can be tried: " \
+                     f"{considered.summary()}"
             return _nothing_to_try(found, device, start, confidence, considered)
         named = resolve_candidates(dict(considered.tried))
     elif isinstance(candidates, ModelCandidates):

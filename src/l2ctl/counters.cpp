@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <cupti_callbacks.h>
+#include <cupti_driver_cbid.h>
 #include <cupti_profiler_host.h>
 #include <cupti_profiler_target.h>
 #include <cupti_range_profiler.h>
@@ -10,7 +11,9 @@
 #include <cupti_target.h>
 #include <dlfcn.h>
 
+#include <cstring>
 #include <mutex>
+#include <unordered_map>
 
 #include "l2ctl/device.hpp"
 #include "l2ctl/driver.hpp"
@@ -28,6 +31,7 @@ struct Cupti {
   L2CTL_CUPTI_FN(cuptiSubscribe)
   L2CTL_CUPTI_FN(cuptiUnsubscribe)
   L2CTL_CUPTI_FN(cuptiEnableDomain)
+  L2CTL_CUPTI_FN(cuptiEnableCallback)
   L2CTL_CUPTI_FN(cuptiProfilerInitialize)
   L2CTL_CUPTI_FN(cuptiProfilerDeInitialize)
   L2CTL_CUPTI_FN(cuptiProfilerGetCounterAvailability)
@@ -104,6 +108,7 @@ void cupti_load(const std::string& path) {
     L2CTL_RESOLVE(cuptiSubscribe)
     L2CTL_RESOLVE(cuptiUnsubscribe)
     L2CTL_RESOLVE(cuptiEnableDomain)
+    L2CTL_RESOLVE(cuptiEnableCallback)
     L2CTL_RESOLVE(cuptiProfilerInitialize)
     L2CTL_RESOLVE(cuptiProfilerDeInitialize)
     L2CTL_RESOLVE(cuptiProfilerGetCounterAvailability)
@@ -393,6 +398,222 @@ std::vector<RangeValues> RangeProfiler::stop() {
     throw CuptiError("cuptiRangeProfilerDecodeData", -2,
                      std::to_string(decode.numOfRangeDropped) + " kernel ranges were dropped");
   return out;
+}
+
+// ---- the launch recorder (eager discovery) ------------------------------------------------------------
+
+namespace {
+
+// The parameters CUPTI passes for cuLaunchKernel(_ptsz) and cuLaunchKernelEx(_ptsz): generated_cuda_meta.h's
+// cuLaunchKernel_params and cuLaunchKernelEx_params, written out because that header compiles only inside the
+// driver's own build (it names the driver's _v1 types).
+struct DriverLaunchParams {
+  CUfunction f;
+  unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
+  CUstream hStream;
+  void** kernelParams;
+  void** extra;
+};
+struct DriverLaunchExParams {
+  const CUlaunchConfig* config;
+  CUfunction f;
+  void** kernelParams;
+  void** extra;
+};
+
+struct ParamReader {
+  PFN_cuFuncGetParamInfo_v12040 func_param = nullptr;
+  PFN_cuKernelGetParamInfo_v12040 kernel_param = nullptr;
+  PFN_cuCtxGetDevice_v2000 ctx_device = nullptr;
+};
+
+const ParamReader& param_reader() {
+  static const ParamReader r = [] {
+    ParamReader d;
+    d.func_param = driver_entry<PFN_cuFuncGetParamInfo_v12040>("cuFuncGetParamInfo", 12040);
+    d.kernel_param = driver_entry<PFN_cuKernelGetParamInfo_v12040>("cuKernelGetParamInfo", 12040);
+    d.ctx_device = driver_entry<PFN_cuCtxGetDevice_v2000>("cuCtxGetDevice", 2000);
+    return d;
+  }();
+  return r;
+}
+
+// The recorder the callbacks write to (null: none), and the lock every callback holds while it does: CUPTI may
+// still deliver a callback after cuptiUnsubscribe returns, so a recorder stops by clearing this pointer under the
+// lock first; a late callback then finds nothing, never a recorder that was freed. One at a time: CUPTI allows
+// one subscriber.
+std::mutex g_recording_mutex;
+LaunchRecorder::State* g_recording = nullptr;
+}  // namespace
+
+struct LaunchRecorder::State {
+  std::size_t max_launches = 0;
+  std::size_t dropped = 0, unreadable = 0;
+  std::vector<LaunchArguments> launches;
+  // (offset, size) of each parameter, per kernel: read once
+  std::unordered_map<CUfunction, std::vector<std::pair<std::size_t, std::size_t>>> layouts;
+  std::vector<std::pair<CUcontext, int>> devices;  // context -> device, read once per context
+  CUpti_SubscriberHandle subscriber = nullptr;
+
+  const std::vector<std::pair<std::size_t, std::size_t>>& layout(CUfunction fn) {
+    auto found = layouts.find(fn);
+    if (found != layouts.end()) return found->second;
+    std::vector<std::pair<std::size_t, std::size_t>> params;
+    const ParamReader& r = param_reader();
+    // cuLaunchKernel also takes a CUkernel in place of a CUfunction (the CUDA 12+ runtime launches so): when the
+    // function query finds no parameter, the kernel query is asked.
+    for (auto* query : {r.func_param, reinterpret_cast<PFN_cuFuncGetParamInfo_v12040>(r.kernel_param)}) {
+      for (std::size_t i = 0; query != nullptr; ++i) {  // the count is stored nowhere: ask until there is none
+        std::size_t offset = 0, size = 0;
+        if (query(fn, i, &offset, &size) != CUDA_SUCCESS) break;
+        params.emplace_back(offset, size);
+      }
+      if (!params.empty()) break;
+    }
+    return layouts.emplace(fn, std::move(params)).first->second;
+  }
+
+  int device_of(CUcontext context) {
+    for (const auto& [ctx, dev] : devices)
+      if (ctx == context) return dev;
+    CUdevice dev = -1;
+    const ParamReader& r = param_reader();
+    if (r.ctx_device == nullptr || r.ctx_device(&dev) != CUDA_SUCCESS) dev = -1;  // the launch's, current now
+    devices.emplace_back(context, static_cast<int>(dev));
+    return static_cast<int>(dev);
+  }
+
+  // One launch: true when recorded (or dropped for room), false when its arguments could not be read. Called
+  // under g_recording_mutex.
+  bool record(const CUpti_CallbackData* info, CUfunction fn, CUstream stream, void** params, void** extra) {
+    if (launches.size() >= max_launches) {
+      ++dropped;
+      return true;
+    }
+    LaunchArguments launch;
+    if (params != nullptr && fn != nullptr) {
+      // A kernel without parameters (or whose layout the driver cannot tell) is kept with no words, so that
+      // every step counts the same launches.
+      const auto& layout = this->layout(fn);
+      for (unsigned i = 0; i < layout.size(); ++i) {
+        if (params[i] == nullptr) break;
+        const auto* bytes = static_cast<const unsigned char*>(params[i]);
+        for (std::size_t at = 0; at + 8 <= layout[i].second; at += 8) {  // pointers sit at 8-byte offsets
+          std::uint64_t value = 0;
+          std::memcpy(&value, bytes + at, 8);
+          if (value != 0) launch.words.push_back({i, static_cast<unsigned>(at), value});
+        }
+      }
+    } else if (extra != nullptr) {  // one packed buffer: CU_LAUNCH_PARAM_BUFFER_POINTER, its size, END
+      const unsigned char* buffer = nullptr;
+      std::size_t size = 0;
+      for (std::size_t k = 0; k < 16 && extra[k] != CU_LAUNCH_PARAM_END; k += 2) {
+        if (extra[k] == CU_LAUNCH_PARAM_BUFFER_POINTER) buffer = static_cast<const unsigned char*>(extra[k + 1]);
+        if (extra[k] == CU_LAUNCH_PARAM_BUFFER_SIZE) size = *static_cast<const std::size_t*>(extra[k + 1]);
+      }
+      if (buffer == nullptr) return false;
+      for (std::size_t at = 0; at + 8 <= size; at += 8) {
+        std::uint64_t value = 0;
+        std::memcpy(&value, buffer + at, 8);
+        if (value != 0) launch.words.push_back({0, static_cast<unsigned>(at), value});
+      }
+    } else {
+      return false;
+    }
+    launch.kernel = info->symbolName != nullptr ? info->symbolName : "";
+    launch.stream = reinterpret_cast<std::uintptr_t>(stream);
+    launch.device = device_of(info->context);
+    launches.push_back(std::move(launch));
+    return true;
+  }
+};
+
+namespace {
+
+void CUPTIAPI on_launch(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void* data) {
+  const auto* info = static_cast<const CUpti_CallbackData*>(data);
+  if (domain != CUPTI_CB_DOMAIN_DRIVER_API || info == nullptr || info->callbackSite != CUPTI_API_ENTER) return;
+  std::lock_guard<std::mutex> lock(g_recording_mutex);
+  LaunchRecorder::State* state = g_recording;
+  if (state == nullptr) return;
+  bool read = true;
+  switch (cbid) {
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel:
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz: {  // the two parameter structs are the same
+      const auto* p = static_cast<const DriverLaunchParams*>(info->functionParams);
+      read = state->record(info, p->f, p->hStream, p->kernelParams, p->extra);
+      break;
+    }
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx:
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz: {
+      const auto* p = static_cast<const DriverLaunchExParams*>(info->functionParams);
+      read = state->record(info, p->f, p->config != nullptr ? p->config->hStream : nullptr, p->kernelParams,
+                           p->extra);
+      break;
+    }
+    default:
+      return;
+  }
+  if (!read) ++state->unreadable;
+}
+
+}  // namespace
+
+LaunchRecorder::LaunchRecorder(std::size_t max_launches) : state_(std::make_unique<State>()) {
+  if (!cupti_loaded()) throw CuptiError("LaunchRecorder", -1, "libcupti is not loaded (call cupti_load first)");
+  const ParamReader& r = param_reader();
+  if (r.func_param == nullptr)
+    throw NotSupported("reading a launch's arguments (cuFuncGetParamInfo) needs a driver of CUDA 12.4 or newer "
+                       "(r550+); this driver is CUDA " + cuda_version_text(driver_version()));
+  state_->max_launches = max_launches;
+}
+
+LaunchRecorder::~LaunchRecorder() { release(); }
+
+void LaunchRecorder::release() noexcept {
+  if (!state_ || state_->subscriber == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(g_recording_mutex);
+    if (g_recording == state_.get()) g_recording = nullptr;  // from now on a callback finds nothing to write to
+  }
+  (void)g_cupti.cuptiUnsubscribe(state_->subscriber);
+  state_->subscriber = nullptr;
+}
+
+void LaunchRecorder::start() {
+  State& s = *state_;
+  if (s.subscriber != nullptr) throw std::logic_error("the recorder is already recording");
+  check_cupti(g_cupti.cuptiSubscribe(&s.subscriber, reinterpret_cast<CUpti_CallbackFunc>(on_launch), nullptr),
+              "cuptiSubscribe");
+  try {
+    for (CUpti_CallbackId id : {CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
+                                CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx,
+                                CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz})
+      check_cupti(g_cupti.cuptiEnableCallback(1, s.subscriber, CUPTI_CB_DOMAIN_DRIVER_API, id), "cuptiEnableCallback");
+  } catch (...) {
+    release();
+    throw;
+  }
+  std::lock_guard<std::mutex> lock(g_recording_mutex);
+  s.launches.clear();
+  s.dropped = s.unreadable = 0;
+  g_recording = &s;
+}
+
+std::vector<LaunchArguments> LaunchRecorder::stop() {
+  release();
+  std::lock_guard<std::mutex> lock(g_recording_mutex);
+  return std::move(state_->launches);
+}
+
+std::size_t LaunchRecorder::dropped() const {
+  std::lock_guard<std::mutex> lock(g_recording_mutex);
+  return state_->dropped;
+}
+
+std::size_t LaunchRecorder::unreadable() const {
+  std::lock_guard<std::mutex> lock(g_recording_mutex);
+  return state_->unreadable;
 }
 
 }  // namespace l2ctl

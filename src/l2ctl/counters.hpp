@@ -1,5 +1,6 @@
 // Hardware counters per kernel launch, in-process, through CUPTI's range profiler (auto ranges, kernel
-// replay). libcupti is opened with dlopen on first use, so the extension loads where CUPTI is missing.
+// replay), and the arguments of the kernels a process launches, through CUPTI's callback API (what eager
+// discovery reads). libcupti is opened with dlopen on first use, so the extension loads where CUPTI is missing.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +8,8 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "l2ctl/kernel_args.hpp"
 
 namespace l2ctl {
 
@@ -60,6 +63,41 @@ class RangeProfiler {
   std::unique_ptr<State> state_;
   std::size_t passes_ = 0;
   std::string chip_;
+};
+
+// One kernel launch as its launch call gave it: the kernel, the stream, the device, and every nonzero 8-byte
+// word of its arguments (as kernel_node_words reads a graph node's).
+struct LaunchArguments {
+  std::string kernel;
+  std::uintptr_t stream = 0;
+  int device = -1;
+  std::vector<ArgumentWord> words;
+};
+
+// Records the arguments of every kernel launched in the process between start() and stop(), from CUPTI's
+// callbacks on the driver's launch calls, cuLaunchKernel(Ex) and their _ptsz forms: Triton, CuPy and l2ctl call
+// them, and the runtime's launches (torch's <<<>>>) go through them too, firing the same callbacks. The layout
+// comes from cuFuncGetParamInfo (cuKernelGetParamInfo for a CUkernel launched as a function), cached per kernel.
+// One subscriber per process: start() throws CuptiError 39 while another (counters, a profiler) holds CUPTI.
+// stop() and the destructor unsubscribe. At most `max_launches` are kept; dropped() counts the rest.
+class LaunchRecorder {
+ public:
+  explicit LaunchRecorder(std::size_t max_launches);
+  ~LaunchRecorder();
+  LaunchRecorder(const LaunchRecorder&) = delete;
+  LaunchRecorder& operator=(const LaunchRecorder&) = delete;
+
+  void start();
+  std::vector<LaunchArguments> stop();
+  std::size_t dropped() const;
+  // Driver launches whose arguments could not be read (no layout from the driver, no packed buffer).
+  std::size_t unreadable() const;
+
+  struct State;
+
+ private:
+  void release() noexcept;
+  std::unique_ptr<State> state_;
 };
 
 }  // namespace l2ctl

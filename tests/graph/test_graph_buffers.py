@@ -79,10 +79,14 @@ def test_discover_where_nothing_pays(fake):
 
 def test_discover_needs_a_graph_it_can_read(fake):
     with l2ctl.Stream() as s, l2ctl.DeviceBuffer(1 << 16) as buf:
+        with graph.capture(s) as g:
+            fake.launch_modeled_kernel(s.handle, "k", streamed_bytes=1e6, args=(buf.ptr,))
         calls = len(fake.calls)
-        with pytest.raises(ValueError, match=r"torch_captures\(\):` or with keep_graph=True"):
-            l2ctl.tune(lambda st: None, s, "discover")
-        assert len(fake.calls) == calls
+        with pytest.raises(ValueError, match="not a selection of a graph's nodes"):
+            l2ctl.tune(lambda st: g.launch(st), g.select(lambda node: True), "discover", stream=s)
+        assert len(fake.calls) == calls  # refused before anything ran
+        quiet = l2ctl.tune(lambda st: None, s, "discover")  # a stream: the eager step's launches, here none
+        assert not quiet.persists and quiet.reason.startswith("no range the step's kernels are given can be tried: 0")
 
 
 def test_discover_where_no_range_can_be_tried_says_no_persistence(fake):

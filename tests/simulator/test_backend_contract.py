@@ -226,7 +226,8 @@ def _methods_of(cls: type) -> dict[str, Optional[Params]]:
 
 def test_stub_parses_into_functions_and_classes(stub):
     assert {"reset_data", "apply_state", "pointer_info"} <= set(stub.functions)
-    assert set(stub.classes) == {"Stream", "Event", "DeviceMemory", "Graph", "GraphExec", "RangeProfiler"}
+    assert set(stub.classes) == {"Stream", "Event", "DeviceMemory", "Graph", "GraphExec", "RangeProfiler",
+                                 "LaunchRecorder"}
     assert stub.classes["Stream"].init == [("device", REQUIRED), ("non_blocking", True), ("priority", 0)]
     assert "handle" in stub.classes["Stream"].properties and "close" in stub.classes["Stream"].methods
     assert stub.attributes == {"__version__"}
@@ -273,7 +274,8 @@ def _fake_objects(fake: FakeBackend) -> dict[str, Any]:
     fake.cupti_load("libcupti.so")
     return {"Stream": stream, "Event": fake.Event(), "DeviceMemory": memory, "Graph": graph,
             "GraphExec": fake.GraphExec(graph.handle),
-            "RangeProfiler": fake.RangeProfiler(0, ["gpu__time_duration.sum"], 1)}
+            "RangeProfiler": fake.RangeProfiler(0, ["gpu__time_duration.sum"], 1),
+            "LaunchRecorder": fake.LaunchRecorder(16)}
 
 
 def test_fake_backend_implements_every_name(stub):

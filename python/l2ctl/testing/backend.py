@@ -37,7 +37,7 @@ from .kernels import KernelLaunch, Kernels
 from .l2state import EMPTY_WINDOW, L2State, WindowTuple
 from .memory import Allocation, Memory, MemoryFault, Misaligned, OutOfMemory
 from .model import DeviceModel, Estimate
-from .profiler import REPLAY_DIRTY_BYTES, FakeRangeProfiler, library_loads
+from .profiler import REPLAY_DIRTY_BYTES, FakeLaunchRecorder, FakeRangeProfiler, library_loads
 
 __all__ = ["FakeBackend", "FakeStream", "FakeEvent", "FakeDeviceMemory", "FakeGraph", "FakeGraphExec",
            "LaunchRecord", "WindowTuple"]
@@ -424,6 +424,8 @@ class FakeBackend(L2State):
         self._captures: dict[int, _Capture] = {}
         self._cupti_loaded = False
         self._profilers: dict[int, "weakref.ReferenceType[FakeRangeProfiler]"] = {}
+        # the one CUPTI callback subscriber of the process (weakly: a recorder collected while recording lets go)
+        self._subscriber: Optional["weakref.ReferenceType[FakeLaunchRecorder]"] = None
         # CUDA contexts: each device's primary one (where l2ctl works), and any made with create_context
         self.primary_contexts = [_handle() for _ in devices]
         self._contexts: dict[int, int] = {}  # context -> device, for contexts other than the primary ones
@@ -652,6 +654,24 @@ class FakeBackend(L2State):
                                   f"a range profiler is already enabled on device {profiler.device}")
             self._profilers[profiler.device] = weakref.ref(profiler)
 
+    # the launch recorder's hook (testing/profiler.py's RecordingMachine) -------------------------------------
+    @property
+    def subscriber(self) -> Optional[FakeLaunchRecorder]:
+        """The launch recorder holding CUPTI's callbacks now, if any."""
+        return None if self._subscriber is None else self._subscriber()
+
+    def subscribe(self, recorder: FakeLaunchRecorder, on: bool) -> None:
+        """Make ``recorder`` the process's CUPTI subscriber (``on``) or release it; one at a time, as CUPTI allows."""
+        with self._locked:
+            if not on:
+                if self.subscriber is recorder:
+                    self._subscriber = None
+                return
+            if self.subscriber is not None:
+                raise cupti_error("cuptiSubscribe", "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED",
+                                  "another subscriber holds CUPTI's callbacks")
+            self._subscriber = weakref.ref(recorder)
+
     # execution ---------------------------------------------------------------------------------------
     def _launch(self, device: int, stream: int, launch: KernelLaunch) -> Any:
         """Run (or capture) a kernel on ``stream`` of ``device``; returns what the launcher returns."""
@@ -660,6 +680,9 @@ class FakeBackend(L2State):
         if st.device != device:
             raise cuda_error(f"launch of {launch.name}", "cudaErrorInvalidResourceHandle",
                              f"stream 0x{stream:x} is on device {st.device}, the launch on device {device}")
+        recorder = self.subscriber
+        if recorder is not None:  # CUPTI sees the launch call, captured or not
+            recorder.record(launch.name, stream, device, launch.args)
         capture = self._captures.get(stream)
         if capture is not None:
             if launch.synchronous:
@@ -945,6 +968,9 @@ class FakeBackend(L2State):
     def RangeProfiler(self, device: int, metrics: list[str], max_ranges: int,
                       user_replay: bool = False) -> FakeRangeProfiler:
         return FakeRangeProfiler(self, device, metrics, max_ranges, user_replay)
+
+    def LaunchRecorder(self, max_launches: int) -> FakeLaunchRecorder:
+        return FakeLaunchRecorder(self, max_launches)
 
     # kernels -------------------------------------------------------------------------------------------------
     def load_kernels(self, device: int, nvrtc: list[str], cache_dir: str) -> dict[str, Any]:

@@ -18,6 +18,13 @@ Semantics follow src/l2ctl/counters.hpp and l2ctl._counters:
   one; metric i is read from pass i mod ``passes`` (launches are matched by position, so every pass
   must launch the same kernels); ``stop()`` before every pass has run raises RuntimeError.
 - ``launches()`` counts the kernel launches of the current (or last) pass; ``chip`` names the GPU.
+
+``FakeLaunchRecorder`` (``FakeBackend.LaunchRecorder``) is the launch recorder of eager discovery
+(src/l2ctl/counters.hpp): it needs the library loaded; ``start()`` subscribes, and fails with CUPTI's error 39
+while another recorder holds the one subscription a process has; every kernel launched on any device until
+``stop()`` is kept (name, stream, device, its pointer arguments as argument words), up to ``max_launches``
+(``dropped`` counts the rest), captured launches included, as CUPTI sees the launch calls; graph replays
+launch no kernel calls and are not seen.
 """
 
 from __future__ import annotations
@@ -30,7 +37,8 @@ from typing import Any, ContextManager, Protocol
 from .errors import cupti_error
 from .model import METRIC_NAMES, DeviceModel
 
-__all__ = ["FakeRangeProfiler", "ProfiledMachine", "KNOWN_METRICS", "chip_name", "library_loads", "METRICS_PER_PASS",
+__all__ = ["FakeRangeProfiler", "FakeLaunchRecorder", "RecordingMachine", "ProfiledMachine", "KNOWN_METRICS",
+           "chip_name", "library_loads", "METRICS_PER_PASS",
            "REPLAY_DIRTY_BYTES"]
 
 KNOWN_METRICS = frozenset(METRIC_NAMES)
@@ -182,3 +190,56 @@ class FakeRangeProfiler:
         return (f"<FakeRangeProfiler device {self.device}, {len(self.metrics)} metrics, {self._passes} passes, "
                 f"{'user' if self.user_replay else 'kernel'} replay>")
 
+
+
+class RecordingMachine(Protocol):
+    """What a launch recorder needs of the simulated machine (FakeBackend's recorder hook)."""
+
+    def cupti_loaded(self) -> bool: ...
+    def subscribe(self, recorder: "FakeLaunchRecorder", on: bool) -> None: ...
+
+
+class FakeLaunchRecorder:
+    """Implements ``l2ctl._core.LaunchRecorder`` on the simulator (made by ``FakeBackend.LaunchRecorder``)."""
+
+    def __init__(self, backend: RecordingMachine, max_launches: int) -> None:
+        if not backend.cupti_loaded():
+            raise cupti_error("LaunchRecorder", "load", "libcupti is not loaded (call cupti_load first)")
+        self._backend = backend
+        self.max_launches = int(max_launches)
+        self._launches: list[tuple[str, int, int, list[tuple[int, int, int]]]] = []
+        self._dropped = 0
+        self.recording = False
+
+    def record(self, name: str, stream: int, device: int, args: tuple[int, ...]) -> None:
+        """A kernel launch call while recording (the machine calls it, under its lock)."""
+        if len(self._launches) >= self.max_launches:
+            self._dropped += 1
+            return
+        self._launches.append((name, stream, device, [(i, 0, int(p)) for i, p in enumerate(args) if p]))
+
+    def start(self) -> None:
+        if self.recording:
+            raise RuntimeError("the recorder is already recording")
+        self._launches, self._dropped = [], 0
+        self._backend.subscribe(self, True)
+        self.recording = True
+
+    def stop(self) -> list[tuple[str, int, int, list[tuple[int, int, int]]]]:
+        if self.recording:
+            self._backend.subscribe(self, False)
+            self.recording = False
+        launches, self._launches = self._launches, []
+        return launches
+
+    @property
+    def dropped(self) -> int:
+        return self._dropped
+
+    @property
+    def unreadable(self) -> int:
+        return 0
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # a recorder dropped while recording unsubscribes, as the C++ one does
+            self.stop()

@@ -22,7 +22,7 @@ from ..workloads.graphed import Compiled, Graphed
 from .devices import GiB, MiB
 from .torch_graphs import FakeGraphTrees, FakeRecording, FakeTorchGraph
 
-__all__ = ["ModeledKernel", "ModeledWorkload", "ModeledGraphed", "ModeledCompiled"]
+__all__ = ["ModeledKernel", "ModeledWorkload", "ModeledEagerStep", "ModeledGraphed", "ModeledCompiled"]
 
 
 @dataclass(frozen=True)
@@ -158,6 +158,49 @@ class ModeledWorkload:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class ModeledEagerStep(ModeledWorkload):
+    """An eager step that allocates its hot buffer inside, as a GNN layer's ``out = torch.zeros(N, D,
+    device=...).index_add_(0, dst, x[src])``: each run takes its temporary (``out``, and the gathered rows) from
+    a cache of freed blocks, as torch's caching allocator does, and gives it back when it returns, so the next
+    run gets the same block, at the same address. ``keeps_last``: the step keeps its output until the next run
+    (``self.prev = out``), so each run's temporary comes from another block than the last run's: it moves."""
+
+    def __init__(self, device: object = None, *, keeps_last: bool = False) -> None:
+        out = fraction_of_l2(0.6, device)
+        super().__init__("eager-gnn-layer", {"out": out, "gathered": GiB // 2, "x": GiB // 4, "src": GiB // 8,
+                                             "dst": GiB // 8},
+                         [ModeledKernel("zeros_kernel", out, given=("out",), read_fraction=0.0),
+                          ModeledKernel("index_select_kernel", GiB // 2 + GiB // 8 + GiB // 4,
+                                        given=("x", "src", "gathered")),
+                          ModeledKernel("index_add_kernel", GiB // 2 + GiB // 8, "out", 32 * ((GiB // 2) / 12),
+                                        read_fraction=0.98, given=("out", "dst", "gathered"))],
+                         hot="out", device=device, hidden=("out", "gathered"))
+        self.keeps_last = keeps_last
+        self._cache = {name: [self.buffers[name]] for name in self.hidden}  # torch's cache: freed blocks by size
+        self._held: list[DeviceBuffer] = []
+
+    def enqueue(self, stream: object) -> None:
+        taken = {}
+        for name in self.hidden:  # allocated inside the step: a cached block of the size, else a new one
+            free = self._cache[name]
+            taken[name] = free.pop(0) if free else DeviceBuffer(self.buffers[name].nbytes, self.device)
+            self.buffers[name] = taken[name]
+        super().enqueue(stream)
+        kept = [taken["out"]] if self.keeps_last else []
+        for block in self._held:  # what the last run kept goes back now
+            self._cache["out"].append(block)
+        self._held = kept
+        for name, block in taken.items():  # the step returns: its temporaries go back to the cache
+            if block not in kept:
+                self._cache[name].append(block)
+
+    def close(self) -> None:
+        blocks = {id(b): b for b in [*self.buffers.values(), *self._held,
+                                     *(b for free in self._cache.values() for b in free)]}
+        for b in blocks.values():
+            b.free()
 
 
 class ModeledGraphed(Graphed):
