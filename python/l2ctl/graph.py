@@ -405,7 +405,8 @@ class TorchCaptures:
         device = resolve_device(self._device)
         streams = [*_torch_graphs.trees.capture_streams(device), _torch_graphs.trees.current_stream(device)]
         slots = tuple(dict.fromkeys(_registry.stream_slot(resolve_stream(s).handle) for s in streams))
-        views = [_torch_view(g, device) for g in _torch_graphs.kept(device)]
+        kept = _torch_graphs.kept(device)
+        views = [_torch_view(g, device) for g in kept]
         if views:
             slots += _registry.node_slots([node for v in views for node, _, _, _ in v._kernel_node_tuples()])
 
@@ -413,7 +414,9 @@ class TorchCaptures:
             for view in views:
                 view._node_windows_changed()
 
-        return _registry.Target(device, slots, (tuple(streams), tuple(views)), changed if views else None,
+        # The scope holds the torch graphs, not only their views: one torch drops meanwhile (its graph trees reset,
+        # a cycle collected) keeps its template and nodes, which the scope's end writes to, until the scope ends.
+        return _registry.Target(device, slots, (tuple(streams), tuple(views), tuple(kept)), changed if views else None,
                                 lambda window: self._admit(device, window))
 
     def _admit(self, device: int, window: AccessPolicyWindow) -> Callable[[_registry.Scope], None]:

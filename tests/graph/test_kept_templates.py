@@ -115,6 +115,30 @@ def test_a_graph_recorded_inside_a_scope_replays_without_the_window_after_it(fak
         assert fake.launched[-1][1] == (NONE,)  # the scope's end put its nodes back, as for any graph
 
 
+def test_a_kept_graph_torch_drops_inside_a_scope_lives_until_the_scope_ends(fake, trees):
+    """torch.compiler.reset() inside a scope (or the collection of a cycle that held an earlier recording): the
+    trees drop a graph whose kernel nodes the scope's window is on. Freed then, its template would be destroyed
+    and the scope's end would write to its freed nodes (on the GPU: a segfault); the scope holds it instead."""
+    with l2ctl.Stream() as s, l2ctl.DeviceBuffer(4 * MiB) as acc:
+        with graph.torch_captures():
+            trees.record(_scatter(fake, acc))
+        before = fake.state()
+        with l2ctl.persist(graph.torch_captures(), acc, 1.0) as p:
+            [kept] = _torch_graphs.kept(0)
+            template = kept.raw_cuda_graph()
+            assert all(k.window == p.window for k in graph.inspect(kept))
+            del kept
+            trees.reset()
+            gc.collect()
+            assert template in fake._graphs  # held by the scope
+        assert fake.state()[:2] == before[:2]  # the limit and the streams put back (the graph's nodes are gone)
+        assert template not in fake._graphs  # freed with the scope
+        assert _torch_graphs.kept(0) == [] and not trees.recorded(0)
+        step = trees.record(_scatter(fake, acc))  # recorded anew after the reset, outside any block
+        step.graph.replay(s)
+        assert fake.launched[-1][1] == (NONE,)
+
+
 def test_a_graphed_callables_graph_captured_inside_the_block(fake, trees):
     with l2ctl.Stream() as s, l2ctl.DeviceBuffer(4 * MiB) as acc:
         with graph.torch_captures() as captures:

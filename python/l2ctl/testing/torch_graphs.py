@@ -78,6 +78,9 @@ class FakeTorchGraph:
             self._backend.Graph(self._graph, True).destroy()
             self._graph = 0
 
+    def __del__(self) -> None:  # torch's destructor runs reset(): a graph nobody holds loses its template
+        self.reset()
+
     def raw_cuda_graph(self) -> int:
         if not self.keep_graph:
             raise RuntimeError("You cannot access the raw cudaGraph_t instance unless CUDAGraph was initialized "
@@ -96,7 +99,7 @@ class FakeRecording:
     """One recording of the graph trees: its graph (an executable only, as torch keeps it)."""
 
     def __init__(self, graph: FakeTorchGraph) -> None:
-        self.graph = graph
+        self.graph: Optional[FakeTorchGraph] = graph
         self.children: dict[int, list[FakeRecording]] = {}
 
 
@@ -181,6 +184,16 @@ class FakeGraphTrees:
         node = FakeRecording(graph)
         self.roots.setdefault(device, []).append(node)
         return node
+
+    def reset(self) -> None:
+        """torch.compiler.reset() (the graph trees' shutdown): every recording drops its graph and the trees
+        forget them; a graph nobody else holds is freed then, its template destroyed."""
+        pending = [node for roots in self.roots.values() for node in roots]
+        while pending:
+            node = pending.pop()
+            node.graph = None
+            pending.extend(child for children in node.children.values() for child in children)
+        self.roots.clear()
 
     def close(self) -> None:
         for stream in [*self.streams.values(), *self.default_streams.values()]:

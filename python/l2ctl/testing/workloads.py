@@ -249,9 +249,12 @@ class _FakeCompiledStep:
             with self.base.on_stream(self.trees.capture_streams(self.base.device)[0]):
                 self.base.step()
             return
-        if self.recording is None:
+        graph = self.recording.graph if self.recording is not None else None
+        if graph is None:  # not recorded yet, or the trees were reset since (torch records anew)
             self.recording = self.trees.record(lambda handle: self.base.enqueue(handle), self.base.device)
-        self.recording.graph.replay(caller)
+            graph = self.recording.graph
+        assert graph is not None  # just recorded
+        graph.replay(caller)
         self.base._launched = len(self.base.kernels)
 
 
