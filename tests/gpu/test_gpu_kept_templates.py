@@ -5,8 +5,10 @@ recorded outside any block is refused, saying how to fix it. (What each gains: s
 
 from __future__ import annotations
 
+import gc
 import types
 import warnings
+import weakref
 
 import pytest
 
@@ -80,6 +82,33 @@ def test_a_default_flag_graph_made_inside_the_block_keeps_its_template_and_takes
     with torch.cuda.stream(s):
         g.replay()
     assert _right(state)
+
+
+def test_kept_graphs_torch_drops_inside_a_scope_live_until_its_end(state):
+    """A torch_captures() scope holds the kept graphs it put its window on: one freed inside the block (here the
+    user's last reference dropped, and torch.compiler.reset() dropping the graph trees' recordings) would take its
+    template with it, and the scope's end would write to its freed kernel nodes (a segfault before the fix)."""
+    run, s = _compiled(state), _stream()
+    with graph.torch_captures() as captures:
+        g = _default_graph(state, s)
+        for _ in range(3):  # warm-up, recording, replay
+            run(s)
+    refs = [weakref.ref(k) for k in captures.graphs()]
+    assert len(refs) >= 2, "torch recorded no graph of the step"
+    del captures
+    limit = l2ctl.get_set_aside()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", l2ctl.SetAsideTaxWarning)
+        with l2ctl.persist(graph.torch_captures(), state.acc, 1.0) as p:
+            assert all(k.window == p.window for k in graph.inspect(g))
+            del g
+            torch.cuda.synchronize()
+            torch.compiler.reset()
+            gc.collect()
+            assert all(r() is not None for r in refs)  # held by the scope
+    torch.cuda.synchronize()
+    gc.collect()
+    assert refs[0]() is None and l2ctl.get_set_aside() == limit  # the user's graph freed with the scope
 
 
 def test_a_default_flag_graph_made_outside_every_block_is_refused_naming_the_block(state):
