@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -46,10 +47,13 @@ TORCH_EXAMPLES = [i for i, code in enumerate(EXAMPLES) if re.search(r"^\s*import
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("index", TORCH_EXAMPLES)
-def test_torch_example_runs_on_the_gpu(index, gpu_state):
+def test_torch_example_runs_on_the_gpu(index, gpu_state, monkeypatch):
     torch = pytest.importorskip("torch", reason="the example needs PyTorch")
+    # a module torch.compile can find by name, as a user's script is (Dynamo reads sys.modules[f.__module__])
+    module = types.ModuleType("__readme__")
+    monkeypatch.setitem(sys.modules, "__readme__", module)
     try:
-        exec(compile(EXAMPLES[index], f"README.md example {index + 1}", "exec"), {"__name__": "__readme__"})
+        exec(compile(EXAMPLES[index], f"README.md example {index + 1}", "exec"), module.__dict__)
         torch.cuda.synchronize()
     finally:
         torch.compiler.reset()
