@@ -356,7 +356,7 @@ def main(argv: list[str]) -> int:
         for row in (part.get("persisted"), part.get("tuned"), part):
             if isinstance(row, dict) and "speedup" in row:
                 print(f"{row['name']}: {row['speedup']:.2f}x ({row['baseline_ms']:.3f} -> {row['ms']:.3f} ms)")
-            if isinstance(row, dict) and isinstance(row.get("tuned"), dict):
+            if isinstance(row, dict) and isinstance(row.get("tuned"), dict) and row["tuned"].get("text"):
                 print(f"  tune: {row['tuned']['text'].splitlines()[0]}")
     return 0
 
