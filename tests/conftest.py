@@ -2,7 +2,8 @@
 that can persist L2 is present; every GPU test is checked afterwards for leaving the device as it found it.
 ``crossings`` counts the calls l2ctl makes into the backend; ``hostile`` is the table of hostile inputs to
 every public call (run on the simulator by tests/api and on a GPU by tests/gpu); ``run_threads`` runs a
-worker in threads and re-raises what they raised."""
+worker in threads and re-raises what they raised; ``trees`` stands in for torch's graph trees and ``scatter``
+makes the simulator's scatter-add kernel (tests/graph)."""
 
 from __future__ import annotations
 
@@ -81,6 +82,34 @@ def fake() -> FakeBackend:
     """A simulated H100 in place of the CUDA extension."""
     with FakeBackend.installed(FakeDevice.h100()) as backend:
         yield backend
+
+
+@pytest.fixture
+def trees(fake: FakeBackend):
+    """The simulator's stand-in for torch.compile's CUDA graph trees, in place of torch's for the test."""
+    from l2ctl import _torch_graphs
+    from l2ctl.testing.torch_graphs import FakeGraphTrees
+
+    stand_in = FakeGraphTrees()
+    previous = _torch_graphs.use_trees(stand_in)
+    try:
+        yield stand_in
+    finally:
+        _torch_graphs.use_trees(previous)
+        stand_in.close()
+
+
+@pytest.fixture
+def scatter(fake: FakeBackend) -> Callable[[Any], Callable[[int], None]]:
+    """``scatter(acc)``: a kernel launcher (stream handle -> None) that re-reads ``acc`` at random while updates
+    stream past, as a scatter-add does (the simulator's stand-in for the gallery's,
+    l2ctl.testing.ModeledWorkload.scatter_add)."""
+    def make(acc: Any) -> Callable[[int], None]:
+        def launch(stream: int) -> None:
+            fake.launch_modeled_kernel(stream, "index_add", streamed_bytes=1.5 * (1 << 30), hot=(acc.ptr, acc.nbytes),
+                                       hot_reads=32 * (1.5 * (1 << 30) / 12), read_fraction=0.98)
+        return launch
+    return make
 
 
 @pytest.fixture

@@ -18,41 +18,23 @@ MiB = 1 << 20
 NONE = (0, 0, 0.0, 0, 0)
 
 
-@pytest.fixture
-def trees(fake):
-    stand_in = FakeGraphTrees()
-    previous = _torch_graphs.use_trees(stand_in)
-    try:
-        yield stand_in
-    finally:
-        _torch_graphs.use_trees(previous)
-        stand_in.close()
-
-
-def _scatter(fake, acc):
-    def launch(stream: int) -> None:
-        fake.launch_modeled_kernel(stream, "index_add", streamed_bytes=1.5 * (1 << 30), hot=(acc.ptr, acc.nbytes),
-                                   hot_reads=32 * (1.5 * (1 << 30) / 12), read_fraction=0.98)
-    return launch
-
-
-def _default_graph(fake, s, acc):
+def _default_graph(scatter, fake, s, acc):
     g = FakeTorchGraph()  # torch.cuda.CUDAGraph() with torch's defaults: keep_graph=False
     g.capture_begin(s)
-    _scatter(fake, acc)(s.handle)
+    scatter(acc)(s.handle)
     g.capture_end()
     return g
 
 
-def test_a_default_flag_graph_made_inside_the_block_keeps_its_template_and_replays_as_before(fake, trees):
+def test_a_default_flag_graph_made_inside_the_block_keeps_its_template_and_replays_as_before(fake, trees, scatter):
     own = dict(FakeTorchGraph.__dict__)
     with l2ctl.Stream() as s, l2ctl.DeviceBuffer(4 * MiB) as acc:
         with graph.torch_captures() as captures:
-            g = _default_graph(fake, s, acc)
+            g = _default_graph(scatter, fake, s, acc)
             assert g.instantiations == 1 and g.raw_cuda_graph_exec()  # made at capture end, as the default does
             explicit = FakeTorchGraph(keep_graph=True)  # asked for: instantiated at its first replay, as asked
             explicit.capture_begin(s)
-            _scatter(fake, acc)(s.handle)
+            scatter(acc)(s.handle)
             explicit.capture_end()
             assert explicit.instantiations == 0
         assert dict(FakeTorchGraph.__dict__) == own  # torch's class put back
@@ -65,7 +47,7 @@ def test_a_default_flag_graph_made_inside_the_block_keeps_its_template_and_repla
             assert fake.launched[-1][1] == (p.window.as_tuple(),) and g.instantiations == 2
         g.replay(s)
         assert fake.launched[-1][1] == (NONE,) and fake.state() == before
-        outside = _default_graph(fake, s, acc)  # made outside any scope: its template is gone
+        outside = _default_graph(scatter, fake, s, acc)  # made outside any scope: its template is gone
         calls = len(fake.calls)
         with pytest.raises(ValueError, match=r"inside `with l2ctl.graph.torch_captures\(\):`"):
             l2ctl.persist(outside, acc, 1.0)
@@ -74,15 +56,15 @@ def test_a_default_flag_graph_made_inside_the_block_keeps_its_template_and_repla
         assert captures.graphs() == [explicit]
 
 
-def test_blocks_nest_and_the_class_is_put_back_after_the_last(fake, trees):
+def test_blocks_nest_and_the_class_is_put_back_after_the_last(fake, trees, scatter):
     own = dict(FakeTorchGraph.__dict__)
     outer, inner = graph.torch_captures(), graph.torch_captures()
     with l2ctl.Stream() as s, l2ctl.DeviceBuffer(4 * MiB) as acc:
         with outer:
             with inner:
-                a = _default_graph(fake, s, acc)
-            b = _default_graph(fake, s, acc)  # the outer block still keeps
-        c = _default_graph(fake, s, acc)
+                a = _default_graph(scatter, fake, s, acc)
+            b = _default_graph(scatter, fake, s, acc)  # the outer block still keeps
+        c = _default_graph(scatter, fake, s, acc)
         assert outer.graphs() == [a, b] and inner.graphs() == [a] and not _torch_graphs.is_kept(c)
         assert dict(FakeTorchGraph.__dict__) == own
         del a, b
@@ -90,10 +72,10 @@ def test_blocks_nest_and_the_class_is_put_back_after_the_last(fake, trees):
         assert outer.graphs() == []  # weakly held: a graph torch drops is forgotten
 
 
-def test_a_scope_reaches_graph_tree_recordings_made_in_an_earlier_block(fake, trees):
+def test_a_scope_reaches_graph_tree_recordings_made_in_an_earlier_block(fake, trees, scatter):
     with l2ctl.Stream() as s, l2ctl.DeviceBuffer(4 * MiB) as acc:
         with graph.torch_captures():
-            node = trees.record(_scatter(fake, acc))  # torch.compile recorded the step: no window
+            node = trees.record(scatter(acc))  # torch.compile recorded the step: no window
         node.graph.replay(s)
         assert fake.launched[-1][1] == (NONE,)
         before = fake.state()
@@ -105,23 +87,23 @@ def test_a_scope_reaches_graph_tree_recordings_made_in_an_earlier_block(fake, tr
         assert node.graph.instantiations == 3  # at capture end, at the scope's entry and at its end
 
 
-def test_a_graph_recorded_inside_a_scope_replays_without_the_window_after_it(fake, trees):
+def test_a_graph_recorded_inside_a_scope_replays_without_the_window_after_it(fake, trees, scatter):
     with l2ctl.Stream() as s, l2ctl.DeviceBuffer(4 * MiB) as acc:
         with l2ctl.persist(graph.torch_captures(), acc, 1.0) as p:
-            node = trees.record(_scatter(fake, acc))  # captured on the recording stream: CUDA copied the window
+            node = trees.record(scatter(acc))  # captured on the recording stream: CUDA copied the window
             node.graph.replay(s)
             assert fake.launched[-1][1] == (p.window.as_tuple(),)
         node.graph.replay(s)
         assert fake.launched[-1][1] == (NONE,)  # the scope's end put its nodes back, as for any graph
 
 
-def test_a_kept_graph_torch_drops_inside_a_scope_lives_until_the_scope_ends(fake, trees):
+def test_a_kept_graph_torch_drops_inside_a_scope_lives_until_the_scope_ends(fake, trees, scatter):
     """torch.compiler.reset() inside a scope (or the collection of a cycle that held an earlier recording): the
     trees drop a graph whose kernel nodes the scope's window is on. Freed then, its template would be destroyed
     and the scope's end would write to its freed nodes (on the GPU: a segfault); the scope holds it instead."""
     with l2ctl.Stream() as s, l2ctl.DeviceBuffer(4 * MiB) as acc:
         with graph.torch_captures():
-            trees.record(_scatter(fake, acc))
+            trees.record(scatter(acc))
         before = fake.state()
         with l2ctl.persist(graph.torch_captures(), acc, 1.0) as p:
             [kept] = _torch_graphs.kept(0)
@@ -134,16 +116,16 @@ def test_a_kept_graph_torch_drops_inside_a_scope_lives_until_the_scope_ends(fake
         assert fake.state()[:2] == before[:2]  # the limit and the streams put back (the graph's nodes are gone)
         assert template not in fake._graphs  # freed with the scope
         assert _torch_graphs.kept(0) == [] and not trees.recorded(0)
-        step = trees.record(_scatter(fake, acc))  # recorded anew after the reset, outside any block
+        step = trees.record(scatter(acc))  # recorded anew after the reset, outside any block
         step.graph.replay(s)
         assert fake.launched[-1][1] == (NONE,)
 
 
-def test_a_graphed_callables_graph_captured_inside_the_block(fake, trees):
+def test_a_graphed_callables_graph_captured_inside_the_block(fake, trees, scatter):
     with l2ctl.Stream() as s, l2ctl.DeviceBuffer(4 * MiB) as acc:
         with graph.torch_captures() as captures:
             capture_stream = trees.capture_streams(0)[1]  # make_graphed_callables captures on torch's default one
-            g = _default_graph(fake, capture_stream, acc)
+            g = _default_graph(scatter, fake, capture_stream, acc)
         with captures:
             tuned = l2ctl.tune(lambda st: g.replay(st), captures, {"acc": acc}, stream=s, rounds=3, repeat=2, warmup=0)
         assert tuned.persists and tuned.buffer_name == "acc" and tuned.speedup > 1.1, str(tuned)

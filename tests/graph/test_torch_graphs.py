@@ -15,31 +15,11 @@ from l2ctl.testing.torch_graphs import FakeGraphTrees, FakeTorchGraph
 MiB = 1 << 20
 
 
-@pytest.fixture
-def trees(fake):
-    stand_in = FakeGraphTrees()
-    previous = _torch_graphs.use_trees(stand_in)
-    try:
-        yield stand_in
-    finally:
-        _torch_graphs.use_trees(previous)
-        stand_in.close()
-
-
-def _scatter(fake, acc):
-    """A kernel that re-reads ``acc`` at random while updates stream past, as a scatter-add does (the
-    simulator's stand-in for the gallery's, l2ctl.testing.ModeledWorkload.scatter_add)."""
-    def launch(stream: int) -> None:
-        fake.launch_modeled_kernel(stream, "index_add", streamed_bytes=1.5 * (1 << 30), hot=(acc.ptr, acc.nbytes),
-                                   hot_reads=32 * (1.5 * (1 << 30) / 12), read_fraction=0.98)
-    return launch
-
-
-def _captured(fake, s, acc, keep_graph=True):
+def _captured(scatter, fake, s, acc, keep_graph=True):
     g = FakeTorchGraph(keep_graph=keep_graph)
     g.capture_begin(s)
-    _scatter(fake, acc)(s.handle)
-    _scatter(fake, acc)(s.handle)
+    scatter(acc)(s.handle)
+    scatter(acc)(s.handle)
     g.capture_end()
     return g
 
@@ -48,9 +28,9 @@ def _replayed_windows(fake):
     return fake.launched[-1][1]
 
 
-def test_a_torch_graph_replayed_before_the_scope_gets_the_window(fake):
+def test_a_torch_graph_replayed_before_the_scope_gets_the_window(fake, scatter):
     with l2ctl.Stream() as s, l2ctl.DeviceBuffer(4 * MiB) as acc:
-        g = _captured(fake, s, acc)
+        g = _captured(scatter, fake, s, acc)
         g.replay(s)  # torch's executable exists before the scope: warm up first, then optimise
         assert all(w[1] == 0 for w in _replayed_windows(fake))
         before = fake.state()
@@ -63,9 +43,9 @@ def test_a_torch_graph_replayed_before_the_scope_gets_the_window(fake):
         assert fake.state() == before
 
 
-def test_a_torch_graph_first_replayed_inside_the_scope(fake):
+def test_a_torch_graph_first_replayed_inside_the_scope(fake, scatter):
     with l2ctl.Stream() as s, l2ctl.DeviceBuffer(4 * MiB) as acc:
-        g = _captured(fake, s, acc)
+        g = _captured(scatter, fake, s, acc)
         with l2ctl.persist(graph.as_graph(g), acc, 1.0) as p:
             assert g.instantiations == 0  # nothing to re-instantiate: the first replay instantiates
             g.replay(s)
@@ -74,9 +54,9 @@ def test_a_torch_graph_first_replayed_inside_the_scope(fake):
         assert all(w[1] == 0 for w in _replayed_windows(fake)) and g.instantiations == 2
 
 
-def test_a_selection_of_a_torch_graphs_nodes(fake):
+def test_a_selection_of_a_torch_graphs_nodes(fake, scatter):
     with l2ctl.Stream() as s, l2ctl.DeviceBuffer(4 * MiB) as acc:
-        g = _captured(fake, s, acc)
+        g = _captured(scatter, fake, s, acc)
         g.replay(s)
         first = graph.as_graph(g).kernel_nodes()[0].node
         assert graph.as_graph(g) is graph.as_graph(g)  # one view per torch graph
@@ -85,9 +65,9 @@ def test_a_selection_of_a_torch_graphs_nodes(fake):
             assert _replayed_windows(fake) == (p.window.as_tuple(), (0, 0, 0.0, 0, 0))
 
 
-def test_a_torch_graph_without_its_template_is_refused_before_any_change(fake):
+def test_a_torch_graph_without_its_template_is_refused_before_any_change(fake, scatter):
     with l2ctl.Stream() as s, l2ctl.DeviceBuffer(4 * MiB) as acc:
-        g = _captured(fake, s, acc, keep_graph=False)
+        g = _captured(scatter, fake, s, acc, keep_graph=False)
         before, calls = fake.state(), len(fake.calls)
         with pytest.raises(ValueError, match="keep_graph=True"):
             l2ctl.persist(g, acc, 1.0, set_aside="max")
@@ -109,11 +89,11 @@ def test_cupy_graphs_and_functions_are_refused_saying_what_to_do(fake):
             l2ctl.persist(lambda: None, buf)
 
 
-def test_the_window_reaches_graphs_recorded_inside_torch_captures(fake, trees):
+def test_the_window_reaches_graphs_recorded_inside_torch_captures(fake, trees, scatter):
     with l2ctl.Stream() as s, l2ctl.DeviceBuffer(4 * MiB) as acc:
         before = fake.state()
         with l2ctl.persist(graph.torch_captures(), acc, 1.0) as p:
-            node = trees.record(_scatter(fake, acc))  # warm-up and recording inside the scope
+            node = trees.record(scatter(acc))  # warm-up and recording inside the scope
             node.graph.replay(s)
             assert _replayed_windows(fake) == (p.window.as_tuple(),)
         state = fake.state()  # the capture streams, and the recording's nodes, are back to no window
@@ -125,9 +105,9 @@ def test_the_window_reaches_graphs_recorded_inside_torch_captures(fake, trees):
             assert _replayed_windows(fake) == (p.window.as_tuple(),)
 
 
-def test_graphs_recorded_outside_any_scope_refuse_a_torch_captures_scope(fake, trees):
+def test_graphs_recorded_outside_any_scope_refuse_a_torch_captures_scope(fake, trees, scatter):
     with l2ctl.DeviceBuffer(4 * MiB) as acc:
-        trees.record(_scatter(fake, acc))  # warmed up and recorded first: the harm the issue measured
+        trees.record(scatter(acc))  # warmed up and recorded first: the harm the issue measured
         before, calls = fake.state(), len(fake.calls)
         with pytest.raises(ValueError, match=r"first call inside `with l2ctl.graph.torch_captures\(\):`"):
             with l2ctl.persist(graph.torch_captures(), acc, 1.0, set_aside="max"):
@@ -135,19 +115,19 @@ def test_graphs_recorded_outside_any_scope_refuse_a_torch_captures_scope(fake, t
         assert fake.state() == before and len(fake.calls) == calls
         trees.roots.clear()  # torch.compiler.reset()
         with l2ctl.persist(graph.torch_captures(), acc, 1.0):
-            trees.record(_scatter(fake, acc))
+            trees.record(scatter(acc))
 
 
-def test_a_recording_under_another_window_refuses_the_scope_unless_told_what_replays(fake, trees):
+def test_a_recording_under_another_window_refuses_the_scope_unless_told_what_replays(fake, trees, scatter):
     trees.keeps_templates = False  # torch < 2.9: a recording keeps the window it was captured with, for good
     with l2ctl.Stream() as s, l2ctl.DeviceBuffer(4 * MiB) as acc, l2ctl.DeviceBuffer(4 * MiB) as other:
         with l2ctl.scoped_window(graph.torch_captures(), AccessPolicyWindow()):
-            plain = trees.record(_scatter(fake, acc))  # the same code recorded without a window, knowingly
+            plain = trees.record(scatter(acc))  # the same code recorded without a window, knowingly
         with pytest.raises(ValueError, match="1 recorded under another window"):  # the plain one is there
             with l2ctl.persist(graph.torch_captures(), other, 1.0):
                 pass
         with l2ctl.persist(graph.torch_captures(replays=lambda window: []), other, 1.0):  # it replays nothing else
-            trees.record(_scatter(fake, other))
+            trees.record(scatter(other))
         limit = fake.device(0).limit
         for window_of in (acc, other):  # neither no window nor another buffer's window reaches these replays
             with pytest.raises(ValueError, match="recorded under another window"):
@@ -157,7 +137,7 @@ def test_a_recording_under_another_window_refuses_the_scope_unless_told_what_rep
         own: list[object] = []
         narrowed = graph.torch_captures(replays=lambda window: own)  # code that knows what its block replays
         with l2ctl.persist(narrowed, acc, 1.0) as p:
-            windowed = trees.record(_scatter(fake, acc))
+            windowed = trees.record(scatter(acc))
             own.append(windowed)
         with l2ctl.persist(narrowed, acc, 1.0):  # its recording carries the window: admitted
             windowed.graph.replay(s)
@@ -169,13 +149,13 @@ def test_a_recording_under_another_window_refuses_the_scope_unless_told_what_rep
         assert _replayed_windows(fake) == ((0, 0, 0.0, 0, 0),)
 
 
-def test_a_graph_recorded_before_the_window_is_on_the_streams_is_not_taken_for_windowed(fake, trees, monkeypatch):
+def test_a_graph_recorded_before_the_window_is_on_the_streams_is_not_taken_for_windowed(fake, trees, monkeypatch, scatter):
     apply_window = fake.apply_window
     recorded = []
 
     def record_first(*args):  # a recording that happens after the scope was admitted, before it applies
         if not recorded:
-            recorded.append(trees.record(_scatter(fake, acc)))
+            recorded.append(trees.record(scatter(acc)))
         return apply_window(*args)
 
     with l2ctl.DeviceBuffer(4 * MiB) as acc:
@@ -189,12 +169,12 @@ def test_a_graph_recorded_before_the_window_is_on_the_streams_is_not_taken_for_w
                 pass
 
 
-def test_a_view_keeps_no_torch_graph_alive(fake):
+def test_a_view_keeps_no_torch_graph_alive(fake, scatter):
     import gc
     import weakref
 
     with l2ctl.Stream() as s, l2ctl.DeviceBuffer(MiB) as acc:
-        g = _captured(fake, s, acc)
+        g = _captured(scatter, fake, s, acc)
         with l2ctl.persist(g, acc, 1.0):
             pass
         gone = weakref.ref(g)
@@ -211,7 +191,7 @@ def _time(s, run, n=5):
     return t.elapsed_ms / n
 
 
-def test_replays_take_what_the_eager_step_takes_under_the_same_scope(fake):
+def test_replays_take_what_the_eager_step_takes_under_the_same_scope(fake, scatter):
     """The simulator reproduces the issue's measurement: with the executable made before the window and only
     the template carrying it (what l2ctl did before), a larger set-aside makes the replays slower than no
     persistence at all, as the same step run eagerly with the set-aside and no window. Through l2ctl's path,
@@ -219,8 +199,8 @@ def test_replays_take_what_the_eager_step_takes_under_the_same_scope(fake):
     info = l2ctl.device_info()
     acc_bytes = int(0.64 * info.l2_cache_size) // MiB * MiB
     with l2ctl.Stream() as s, l2ctl.DeviceBuffer(acc_bytes) as acc:
-        step = _scatter(fake, acc)
-        g = _captured(fake, s, acc)
+        step = scatter(acc)
+        g = _captured(scatter, fake, s, acc)
         g.replay(s)
         baseline = _time(s, lambda: g.replay(s))
         ratio = l2ctl.auto_set_aside_cap() / acc_bytes  # what the default set-aside holds
@@ -269,7 +249,7 @@ def test_tune_on_a_torch_graph_puts_each_point_on_what_replays(fake):
             assert _replayed_windows(fake)[0] == p.window.as_tuple() and p.window.base_ptr == acc.ptr
 
 
-def test_tune_refuses_what_it_cannot_vary(fake, trees):
+def test_tune_refuses_what_it_cannot_vary(fake, trees, scatter):
     with l2ctl.Stream() as s, l2ctl.DeviceBuffer(MiB) as buf:
         with pytest.raises(ValueError, match="pass stream="):
             l2ctl.tune(lambda st: None, graph.torch_captures(), buf)
@@ -278,7 +258,7 @@ def test_tune_refuses_what_it_cannot_vary(fake, trees):
             l2ctl.tune(lambda st: None, graph.torch_captures(), buf, stream=s)
         with pytest.raises(ValueError, match="no other stream"):
             l2ctl.tune(lambda st: None, s, buf, stream=l2ctl.Stream())
-        g = _captured(fake, s, buf)
+        g = _captured(scatter, fake, s, buf)
         with pytest.raises(ValueError, match="pass stream="):
             l2ctl.tune(lambda st: None, g, buf)
 
@@ -321,17 +301,17 @@ def test_the_gallery_tunes_graphed_and_compiled_rows_on_the_simulator(fake, tree
 # ---- torch.compile without its graphs: eager kernels on the current stream, and streams made current -------
 
 
-def test_a_torch_captures_scope_puts_its_window_on_the_current_stream(fake, trees):
+def test_a_torch_captures_scope_puts_its_window_on_the_current_stream(fake, trees, scatter):
     with l2ctl.Stream() as s, l2ctl.DeviceBuffer(4 * MiB) as acc:
         trees.set_stream(s)  # torch's current stream when the scope enters
         before = fake.state()
         with l2ctl.persist(graph.torch_captures(), acc, 1.0, set_aside="max") as p:
-            _scatter(fake, acc)(s.handle)  # a kernel torch.compile did not graph: eager, on the current stream
+            scatter(acc)(s.handle)  # a kernel torch.compile did not graph: eager, on the current stream
             assert fake.kernel_log[-1].window == p.window.as_tuple()
         assert fake.state() == before and trees.watching == 0
 
 
-def test_a_stream_made_current_inside_the_scope_gets_the_window_before_any_launch(fake, trees):
+def test_a_stream_made_current_inside_the_scope_gets_the_window_before_any_launch(fake, trees, scatter):
     with l2ctl.Stream() as entry, l2ctl.Stream() as later, l2ctl.DeviceBuffer(4 * MiB) as acc:
         trees.set_stream(entry)
         before = fake.state()
@@ -339,7 +319,7 @@ def test_a_stream_made_current_inside_the_scope_gets_the_window_before_any_launc
             assert fake.windows.get(later.handle, (0, 0))[1] == 0
             with trees.stream(later):  # with torch.cuda.stream(later):
                 assert fake.windows[later.handle] == p.window.as_tuple()
-                _scatter(fake, acc)(later.handle)
+                scatter(acc)(later.handle)
                 assert fake.kernel_log[-1].window == p.window.as_tuple()
             trees.set_stream(later)
         assert fake.state() == before  # both streams back to what they held, the limit too
@@ -399,14 +379,14 @@ def test_the_eager_fallback_of_torch_compile_gains_what_the_eager_step_gains(fak
         assert all(r.graph._exec is None for r in trees.recorded(0))  # nothing was graphed
 
 
-def test_replays_new_admits_a_block_that_replays_only_what_it_records(fake, trees):
+def test_replays_new_admits_a_block_that_replays_only_what_it_records(fake, trees, scatter):
     """Two compiled functions and a graphed callable in one process: the first compiled function recorded
     under a window on another buffer; a block that captures a graphed callable, or first calls a second
     compiled function, replays none of it (torch < 2.9: recordings keep no template)."""
     trees.keeps_templates = False
     with l2ctl.Stream() as s, l2ctl.DeviceBuffer(4 * MiB) as acc, l2ctl.DeviceBuffer(4 * MiB) as bias:
         with l2ctl.persist(graph.torch_captures(), acc, 1.0):
-            first = trees.record(_scatter(fake, acc))  # compiled function 1, recorded under acc's window
+            first = trees.record(scatter(acc))  # compiled function 1, recorded under acc's window
         with pytest.raises(ValueError, match="replays='new'"):
             l2ctl.persist(graph.torch_captures(), bias, 1.0).__enter__()
         assert not any(w[1] for w in fake.windows.values())  # refused before any change
@@ -414,9 +394,9 @@ def test_replays_new_admits_a_block_that_replays_only_what_it_records(fake, tree
             # make_graphed_callables captures on torch.cuda.graph's default capture stream
             callable_graph = FakeTorchGraph(keep_graph=False)
             callable_graph.capture_begin(trees.capture_streams(0)[1])
-            _scatter(fake, bias)(resolve_handle(trees.capture_streams(0)[1]))
+            scatter(bias)(resolve_handle(trees.capture_streams(0)[1]))
             callable_graph.capture_end()
-            second = trees.record(_scatter(fake, bias))  # compiled function 2, first called inside
+            second = trees.record(scatter(bias))  # compiled function 2, first called inside
             for recorded in (callable_graph, second.graph):
                 recorded.replay(s)
                 assert _replayed_windows(fake) == (p.window.as_tuple(),)
@@ -519,12 +499,12 @@ def test_a_stream_whose_window_cannot_be_set_is_not_kept_in_the_scope(fake, tree
         assert fake.state() == before
 
 
-def test_an_interrupt_in_torchs_reinstantiation_at_a_scopes_end(fake, monkeypatch):
+def test_an_interrupt_in_torchs_reinstantiation_at_a_scopes_end(fake, monkeypatch, scatter):
     """The one end that must call Python after the device changed: torch's instantiate() (DESIGN.md). Cut short
     there, the device (the template's node windows) is restored at once and nothing stays live; torch's
     executable keeps the scope's windows until the next scope on the graph re-instantiates it."""
     with l2ctl.Stream() as s, l2ctl.DeviceBuffer(4 * MiB) as acc:
-        g = _captured(fake, s, acc)
+        g = _captured(scatter, fake, s, acc)
         g.replay(s)
         before = fake.state()
         instantiate = g.instantiate
