@@ -113,6 +113,22 @@ def scatter(fake: FakeBackend) -> Callable[[Any], Callable[[int], None]]:
 
 
 @pytest.fixture
+def scatter_add_case() -> types.SimpleNamespace:
+    """On the GPU, with torch: an accumulator of 0.64 x L2 (sized from this GPU), the updates a scatter-add adds
+    into it (``index``, ``values``) and the expected sum (float64)."""
+    torch = pytest.importorskip("torch", reason="needs PyTorch")
+    info = l2ctl.device_info()
+    dev = torch.device("cuda", info.index)
+    g = torch.Generator(device=dev).manual_seed(0)
+    acc = torch.zeros(int(0.64 * info.l2_cache_size) // 4, device=dev)
+    index = torch.randint(0, acc.numel(), (16 << 20,), device=dev, generator=g)
+    values = torch.randint(1, 5, (index.numel(),), device=dev, generator=g).float()
+    expected = torch.zeros_like(acc, dtype=torch.float64).index_add_(0, index, values.double())
+    yield types.SimpleNamespace(acc=acc, index=index, values=values, expected=expected)
+    torch.cuda.synchronize()
+
+
+@pytest.fixture
 def gpu_state():
     """Records the device limit at the start of a GPU test and asserts it is unchanged at the end;
     streams registered with ``gpu_state.watch(stream)`` must end with the window they started with."""

@@ -6,7 +6,6 @@ recorded outside any block is refused, saying how to fix it. (What each gains: s
 from __future__ import annotations
 
 import gc
-import types
 import warnings
 import weakref
 
@@ -22,17 +21,10 @@ FAST = {"rounds": 3, "repeat": 2, "warmup": 1}
 
 
 @pytest.fixture
-def state():
-    """An accumulator of 0.64 x L2 (sized from this GPU), the updates a scatter-add adds into it, the expected sum."""
-    info = l2ctl.device_info()
-    dev = torch.device("cuda", info.index)
-    g = torch.Generator(device=dev).manual_seed(0)
-    acc = torch.zeros(int(0.64 * info.l2_cache_size) // 4, device=dev)
-    index = torch.randint(0, acc.numel(), (16 << 20,), device=dev, generator=g)
-    values = torch.randint(1, 5, (index.numel(),), device=dev, generator=g).float()
-    expected = torch.zeros_like(acc, dtype=torch.float64).index_add_(0, index, values.double())
+def state(scatter_add_case):
+    """scatter_add_case, with torch.compile's caches and graph trees reset before and after."""
     torch.compiler.reset()
-    yield types.SimpleNamespace(acc=acc, index=index, values=values, expected=expected)
+    yield scatter_add_case
     torch.cuda.synchronize()
     torch.compiler.reset()
 

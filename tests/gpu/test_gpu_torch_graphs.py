@@ -17,15 +17,10 @@ MiB = 1 << 20
 
 
 @pytest.fixture
-def step():
+def step(scatter_add_case):
     """A scatter-add into an accumulator of 0.64 x L2 (sized from this GPU), with its expected result."""
-    info = l2ctl.device_info()
-    dev = torch.device("cuda", info.index)
-    g = torch.Generator(device=dev).manual_seed(0)
-    acc = torch.zeros(int(0.64 * info.l2_cache_size) // 4, device=dev)
-    index = torch.randint(0, acc.numel(), (16 << 20,), device=dev, generator=g)
-    values = torch.randint(1, 5, (index.numel(),), device=dev, generator=g).float()
-    expected = torch.zeros_like(acc, dtype=torch.float64).index_add_(0, index, values.double())
+    acc, index, values, expected = (scatter_add_case.acc, scatter_add_case.index, scatter_add_case.values,
+                                    scatter_add_case.expected)
 
     def run() -> None:
         acc.index_add_(0, index, values)
@@ -36,8 +31,7 @@ def step():
         torch.cuda.synchronize()
         return bool(torch.equal(acc.double(), expected))
 
-    yield acc, run, check
-    torch.cuda.synchronize()
+    return acc, run, check
 
 
 def _captured(run, keep_graph=True):
