@@ -153,7 +153,23 @@ def part_compiled(device: int, s: torch.cuda.Stream, rounds: int, steps: int) ->
     check(state.acc, expected, "baseline")
     return {**summary("compiled zero + index_add_, discovered", b, t), "untouched_baseline_ms": untouched_ms,
             "graphed": graph_skips() == skips, "kept_graphs": graphs, "acc_bytes": state.acc.numel() * 4,
-            "tuned": tuned_dict(tuned, seconds)}
+            "updates": state.index.numel(), "inductor_atomics": inductor_atomics(), "tuned": tuned_dict(tuned, seconds)}
+
+
+def inductor_atomics() -> list[str]:
+    """The atomic lines of the Triton kernels Inductor wrote (its cache): why its scatter gains less than torch's
+    own kernel does under the same window is in how it adds."""
+    import glob
+
+    try:
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+    except ImportError as exc:
+        return [f"unavailable: {exc}"]
+    lines = set()
+    for path in glob.glob(os.path.join(cache_dir(), "**", "*.py"), recursive=True):
+        with open(path, errors="replace") as f:
+            lines.update(line.strip() for line in f if "tl.atomic_add" in line)
+    return sorted(lines)[:8]
 
 
 def part_default_graph(device: int, s: torch.cuda.Stream, rounds: int, steps: int) -> dict[str, Any]:
