@@ -104,7 +104,6 @@ def run(layer: GNNLayer, stream: torch.cuda.Stream, rounds: int, steps: int) -> 
         row.update(persists=False, reason=refusal or (tuned.reason if tuned else ""),
                    speedup=1.0 if tuned is None else tuned.speedup)
         return row
-    assert considered is not None
     baseline, persisted = [], []
     for _ in range(rounds):  # alternating: drift hits both the same way
         baseline.append(timed(lambda: layer.step(stream), stream, steps))
@@ -113,7 +112,8 @@ def run(layer: GNNLayer, stream: torch.cuda.Stream, rounds: int, steps: int) -> 
     if not layer.verify(stream):
         raise AssertionError("the layer's output is wrong under the tuned scope")
     b, p = statistics.median(baseline), statistics.median(persisted)
-    row.update(persists=True, chosen=tuned.buffer_name, chosen_range=considered.details.get(tuned.buffer_name or ""),
+    chosen_range = considered.details.get(tuned.buffer_name or "") if considered else tuned.buffer_name
+    row.update(persists=True, chosen=tuned.buffer_name, chosen_range=chosen_range,
                reason=tuned.reason, speedup=tuned.speedup, ci=list(tuned.ci), baseline_ms=tuned.baseline_ms,
                best_ms=tuned.best_ms, set_aside=tuned.set_aside, hit_ratio=tuned.hit_ratio,
                copy_slowdown=tuned.tax.copy_slowdown, check_baseline_ms=b, check_persisted_ms=p, check_speedup=b / p,
