@@ -20,8 +20,7 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 #: Cells (indices in the notebook) whose code scripts/make_notebooks.py has changed since the committed copy was
 #: executed on a GPU. Regenerate those notebooks, execute them on a GPU (see the test at the end), commit them and
 #: empty their entry.
-#: Issue 35: notebook 05's compiled section, its "discover" on a reduce-overhead step.
-AWAITING_GPU_RUN: dict[str, tuple[int, ...]] = {"05_your_pytorch_workload.ipynb": (14, 17, 18)}
+AWAITING_GPU_RUN: dict[str, tuple[int, ...]] = {}
 
 
 def _generated() -> dict[str, object]:
