@@ -6,8 +6,8 @@ Parts (``--parts``, default all):
 
 - ``compiled``: ``acc.zero_(); acc.index_add_(0, index, values)`` into an accumulator of 0.64 x L2, compiled with
   ``torch.compile(mode="reduce-overhead")`` (its three tensors marked static, as a module's buffers are), first
-  called inside ``with torch_captures() as captures``, tuned by ``tune(step, captures, "discover")``: Inductor scatters into a
-  temporary of its own, which discovery finds. Baseline: the same code compiled again and recorded in the same
+  called inside ``with torch_captures() as captures``, tuned by ``tune(step, captures, "discover")``: Inductor
+  scatters into a temporary of its own, which discovery finds. Baseline: the same code compiled again and recorded in the same
   block, replayed with no scope; and a copy compiled and measured before l2ctl kept anything (``untouched``).
 - ``compiled-unmarked``: the same with only ``acc`` marked: torch copies ``index`` and ``values`` (1.5 GiB) into its
   pool before every replay, copies no cache setting shortens.
