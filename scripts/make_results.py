@@ -279,6 +279,58 @@ def readme_app() -> str:
             f"hand-written set-aside without a window {min(r['speedup']['helper'] for r in h100):.2f}x.")
 
 
+def _discovery() -> tuple[list[tuple[str, dict[str, Any]]], list[dict[str, Any]]]:
+    """Issue 35's H100 records: the README's reduce-overhead step tuned by discovery, in fresh processes with fresh
+    Inductor caches (its tensors marked static, and only ``acc`` marked), and the eager GNN layer's rows."""
+    compiled = []
+    for name, label in (("torch_captures_fresh_marked", "marked"), ("torch_captures_fresh_unmarked", "unmarked")):
+        record = load("h100", name)
+        if record is not None:
+            part = record["summary"]["compiled" if label == "marked" else "compiled-unmarked"]
+            if not part["graphed"] or not part["tuned"]["persists"]:
+                raise ValueError(f"h100/{name}.json: the step was not graphed or discovery chose nothing")
+            compiled.append((label, part))
+    eager = load("h100", "eager_discovery")
+    return compiled, [] if eager is None else eager["summary"]["rows"]
+
+
+def _eager_speedup(rows: list[dict[str, Any]], form: str, dim: int) -> str:
+    row = next(r for r in rows if r["form"] == form and r["dim"] == dim)
+    return f"{row['check_speedup']:.2f}x" if row["persists"] else "no persistence"
+
+
+def readme_discovery() -> str:
+    """The README's line on discovery: the reduce-overhead step above and the eager GNN layer, on an H100."""
+    compiled, eager = _discovery()
+    by = dict(compiled)
+    if not by or not eager:
+        return ""
+    return (f"H100: {by['marked']['speedup']:.2f}x ({by['unmarked']['speedup']:.2f}x with only `acc` marked). The "
+            f"eager layer above at D = 1: {_eager_speedup(eager, 'stays', 1)} (by hand: "
+            f"{_eager_speedup(eager, 'named', 1)}); at D = 16: {_eager_speedup(eager, 'stays', 16)}, as by hand.")
+
+
+def discovery() -> str:
+    """docs/results.md: every row of issue 35's discovery records, with its baseline."""
+    compiled, eager = _discovery()
+    rows = ["| H100: step | without l2ctl | discovered | chosen | commit |", "|---|---|---|---|---|"]
+    for label, part in compiled:
+        rows.append(f"| reduce-overhead zero + `index_add_`, {label} | {part['baseline_ms']:.3f} ms | "
+                    f"**{part['speedup']:.2f}x** | {mib(part['tuned']['set_aside'])} MiB of Inductor's temporary, "
+                    f"hit ratio {part['tuned']['hit_ratio']:.2f} | {load('h100', 'torch_captures_fresh_' + label)['environment']['commit']} |")
+    commit = load("h100", "eager_discovery")["environment"]["commit"] if eager else ""
+    for r in eager:
+        if r["persists"]:
+            base, result = f"{r['check_baseline_ms']:.3f} ms", f"**{r['check_speedup']:.2f}x**"
+            chosen = "`out`, named by hand" if r["form"] == "named" else "the step's output, found at one address"
+        else:
+            moved = sum("moves between steps" in why for why in r.get("skipped", {}).values())
+            base, result = "-", "no persistence"
+            chosen = "no point beat the baseline beyond the noise" + (f"; {moved} temporaries moved" if moved else "")
+        rows.append(f"| eager GNN layer, D = {r['dim']}, output {r['form']} | {base} | {result} | {chosen} | {commit} |")
+    return "\n".join(rows)
+
+
 def readme_multigpu() -> str:
     """The multi-GPU paragraph's numbers, from the two-GPU records under torchrun (h100x2/): the DDP example's
     gain per rank against its single-GPU gain, and NCCL's bus bandwidth under each set-aside."""
@@ -639,7 +691,8 @@ GENERATORS: dict[str, Callable[[], str]] = {"readme-gallery": readme_gallery, "r
                                              "readme-cost": readme_cost,
                                              "readme-findings": readme_findings,
                                              "readme-multigpu": readme_multigpu,
-                                             "app-lifetime": app_lifetime, "readme-app": readme_app}
+                                             "app-lifetime": app_lifetime, "readme-app": readme_app,
+                                             "readme-discovery": readme_discovery, "discovery": discovery}
 for _gpu in GPUS:
     for _name, _fn in (("tax", tax), ("gallery", gallery), ("tune-models", tune_models), ("overhead", overhead),
                        ("overhead-targets", overhead_targets), ("overhead-forms", overhead_forms), ("reset-data", reset_data),
