@@ -327,7 +327,7 @@ def keep_templates(cls: type, device_of: Callable[[Any], int],
     return _keeper.keep(cls, device_of, captured)
 
 
-def is_kept(graph: object) -> bool:
+def is_kept(graph: Any) -> bool:
     """Whether ``graph`` was captured inside a torch_captures() scope and still holds its template."""
     with _lock:
         try:
