@@ -271,10 +271,9 @@ def as_graph(obj: object, device: object = None) -> Graph:
     """A Graph view of: an l2ctl Graph, an int cudaGraph_t, a torch.cuda.CUDAGraph captured with
     ``keep_graph=True`` or inside a ``torch_captures()`` scope (its windows reach torch's own ``replay()``:
     l2ctl has torch re-instantiate it after every change), or a cuda-python ``cudaGraph_t``/``CUgraph``.
-    Foreign graphs are borrowed, never
-    destroyed by l2ctl. ``device``: the graph's device (None: the current one). Refused (saying what to
-    do instead): graphs whose executable no window can reach any more (a torch graph with
-    ``keep_graph=False``, a CuPy graph) and functions."""
+    Foreign graphs are borrowed, never destroyed by l2ctl. ``device``: the graph's device (None: the current
+    one). Refused (saying what to do instead): graphs whose executable no window can reach any more (a torch
+    graph with ``keep_graph=False``, a CuPy graph) and functions."""
     if isinstance(obj, Graph):
         return obj
     if isinstance(obj, int) and not isinstance(obj, bool):
