@@ -84,19 +84,12 @@ __version__ = _core.__version__
 #: linked statically, sets the oldest driver that runs it, ``minimum_driver(cuda_flavour * 1000)``.
 cuda_flavour: int = _core.runtime_version() // 1000
 
-# name -> (module, attribute or None for the module itself)
-_LAZY = {
-    "bench": ("l2ctl.bench", None),
-    "benchmark_gallery": ("l2ctl.benchmark_gallery", None),
-    "candidates": ("l2ctl.candidates", None),
-    "plot": ("l2ctl.plot", None),
-    "sweep": ("l2ctl.sweep", None),
-    "tuner": ("l2ctl.tuner", None),
-    "workloads": ("l2ctl.workloads", None),
-    "Timer": ("l2ctl.bench.timing", "Timer"),
-    "TunedPolicy": ("l2ctl.tuner", "TunedPolicy"),
-    "tune": ("l2ctl.tuner", "tune"),
-}
+# name -> (module, attribute or None for the module itself): the harness's modules, and three of its names
+_LAZY: dict[str, tuple[str, _typing.Optional[str]]] = {
+    **{name: (f"l2ctl.{name}", None) for name in ("bench", "benchmark_gallery", "candidates", "plot", "sweep", "tuner",
+                                                   "workloads")},
+    "Timer": ("l2ctl.bench.timing", "Timer"), "TunedPolicy": ("l2ctl.tuner", "TunedPolicy"),
+    "tune": ("l2ctl.tuner", "tune")}
 
 
 def __getattr__(name: str) -> _Any:

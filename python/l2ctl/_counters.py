@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Sequence
 
-from . import _backend, _core
+from . import _backend, _core, _nvrtc
 from ._backend import RangeProfilerImpl
 from ._device import resolve_device
 from ._errors import CountersUnavailableError, CuptiError
@@ -83,9 +83,8 @@ def find_cupti() -> list[str]:
     """Candidate paths of libcupti, most specific first."""
     explicit = [os.environ["L2CTL_CUPTI"]] if os.environ.get("L2CTL_CUPTI") else []
     found: list[str] = []
-    roots = [os.environ.get(v) for v in ("CUDA_HOME", "CUDA_PATH")] + ["/usr/local/cuda"]
-    for root in filter(None, roots):
-        for sub in ("lib64", "lib", "extras/CUPTI/lib64", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib"):
+    for root in _nvrtc.toolkits(os.environ):  # where NVRTC is looked for too
+        for sub in (*_nvrtc.LIBRARY_DIRS, "extras/CUPTI/lib64"):
             found += sorted(glob.glob(os.path.join(root, sub, "libcupti.so*")), reverse=True)
     for entry in sys.path:  # pip wheels: nvidia/cu13/lib, nvidia/cuda_cupti/lib
         for pattern in ("nvidia/cu*/lib/libcupti.so*", "nvidia/cuda_cupti/lib/libcupti.so*"):

@@ -27,7 +27,6 @@ __all__ = [
     "check_pointer",
     "versions",
     "minimum_driver",
-    "forget_cached_properties",
     "check_owned_pointer",
     "check_stream_context",
 ]
@@ -59,25 +58,16 @@ _cache: "weakref.WeakKeyDictionary[Any, dict[int, DeviceProperties]]" = weakref.
 _cache_lock = threading.Lock()
 
 
-def forget_cached_properties() -> None:
-    """Drop every cached property (after fork the child must not trust the parent's view of CUDA)."""
-    with _cache_lock:
-        _forget()
-
-
-def _forget() -> None:
+def _after_fork_in_child() -> None:
+    # The child must not trust the parent's view of CUDA: every cache goes. A new lock, never the parent's:
+    # another thread of the parent may have held it at the fork, and that thread does not exist in the child
+    # (waiting for it would hang the child).
+    global _cache_lock
+    _cache_lock = threading.Lock()
     _cache.clear()
     _last[0], _last[1] = None, {}
     _checked.clear()
     _stream_contexts.clear()
-
-
-def _after_fork_in_child() -> None:
-    # A new lock, never the parent's: another thread of the parent may have held it at the fork, and that
-    # thread does not exist in the child (waiting for it would hang the child).
-    global _cache_lock
-    _cache_lock = threading.Lock()
-    _forget()
 
 
 if hasattr(os, "register_at_fork"):

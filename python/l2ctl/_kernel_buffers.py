@@ -80,11 +80,8 @@ def _range_of(ptr: int, named: list[tuple[str, int, int]], blocks: list[tuple[in
 
 
 def _named(names: Optional[Mapping[str, object]]) -> list[tuple[str, int, int]]:
-    named = []
-    for name, obj in (names or {}).items():
-        ref = resolve_buffer(obj)
-        named.append((str(name), ref.ptr, ref.nbytes))
-    return named
+    refs = {str(name): resolve_buffer(obj) for name, obj in (names or {}).items()}
+    return [(name, ref.ptr, ref.nbytes) for name, ref in refs.items()]
 
 
 def _torch_blocks(device: int, freed: bool) -> list[tuple[int, int, str]]:
@@ -117,15 +114,14 @@ def _map_words(launches: Iterable[tuple[int, str, list[tuple[int, int, int]]]], 
                 continue
             base, nbytes, owner, name = where
             key = (base, nbytes)
-            if key not in found:
-                found[key] = (owner, name, [])
-            if function not in found[key][2]:
-                found[key][2].append(function)
+            given = found.setdefault(key, (owner, name, []))[2]
+            if function not in given:
+                given.append(function)
             if key not in seen:
                 seen.append(key)
         per_node[node] = seen
     labels = {key: name or _label(kernels) for key, (_owner, name, kernels) in found.items()}
-    taken = [label for label in labels.values()]
+    taken = list(labels.values())
     for key, label in labels.items():  # two ranges given to the same kernels: each its own name
         if taken.count(label) > 1:
             labels[key] = f"{label} @0x{key[0]:x}"

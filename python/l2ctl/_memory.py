@@ -220,9 +220,6 @@ class DeviceBuffer:
     def size(self) -> int:
         return math.prod(self.shape)
 
-    def _stream_handle(self, stream: StreamLike) -> int:
-        return resolve_stream(stream).handle
-
     def _l2ctl_buffer_ref(self) -> BufferRef:
         if self._ref is None:
             raise ValueError("the device buffer has been freed")
@@ -233,17 +230,17 @@ class DeviceBuffer:
         host = np.ascontiguousarray(array)
         if host.nbytes != self.nbytes:
             raise ValueError(f"array has {host.nbytes} bytes, the buffer {self.nbytes}")
-        _backend.current().copy_host_to_device(self.ptr, host.reshape(-1).view(np.uint8), self._stream_handle(stream))
+        _backend.current().copy_host_to_device(self.ptr, host.reshape(-1).view(np.uint8), resolve_stream(stream).handle)
 
     def to_numpy(self, stream: StreamLike = None) -> np.ndarray:
         """A host copy with the buffer's dtype and shape; waits until the copy is done."""
         out = np.empty(self.shape, dtype=self.dtype)
-        _backend.current().copy_device_to_host(out.reshape(-1).view(np.uint8), self.ptr, self._stream_handle(stream))
+        _backend.current().copy_device_to_host(out.reshape(-1).view(np.uint8), self.ptr, resolve_stream(stream).handle)
         return out
 
     def fill_bytes(self, value: int, stream: StreamLike = None) -> None:
         """cudaMemsetAsync of every byte (asynchronous on ``stream``)."""
-        _backend.current().memset_device(self.ptr, int(value) & 0xFF, self.nbytes, self._stream_handle(stream))
+        _backend.current().memset_device(self.ptr, int(value) & 0xFF, self.nbytes, resolve_stream(stream).handle)
 
     def free(self) -> None:
         """Release the memory now (idempotent); l2ctl refuses the buffer from then on. The caller must make

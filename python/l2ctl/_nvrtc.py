@@ -12,13 +12,14 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
-__all__ = ["search_paths", "cache_dir"]
+__all__ = ["search_paths", "cache_dir", "toolkits", "LIBRARY_DIRS"]
 
-_LIBRARY_DIRS = ("lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib")
+LIBRARY_DIRS = ("lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib")
 
 
-def _toolkits(env: Mapping[str, str]) -> list[str]:
-    """CUDA toolkit roots: $CUDA_HOME, $CUDA_PATH, /usr/local/cuda, then versioned installs, newest first."""
+def toolkits(env: Mapping[str, str]) -> list[str]:
+    """CUDA toolkit roots, NVRTC's and CUPTI's: $CUDA_HOME, $CUDA_PATH, /usr/local/cuda, versioned installs newest
+    first, /opt/cuda."""
     versioned = sorted(glob.glob("/usr/local/cuda-*"), key=lambda p: [int(x) for x in p.rsplit("-", 1)[1].split(".")
                                                                        if x.isdigit()], reverse=True)
     return [r for r in (env.get("CUDA_HOME"), env.get("CUDA_PATH"), "/usr/local/cuda", *versioned, "/opt/cuda") if r]
@@ -43,8 +44,8 @@ def search_paths(built_major: int, driver_version: int, environ: Optional[Mappin
         for entry in filter(None, entries):
             found += [os.path.join(entry, "nvidia", f"cu{major}", "lib", name),
                       os.path.join(entry, "nvidia", "cuda_nvrtc", "lib", name)]
-        for root in _toolkits(env):
-            found += [os.path.join(root, sub, name) for sub in _LIBRARY_DIRS]
+        for root in toolkits(env):
+            found += [os.path.join(root, sub, name) for sub in LIBRARY_DIRS]
         found.append(name)
     return list(dict.fromkeys(found))  # once each, in order
 

@@ -90,8 +90,13 @@ def template_of(obj: Any) -> int:
 
 def has_executable(obj: Any) -> bool:
     """Whether torch holds an executable graph for ``obj`` (made at its first replay or instantiate())."""
+    return _answers(obj.raw_cuda_graph_exec)
+
+
+def _answers(read: Callable[[], object]) -> bool:
+    """Whether torch's ``read()`` finds what it reads (a graph's executable or template: RuntimeError once gone)."""
     try:
-        obj.raw_cuda_graph_exec()
+        read()
     except RuntimeError:
         return False
     return True
@@ -322,22 +327,14 @@ def keep_templates(cls: type, device_of: Callable[[Any], int],
     return _keeper.keep(cls, device_of, captured)
 
 
-def _holds_template(graph: Any) -> bool:
-    try:
-        graph.raw_cuda_graph()
-    except RuntimeError:  # reset() since
-        return False
-    return True
-
-
-def is_kept(graph: object) -> bool:
+def is_kept(graph: Any) -> bool:
     """Whether ``graph`` was captured inside a torch_captures() scope and still holds its template."""
     with _lock:
         try:
             known = _kept.get(graph, (None, None))[1] is _backend._active
         except TypeError:
             return False
-    return known and _holds_template(graph)
+    return known and _answers(graph.raw_cuda_graph)
 
 
 def kept(device: int) -> list[Any]:
@@ -345,7 +342,7 @@ def kept(device: int) -> list[Any]:
     in the order they were captured."""
     with _lock:
         graphs = [g for g, where in _kept.items() if where == (device, _backend._active)]
-    return [g for g in graphs if _holds_template(g)]
+    return [g for g in graphs if _answers(g.raw_cuda_graph)]  # none after reset()
 
 
 trees: GraphTrees = TorchGraphTrees()

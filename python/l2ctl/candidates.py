@@ -31,6 +31,7 @@ name, and pass what it returns to ``tune`` as the candidates.
 from __future__ import annotations
 
 import difflib
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -111,11 +112,8 @@ class ModelCandidates(Mapping[str, BufferLike]):
 
     def summary(self) -> str:
         """One line: how many tensors, how many tried, and why the others were not."""
-        reasons: dict[str, int] = {}
-        for why in self.skipped.values():
-            key = why.split(":")[0]
-            reasons[key] = reasons.get(key, 0) + 1
-        why = "; ".join(f"{n} {key}" for key, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
+        reasons = Counter(why.split(":")[0] for why in self.skipped.values())
+        why = "; ".join(f"{n} {key}" for key, n in reasons.most_common())
         return (f"{self.total} {self.kind}{'s' * (self.total != 1)}, {len(self.tried)} tried "
                 f"({self.rule.describe()})" + (f"; not tried: {why}" if why else ""))
 

@@ -71,17 +71,7 @@ class Graph:
     window on its kernel nodes changes through l2ctl, every executable it knows is made anew from the
     template (l2ctl's own lazily, at its next launch; torch's at once)."""
 
-    device: int
-    reinstantiations: int
-    _owner: Any
     _impl: Optional[GraphImpl]
-    _exec: Optional[GraphExecImpl]
-    _dirty: bool
-    _nodes: Optional[list[_NodeTuple]]  # the kernel nodes; a captured graph's never change
-    #: The registry slots of every kernel node, with the node list, backend and slot epoch they were made for: a
-    #: scope on the whole graph (the common target) skips listing and converting its nodes again.
-    _all_slots: Optional[tuple[list[_NodeTuple], Any, int, tuple[_registry.Slot, ...]]]
-    _torch: Optional[Callable[[], Any]]  # (a weak reference to) the torch.cuda.CUDAGraph whose executable follows
 
     def __init__(self, handle: int, *, owned: bool = False, device: object = None, owner: Any = None) -> None:
         graph = check_count(handle, "a graph handle (cudaGraph_t)", minimum=1, maximum=(1 << 64) - 1)
@@ -92,11 +82,13 @@ class Graph:
         self.device = device
         self._owner = owner  # keeps a foreign graph's Python object alive
         self._impl = None
-        self._exec = None
+        self._exec: Optional[GraphExecImpl] = None
         self._dirty = False
-        self._nodes = None
-        self._all_slots = None
-        self._torch = None
+        self._nodes: Optional[list[_NodeTuple]] = None  # the kernel nodes; a captured graph's never change
+        #: The registry slots of every kernel node, with the node list, backend and slot epoch they were made for: a
+        #: scope on the whole graph (the common target) skips listing and converting its nodes again.
+        self._all_slots: Optional[tuple[list[_NodeTuple], Any, int, tuple[_registry.Slot, ...]]] = None
+        self._torch: Optional[Callable[[], Any]] = None  # (a weak ref to) the torch.cuda.CUDAGraph whose exec follows
         self.reinstantiations = 0
 
     @property
@@ -279,10 +271,9 @@ def as_graph(obj: object, device: object = None) -> Graph:
     """A Graph view of: an l2ctl Graph, an int cudaGraph_t, a torch.cuda.CUDAGraph captured with
     ``keep_graph=True`` or inside a ``torch_captures()`` scope (its windows reach torch's own ``replay()``:
     l2ctl has torch re-instantiate it after every change), or a cuda-python ``cudaGraph_t``/``CUgraph``.
-    Foreign graphs are borrowed, never
-    destroyed by l2ctl. ``device``: the graph's device (None: the current one). Refused (saying what to
-    do instead): graphs whose executable no window can reach any more (a torch graph with
-    ``keep_graph=False``, a CuPy graph) and functions."""
+    Foreign graphs are borrowed, never destroyed by l2ctl. ``device``: the graph's device (None: the current
+    one). Refused (saying what to do instead): graphs whose executable no window can reach any more (a torch
+    graph with ``keep_graph=False``, a CuPy graph) and functions."""
     if isinstance(obj, Graph):
         return obj
     if isinstance(obj, int) and not isinstance(obj, bool):

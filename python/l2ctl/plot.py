@@ -133,9 +133,7 @@ def cache_streaming(report: Any, ax: Any = None) -> Any:
     for i in xs:
         ax.text(i + 0.2, cs[i], f"{normal[i] / cs[i]:.2f}x", ha="center", va="bottom")
     ax.set_xticks(list(xs), scenarios)
-    ax.set(ylabel="kernel time (ms)", title=f"{_gpu(report.environment)}: cache-streaming loads")
-    ax.legend(loc="best")
-    return ax
+    return _finish(ax, "", "kernel time (ms)", f"{_gpu(report.environment)}: cache-streaming loads")
 
 
 def reset_data(report: Any, ax: Any = None) -> Any:

@@ -8,9 +8,8 @@ bench``; those every command takes, EVERYWHERE, shown in its help). Every parser
 options of every other command, so that :func:`finish` can refuse one by name ("--lut-sizes does not
 apply to 'bench stride'") instead of argparse taking its value for a command name; :func:`finish` then
 fills in the chosen command's own defaults and checks optional dependencies (--plot) and that no two outputs
-name one file, all before anything
-runs. Before argparse sees the line, :func:`normalize` joins each option to its value and
-:func:`simulate` installs --simulate's GPUs.
+name one file, all before anything runs. Before argparse sees the line, :func:`normalize` joins each option
+to its value and :func:`simulate` installs --simulate's GPUs.
 """
 
 from __future__ import annotations
@@ -197,21 +196,26 @@ def simulate(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
         use_simulator(gpus)
 
 
-def _memory_problem(own: dict[str, Option], values: dict[str, Any], typed: set[str]) -> Optional[str]:
-    """Why the sizes given cannot fit the device's memory together (the options marked ``device_bytes``:
-    what the command holds at once, the largest of a list), or None. Checked only when one was typed, on
-    --device (the current device without it); with no device, the command itself says so."""
+def _device_info(values: dict[str, Any]) -> Any:
+    """The --device's l2ctl.DeviceInfo (the current device without it), or None: with no device, the command
+    itself says so."""
     import l2ctl
 
+    try:
+        return l2ctl.device_info(values.get("device"))
+    except l2ctl.L2ctlError:
+        return None
+
+
+def _memory_problem(own: dict[str, Option], values: dict[str, Any], typed: set[str]) -> Optional[str]:
+    """Why the sizes given cannot fit the device's memory together (the options marked ``device_bytes``:
+    what the command holds at once, the largest of a list), or None. Checked only when one was typed."""
     held = [o for o in own.values() if o.device_bytes and values.get(o.dest) is not None]
     if not any(o.dest in typed for o in held):
         return None
     need = sum(max(v) if isinstance(v, list) else int(v) for v in (values[o.dest] for o in held))
-    try:
-        info = l2ctl.device_info(values.get("device"))
-    except l2ctl.L2ctlError:
-        return None
-    if need <= info.total_memory:
+    info = _device_info(values)
+    if info is None or need <= info.total_memory:
         return None
     return (f"{' and '.join(o.flag for o in held)} {'need' if len(held) > 1 else 'needs'} {need / GiB:.2f} GiB of "
             f"device memory at once; device {info.index} ({info.name}) has {info.total_memory / GiB:.2f} GiB")
@@ -220,10 +224,7 @@ def _memory_problem(own: dict[str, Option], values: dict[str, Any], typed: set[s
 def _l2_problem(own: dict[str, Option], values: dict[str, Any], typed: set[str]) -> Optional[str]:
     """Why an output size typed (the options marked ``streams_past_l2``) is too small to measure persistence:
     smaller than the LUT it holds repeated, or than the L2 (the output then never evicts the LUT, so every
-    policy "wins" by nothing but noise and the model's edges). Checked on --device (the current device without it); with no device, the command says
-    so."""
-    import l2ctl
-
+    policy "wins" by nothing but noise and the model's edges)."""
     outputs = [o for o in own.values() if o.streams_past_l2]
     luts = [o for o in own.values() if o.repeated_into_output and values.get(o.dest) is not None]
     if not any(o.dest in typed for o in outputs + luts):
@@ -235,11 +236,8 @@ def _l2_problem(own: dict[str, Option], values: dict[str, Any], typed: set[str])
                 return (f"{option.flag} {values[option.dest]} B is smaller than {lut.flag} {largest} B: the output "
                         f"holds the LUT repeated; give {option.flag} at least the LUT")
     small = [o for o in outputs if o.dest in typed]
-    if not small:
-        return None
-    try:
-        info = l2ctl.device_info(values.get("device"))
-    except l2ctl.L2ctlError:
+    info = _device_info(values) if small else None
+    if info is None:
         return None
     for option in small:
         if values[option.dest] < info.l2_cache_size:
