@@ -240,7 +240,7 @@ class Capture:
     capture is ended and the partial graph destroyed.
 
     The stream is checked when the object is made; the capture begins and ends in compiled code
-    (src/scope_types.cpp), so no interrupt can leave the stream capturing: one that lands as it begins ends it."""
+    (src/scope_entries.cpp), so no interrupt can leave the stream capturing: one that lands as it begins ends it."""
 
     __slots__ = ("_stream", "_owner", "_mode", "_backend", "_graph", "_capturing")
 
