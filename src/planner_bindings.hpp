@@ -19,11 +19,16 @@ namespace py = pybind11;
 namespace pl = l2ctl::planner;
 
 // An attribute name made once, interned (`obj.attr(L2CTL_NAME("x"))`): pybind11's `attr("x")` makes a new string at
-// every call, which the hot path (a scope's entry and end) cannot afford.
-#define L2CTL_NAME(text) ([] {                                           \
-  static PyObject* const interned = PyUnicode_InternFromString(text); \
-  return py::handle(interned);                                        \
-}())
+// every call, which the hot path (a scope's entry and end) cannot afford. Made at first use; where that allocation
+// fails, a MemoryError (py::error_already_set), and made again at the next use.
+inline py::handle interned_name(PyObject*& slot, const char* text) {
+  if (slot == nullptr && (slot = PyUnicode_InternFromString(text)) == nullptr) throw py::error_already_set();
+  return slot;
+}
+#define L2CTL_NAME(text) (::l2ctl_bindings::interned_name([]() -> PyObject*& { \
+  static PyObject* interned = nullptr;                                         \
+  return interned;                                                             \
+}(), text))
 
 // The object a weak reference names (a new reference), or null when it is gone. PyWeakref_GetRef where the
 // interpreter has it (3.13: PyWeakref_GetObject, which returns a borrowed reference, is deprecated).

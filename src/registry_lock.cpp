@@ -65,7 +65,7 @@ Locked::~Locked() {
   if (released.empty()) return;
   // A scope that left the registry: its holder no longer names it. Then the references go, lock released.
   keeping_error([&] {  // an error on its way out stays the one to see
-    for (const auto& anchor : released) {
+    for (const auto& anchor : released) try {
       const Scope_object& ended = *static_cast<Anchor*>(anchor.get())->record;
       if (ended.holder.is_none()) continue;
       const py::object holder = weak_target(ended.holder.ptr());
@@ -80,6 +80,7 @@ Locked::~Locked() {
         PyObject_SetAttr(holder.ptr(), L2CTL_NAME("_scope").ptr(), Py_None);
       Py_XDECREF(named);
       PyErr_Clear();
+    } catch (...) {  // no memory for a name: the holder still names the scope, which is no longer live
     }
     released.clear();
   });

@@ -195,6 +195,7 @@ class Graph:
             self._exec.destroy()
             self._exec = None
         self._impl.destroy()
+        self._nodes = self._all_slots = None  # what was read of it is gone: a later use asks the handle, and is refused
 
     def __enter__(self) -> "Graph":
         return self
