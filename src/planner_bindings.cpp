@@ -293,6 +293,47 @@ std::vector<pl::Slot> slots_of(py::handle slots) {
   return out;
 }
 
+// `_registry.Scope(device, slots=(), window=None, limit=None, share=False, reset_on_exit=False,
+// fit_hit_ratio=False, standing=False, orphaned=False, owner=None)`.
+std::shared_ptr<Scope_object> make_scope(const py::args& args, const py::kwargs& kwargs) {
+  static const char* const names[] = {"device",        "slots",    "window",   "limit", "share", "reset_on_exit",
+                                      "fit_hit_ratio", "standing", "orphaned", "owner"};
+  constexpr std::size_t n = sizeof(names) / sizeof(names[0]);
+  py::object v[n];
+  if (args.size() > n) throw py::type_error("Scope() takes at most 10 arguments");
+  for (std::size_t i = 0; i < args.size(); ++i) v[i] = args[i];
+  for (auto item : kwargs) {
+    std::size_t i = 0;
+    while (i < n && !(PyUnicode_Check(item.first.ptr()) && PyUnicode_CompareWithASCIIString(item.first.ptr(), names[i]) == 0))
+      ++i;
+    if (i == n || v[i]) {
+      PyErr_Format(PyExc_TypeError, i == n ? "Scope() got an unexpected keyword argument %R"
+                                           : "Scope() got multiple values for argument %R", item.first.ptr());
+      throw py::error_already_set();
+    }
+    v[i] = py::reinterpret_borrow<py::object>(item.second);
+  }
+  if (!v[0]) throw py::type_error("Scope() missing required argument 'device'");
+  auto flag = [&](std::size_t i) { return v[i] && v[i].cast<bool>(); };
+  auto s = std::make_shared<Scope_object>();
+  pl::Scope& c = *s->core;
+  c.device = v[0].cast<int>();
+  if (v[1]) c.slots = slots_of(v[1]);
+  const py::object window = v[2] ? v[2] : py::none();
+  c.has_window = !window.is_none();
+  if (c.has_window) c.window = c.effective = to_window(window);
+  s->limit = v[3] ? v[3] : py::none();
+  c.request = request_of(s->limit, &c.request_bytes);
+  c.share = flag(4);
+  c.reset_on_exit = flag(5);
+  c.fit_hit_ratio = flag(6);
+  c.standing = flag(7);
+  c.orphaned = flag(8);
+  s->window = window;
+  s->owner = v[9] ? v[9] : py::none();
+  return s;
+}
+
 pl::Entered enter_scope(const std::shared_ptr<Registry_object>& r, const std::shared_ptr<Scope_object>& record,
                         long long maximum, const py::object& holder, const py::object& backend) {
   Scope_object& scope = *record;
@@ -433,28 +474,11 @@ void bind_planner(py::module_& core) {
   m.attr("MPS_HINT") = pl::mps_hint;
 
   py::class_<Scope_object, std::shared_ptr<Scope_object>>(m, "Scope")
-      .def(py::init([](int device, py::tuple slots, py::object window, py::object limit, bool share, bool reset_on_exit,
-                       bool fit_hit_ratio, bool standing, bool orphaned, py::object owner) {
-             auto s = std::make_shared<Scope_object>();
-             pl::Scope& c = *s->core;
-             c.device = device;
-             c.slots = slots_of(slots);
-             c.has_window = !window.is_none();
-             if (c.has_window) c.window = c.effective = to_window(window);
-             c.request = request_of(limit, &c.request_bytes);
-             c.share = share;
-             c.reset_on_exit = reset_on_exit;
-             c.fit_hit_ratio = fit_hit_ratio;
-             c.standing = standing;
-             c.orphaned = orphaned;
-             s->window = window;
-             s->limit = limit;
-             s->owner = owner;
-             return s;
-           }),
-           "device"_a, "slots"_a = py::tuple(), "window"_a = py::none(), "limit"_a = py::none(), "share"_a = false,
-           "reset_on_exit"_a = false, "fit_hit_ratio"_a = false, "standing"_a = false, "orphaned"_a = false,
-           "owner"_a = py::none())
+      // Arguments read by make_scope, not by pybind11's keyword matching, which does not check the string it
+      // allocates for each keyword (a segfault where that allocation fails: a scoped window's entry makes a Scope).
+      .def(py::init([](const py::args& args, const py::kwargs& kwargs) { return make_scope(args, kwargs); }),
+           "Scope(device, slots=(), window=None, limit=None, share=False, reset_on_exit=False, fit_hit_ratio=False, "
+           "standing=False, orphaned=False, owner=None)")
       .def_property_readonly("device", [](const Scope_object& s) { return s.core->device; })
       .def_property_readonly("slots",
                              [](const Scope_object& s) {

@@ -6,6 +6,7 @@ stream of another device, a fork while another thread holds one of l2ctl's locks
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -265,7 +266,9 @@ with graph.capture(s) as g:
     fake.launch_fake_kernel(s.handle)
 wrong, failed = [], 0
 for k in range(int(sys.argv[2])):
-    scope = l2ctl.persist(g, buf, 0.5, set_aside=None) if kind == "graph" else l2ctl.set_aside(2 * 3_276_800)
+    scope = {"graph": lambda: l2ctl.persist(g, buf, 0.5, set_aside=None),
+             "scoped_window": lambda: l2ctl.scoped_window(s, l2ctl.AccessPolicyWindow.for_buffer(buf, 0.5)),
+             "set_aside": lambda: l2ctl.set_aside(2 * 3_276_800)}[kind]()
     if kind == "graph":
         scope.__enter__()
     _testcapi.set_nomemory(k, k + 1)  # the k-th allocation from here fails, and that one only
@@ -287,14 +290,65 @@ sys.exit(3 if wrong or not failed else 0)
 """
 
 
-@pytest.mark.parametrize("kind", ["graph", "set_aside"])
-def test_an_allocation_failure_at_a_graph_scopes_end_or_a_set_asides_entry_is_a_memory_error(kind):
-    """Each allocation of a graph scope's end (and of a set_aside scope's entry) made to fail in turn: pybind11
-    made an instance without checking tp_alloc, and an attribute name interned at first use stayed NULL (a
-    segfault); pybind11's own "Could not allocate" was a RuntimeError. Now: MemoryError, nothing left live."""
+@pytest.mark.parametrize("kind", ["graph", "scoped_window", "set_aside"])
+def test_an_allocation_failure_at_a_graph_scopes_end_or_another_scopes_entry_is_a_memory_error(kind):
+    """Each allocation of a graph scope's end (of a scoped window's, a set_aside scope's entry) made to fail in
+    turn: pybind11 made an instance without checking tp_alloc, and its keyword matching a string without checking
+    it; an attribute name interned at first use stayed NULL (segfaults, each); pybind11's own "Could not allocate"
+    was a RuntimeError. Now: MemoryError, nothing left live."""
     testcapi = pytest.importorskip("_testcapi", reason="needs CPython's _testcapi (set_nomemory)")
     assert testcapi.set_nomemory
     env = {**os.environ, "L2CTL_SIMULATE": "h100"}
     out = subprocess.run([sys.executable, "-c", ALLOCATION_FAILURE, kind, "200"], capture_output=True, text=True,
                          timeout=300, env=env)
     assert out.returncode == 0, (out.returncode, out.stdout[-2000:], out.stderr[-2000:])
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs signal.pthread_kill")
+@pytest.mark.parametrize("where", ["entry", "end"])
+def test_a_ctrl_c_while_waiting_for_the_registrys_lock_leaves_the_device_as_the_live_scopes_ask(fake, monkeypatch,
+                                                                                                  where):
+    """A real SIGINT to the main thread while it waits for the lock another thread holds, at a scope's entry or
+    end: the wait ends when the lock comes, and wherever the KeyboardInterrupt lands the device is back when the
+    with statement is done (the simulator's calls hold signals as a driver call does)."""
+    monkeypatch.setattr(fake, "atomic_calls", True)
+    s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(MiB)
+    initial = fake.state()
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with _registry.lock:
+            held.set()
+            release.wait(30)
+
+    def interrupt() -> None:
+        held.wait(30)
+        time.sleep(0.05)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        time.sleep(0.05)
+        release.set()
+
+    scope = l2ctl.persist(s, buf, 0.5)
+    if where == "end":
+        scope.__enter__()
+    threads = [threading.Thread(target=holder), threading.Thread(target=interrupt)]
+    interrupted = False
+    try:
+        threads[0].start()
+        held.wait(30)
+        threads[1].start()
+        try:
+            if where == "end":
+                scope.__exit__(None, None, None)
+            else:
+                with scope:
+                    time.sleep(0.5)  # the KeyboardInterrupt lands here at the latest
+        except KeyboardInterrupt:
+            interrupted = True
+    finally:
+        release.set()
+        for t in threads:
+            t.join(30)
+    if not interrupted:  # delivered after the call returned, before the next bytecode of this frame
+        pytest.fail("the SIGINT was not raised")
+    assert not scope.active and _registry.live_scopes(0) == [] and fake.state() == initial
