@@ -352,3 +352,62 @@ def test_a_ctrl_c_while_waiting_for_the_registrys_lock_leaves_the_device_as_the_
     if not interrupted:  # delivered after the call returned, before the next bytecode of this frame
         pytest.fail("the SIGINT was not raised")
     assert not scope.active and _registry.live_scopes(0) == [] and fake.state() == initial
+
+
+GC_CALLBACK_SCOPE = """
+import gc, sys
+import l2ctl
+from l2ctl._interop import StreamRef
+
+class CupyLikeStream:
+    def __init__(self, handle): self.handle = handle
+    def __cuda_stream__(self): return (0, self.handle)
+CupyLikeStream.__module__ = "cupy.cuda.stream"
+
+s, other, buf = l2ctl.Stream(), l2ctl.Stream(), l2ctl.DeviceBuffer(1 << 20)
+target = CupyLikeStream(s.handle)
+l2ctl.persist(target, buf, 0.5, set_aside=None)  # remembered: the table's first entry
+keep = [CupyLikeStream(other.handle) for _ in range(1022)]
+for obj in keep:  # 1,023 entries: the next two remembered objects reach the bound and evict them all
+    l2ctl.persist(obj, buf, 0.5, set_aside=None)
+state = {"n": 0, "busy": False, "kept": []}
+def callback(phase, info):
+    if state["busy"]:
+        return
+    if phase == "stop" and state["n"] == 0:  # the collection at the scope object's allocation
+        state["n"] = 1
+        state["kept"].append([])  # one allocation: the next one (the remembered stream's lookup) collects
+    elif phase == "start" and state["n"] == 1:
+        state["n"] = 2
+        state["busy"] = True
+        # Two remembered objects reach the bound (the table is emptied), then more, whose references to the
+        # other stream take the memory the eviction freed.
+        state["kept"].extend(l2ctl.persist(CupyLikeStream(other.handle), buf, 0.5, set_aside=None)
+                             for _ in range(8))
+        state["busy"] = False
+gc.collect()
+gc.callbacks.append(callback)
+old = gc.get_threshold()
+gc.set_threshold(1)
+try:
+    p = l2ctl.persist(target, buf, 0.5, set_aside=None)
+finally:
+    gc.set_threshold(*old)
+    gc.callbacks.remove(callback)
+assert state["n"] == 2, "no collection at the lookup"
+with p:
+    ok = p.stream == s.handle and l2ctl.get_window(s).hit_ratio == 0.5 and l2ctl.get_window(other).empty
+print("OK" if ok else f"WRONG {p.stream:#x} want {s.handle:#x}")
+sys.exit(0 if ok else 3)
+"""
+
+
+def test_a_scope_made_by_a_gc_callback_at_the_object_tables_bound_frees_no_entry_in_use():
+    """A collection at the lookup of a remembered (CuPy-like) stream runs a gc callback that makes scopes while the
+    table of foreign objects is at its bound (1,024): the eviction freed the entry the lookup held, and the window
+    went on another stream or the process crashed (7 of 8 runs before). The table now defers it."""
+    env = {**os.environ, "L2CTL_SIMULATE": "h100"}
+    for _ in range(4):  # the freed memory's reuse varies from run to run
+        out = subprocess.run([sys.executable, "-c", GC_CALLBACK_SCOPE], capture_output=True, text=True, timeout=300,
+                             env=env)
+        assert out.returncode == 0, (out.returncode, out.stdout[-2000:], out.stderr[-2000:])
