@@ -21,29 +21,13 @@ struct Field {
   PyObject* Host::*slot;
 };
 
-const Field fields[] = {
-    {"prepare", Kind::callable, &Host::prepare},
-    {"announce", Kind::callable, &Host::announce},
-    {"unavailable", Kind::callable, &Host::unavailable},
-    {"stream_device", Kind::callable, &Host::stream_device},
-    {"check_stream_context", Kind::callable, &Host::check_stream_context},
-    {"check_owned_pointer", Kind::callable, &Host::check_owned_pointer},
-    {"properties", Kind::callable, &Host::properties},
-    {"require_persistence", Kind::callable, &Host::require_persistence},
-    {"resolve_target", Kind::callable, &Host::resolve_target},
-    {"after_changes", Kind::callable, &Host::after_changes},
-    {"active_backend", Kind::callable, &Host::active_backend},
-    {"planner_of", Kind::callable, &Host::planner_of},
-    {"current_streams", Kind::callable, &Host::current_streams},
-    {"stream_type", Kind::type, &Host::stream_type},
-    {"buffer_type", Kind::type, &Host::buffer_type},
-    {"window_type", Kind::type, &Host::window_type},
-    {"property_type", Kind::type, &Host::property_type},
-    {"cuda_error", Kind::exception, &Host::cuda_error},
-    {"cupti_error", Kind::exception, &Host::cupti_error},
-    {"not_supported", Kind::exception, &Host::not_supported},
-    {"kernels_unavailable", Kind::exception, &Host::kernels_unavailable},
-};
+#define L2CTL_CALLABLE(name) {#name, Kind::callable, &Host::name},
+#define L2CTL_TYPE(name) {#name, Kind::type, &Host::name},
+#define L2CTL_EXCEPTION(name) {#name, Kind::exception, &Host::name},
+const Field fields[] = {L2CTL_HOST_FIELDS(L2CTL_CALLABLE, L2CTL_TYPE, L2CTL_EXCEPTION)};
+#undef L2CTL_CALLABLE
+#undef L2CTL_TYPE
+#undef L2CTL_EXCEPTION
 
 const char* kind_name(Kind kind) {
   return kind == Kind::callable ? "callable" : kind == Kind::type ? "type" : "exception";

@@ -9,37 +9,23 @@ namespace l2ctl_bindings {
 
 namespace py = pybind11;
 
-// Strong references, never released (the interpreter's exit would release them without the GIL). The field
-// names are the Host's (host.cpp lists each with its kind; a test compares them with l2ctl._host.Host).
+// The Host's fields, one list for the struct, the registration's checks and `_planner.HOST_FIELDS` (a test
+// compares it with l2ctl._host.Host, which says what each field is): callables, types, exception classes.
+#define L2CTL_HOST_FIELDS(CALLABLE, TYPE, EXCEPTION)                                                            \
+  CALLABLE(prepare) CALLABLE(announce) CALLABLE(unavailable) CALLABLE(stream_device) CALLABLE(check_stream_context) \
+  CALLABLE(check_owned_pointer) CALLABLE(properties) CALLABLE(require_persistence) CALLABLE(resolve_target)         \
+  CALLABLE(after_changes) CALLABLE(active_backend) CALLABLE(planner_of) CALLABLE(current_streams)                   \
+  TYPE(stream_type) TYPE(buffer_type) TYPE(window_type) TYPE(property_type)                                         \
+  EXCEPTION(cuda_error) EXCEPTION(cupti_error) EXCEPTION(not_supported) EXCEPTION(kernels_unavailable)
+
+// Strong references, never released (the interpreter's exit would release them without the GIL).
 struct Host {
-  // callables
-  PyObject* prepare = nullptr;               // _persist._prepare(13 arguments) -> the normalised tuple
-  PyObject* announce = nullptr;              // _persist._announce(scope, clip, limit, demand, capped, clamped)
-  PyObject* unavailable = nullptr;           // _persist._unavailable(scope): warns that a best-effort scope is off
-  PyObject* stream_device = nullptr;         // _device.stream_device(ref) -> int
-  PyObject* check_stream_context = nullptr;  // _device.check_stream_context(ref, device)
-  PyObject* check_owned_pointer = nullptr;   // _device.check_owned_pointer(ptr, nbytes, device, owner, what)
-  PyObject* properties = nullptr;            // _device.properties(device)
-  PyObject* require_persistence = nullptr;   // _device.require_persistence(device): raises where unsupported
-  PyObject* resolve_target = nullptr;        // _targets.resolve_target(obj) -> _registry.Target
-  PyObject* after_changes = nullptr;         // _targets.after_changes(target, window) -> changed | None
-  PyObject* active_backend = nullptr;        // _backend.current() -> the backend in use
-  PyObject* planner_of = nullptr;            // _registry._planner(backend) -> its Registry
-  PyObject* current_streams = nullptr;       // _interop.current_streams() -> this thread's stack (a list)
-  // types
-  PyObject* stream_type = nullptr;    // l2ctl.Stream
-  PyObject* buffer_type = nullptr;    // l2ctl.DeviceBuffer
-  PyObject* window_type = nullptr;    // AccessPolicyWindow
-  PyObject* property_type = nullptr;  // AccessProperty
-  // exception classes
-  PyObject* cuda_error = nullptr;
-  PyObject* cupti_error = nullptr;
-  PyObject* not_supported = nullptr;
-  PyObject* kernels_unavailable = nullptr;
-  // made from the fields at registration
-  PyObject* persisting = nullptr;  // AccessProperty.PERSISTING
-  PyObject* streaming = nullptr;   // AccessProperty.STREAMING
-  PyObject* no_window = nullptr;   // AccessPolicyWindow(): an unentered scope's window
+#define L2CTL_HOST_FIELD(name) PyObject* name = nullptr;
+  L2CTL_HOST_FIELDS(L2CTL_HOST_FIELD, L2CTL_HOST_FIELD, L2CTL_HOST_FIELD)
+#undef L2CTL_HOST_FIELD
+  // Made from the fields at registration: AccessProperty.PERSISTING and .STREAMING, and AccessPolicyWindow() (an
+  // unentered scope's window).
+  PyObject *persisting = nullptr, *streaming = nullptr, *no_window = nullptr;
   bool registered = false;
 };
 extern Host host;

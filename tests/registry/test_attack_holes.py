@@ -411,3 +411,22 @@ def test_a_scope_made_by_a_gc_callback_at_the_object_tables_bound_frees_no_entry
         out = subprocess.run([sys.executable, "-c", GC_CALLBACK_SCOPE], capture_output=True, text=True, timeout=300,
                              env=env)
         assert out.returncode == 0, (out.returncode, out.stdout[-2000:], out.stderr[-2000:])
+
+
+def test_a_type_error_in_a_persist_scopes_end_stays_a_type_error(fake, monkeypatch):
+    """The end's errors went through a hand-copied translation that made any C++ exception a RuntimeError: a
+    backend whose window read is malformed (a TypeError in the binding) was reported as a RuntimeError."""
+    s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(MiB)
+    scope = l2ctl.persist(s, buf, 0.5, set_aside=None).start()
+
+    def refused(*args: object) -> Any:
+        raise l2ctl.CudaError("cudaStreamSetAttribute", 1, "cudaErrorInvalidValue", "invalid argument", "")
+
+    monkeypatch.setattr(fake, "apply_window", refused)
+    monkeypatch.setattr(fake, "apply_state", refused)
+    monkeypatch.setattr(fake, "get_stream_window", lambda *args: (0, 0, 0.0))  # three fields of five
+    with pytest.raises(TypeError, match="a window is"):
+        scope.stop()
+    assert not scope.active
+    monkeypatch.undo()
+    _registry.restore_all()
