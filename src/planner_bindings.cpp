@@ -341,7 +341,7 @@ pl::Entered enter_scope(const std::shared_ptr<Registry_object>& r, const std::sh
   const bool compiled = !holder.is_none() && Py_TYPE(holder.ptr()) == compiled_holders.type;
   try {
     return translated([&] {
-      Locked locked(r.get());
+      Locked locked(r.get(), true);  // nothing changed yet: a Ctrl-C while waiting ends the entry
       if (!holder.is_none()) {
         const bool live = compiled ? compiled_holders.is_live(holder.ptr()) : !holder.attr(L2CTL_NAME("_scope")).is_none();
         if (live) {

@@ -37,12 +37,12 @@ std::vector<std::shared_ptr<Registry_object>>& deferred_ends() {
   return *registries;
 }
 
-Locked::Locked(Registry_object* registry) : registry_(registry) {
+Locked::Locked(Registry_object* registry, bool interruptible) : registry_(registry) {
   if (lock_instance->owned()) {
     PyErr_SetString(PyExc_RuntimeError, pl::reentry_hint);
     throw py::error_already_set();
   }
-  lock_instance->acquire(true, -1);
+  lock_instance->acquire(true, -1, interruptible);
 }
 
 Locked::~Locked() {
@@ -92,10 +92,12 @@ void bind_lock(py::module_& m) {
   lock_instance = lock;
   pthread_atfork(nullptr, nullptr, after_fork_in_child);
   py::class_<Registry_lock, std::unique_ptr<Registry_lock, py::nodelete>>(m, "RegistryLock")
-      .def("acquire", &Registry_lock::acquire, "blocking"_a = true, "timeout"_a = -1.0)
+      .def(
+          "acquire", [](Registry_lock& self, bool blocking, double timeout) { return self.acquire(blocking, timeout, true); },
+          "blocking"_a = true, "timeout"_a = -1.0)
       .def("release", &Registry_lock::release)
       .def("_is_owned", &Registry_lock::owned)
-      .def("__enter__", [](Registry_lock& self) { self.acquire(true, -1); })
+      .def("__enter__", [](Registry_lock& self) { self.acquire(true, -1, true); })
       .def("__exit__", [](Registry_lock& self, py::args) { self.release(); });
   m.attr("registry_lock") = py::cast(lock, py::return_value_policy::reference);
 }

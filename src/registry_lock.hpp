@@ -22,13 +22,16 @@ struct Registry_lock {
 
   bool owned() const { return owner.load() == std::this_thread::get_id(); }
 
-  bool acquire(bool blocking, double timeout) {
+  // `interruptible`: a signal's Python handler runs while waiting, and what it raises (KeyboardInterrupt) ends the
+  // wait (only where giving up is safe: before a change, as `threading.Lock.acquire` does); otherwise the signal
+  // waits for the lock's return.
+  bool acquire(bool blocking, double timeout, bool interruptible = false) {
     if (owned()) {
       ++depth;
       return true;
     }
     bool got = mutex.try_lock();
-    if (!got && blocking) {
+    if (!got && blocking && !interruptible) {
       py::gil_scoped_release released;
       if (timeout < 0) {
         mutex.lock();
@@ -36,6 +39,15 @@ struct Registry_lock {
       } else {
         got = mutex.try_lock_for(std::chrono::duration<double>(timeout));
       }
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout < 0 ? 0 : timeout);
+    while (!got && blocking && interruptible) {
+      {
+        py::gil_scoped_release released;
+        got = mutex.try_lock_for(std::chrono::milliseconds(20));
+      }
+      if (got || (timeout >= 0 && std::chrono::steady_clock::now() >= deadline)) break;
+      if (PyErr_CheckSignals() < 0) throw py::error_already_set();
     }
     if (got) {
       owner = std::this_thread::get_id();
@@ -63,7 +75,8 @@ struct Registry_object;
 // lock is released, the references the call dropped (and the holders that named those scopes told).
 class Locked {
  public:
-  explicit Locked(Registry_object* registry);
+  // `interruptible`: a Ctrl-C while waiting for the lock ends the wait (for calls that have changed nothing yet).
+  explicit Locked(Registry_object* registry, bool interruptible = false);
   ~Locked();
   Locked(const Locked&) = delete;
   Locked& operator=(const Locked&) = delete;

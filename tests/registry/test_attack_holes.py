@@ -430,3 +430,41 @@ def test_a_type_error_in_a_persist_scopes_end_stays_a_type_error(fake, monkeypat
     assert not scope.active
     monkeypatch.undo()
     _registry.restore_all()
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs signal.pthread_kill")
+def test_a_ctrl_c_ends_an_entrys_wait_for_a_lock_another_thread_keeps(fake):
+    """A scope's entry waiting for the registry's lock that another thread keeps (a hung holder): Ctrl-C ended the
+    wait only when the holder let go (the wait was a mutex's, deaf to signals). Now the entry, which has changed
+    nothing yet, ends at the Ctrl-C, as `threading.Lock.acquire` does; an end still waits (it must happen)."""
+    s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(MiB)
+    initial = fake.state()
+    held, release, let_go = threading.Event(), threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with _registry.lock:
+            held.set()
+            release.wait(3)  # before, the entry's wait (and the Ctrl-C) ended here
+        let_go.set()
+
+    def interrupt() -> None:
+        held.wait(30)
+        time.sleep(0.05)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    threads = [threading.Thread(target=holder), threading.Thread(target=interrupt)]
+    scope = l2ctl.persist(s, buf, 0.5)
+    try:
+        threads[0].start()
+        held.wait(30)
+        threads[1].start()
+        with pytest.raises(KeyboardInterrupt):
+            with scope:
+                pytest.fail("the block must not run")
+        still_held = not let_go.is_set()
+    finally:
+        release.set()
+        for t in threads:
+            t.join(30)
+    assert still_held  # the wait ended at the Ctrl-C, the holder still holding the lock
+    assert not scope.active and _registry.live_scopes(0) == [] and fake.state() == initial
