@@ -468,3 +468,37 @@ def test_a_ctrl_c_ends_an_entrys_wait_for_a_lock_another_thread_keeps(fake):
             t.join(30)
     assert still_held  # the wait ended at the Ctrl-C, the holder still holding the lock
     assert not scope.active and _registry.live_scopes(0) == [] and fake.state() == initial
+
+
+REGISTRY_CALLS_OUT_OF_MEMORY = """
+import sys, _testcapi
+import l2ctl
+from l2ctl import _registry
+s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(1 << 20)
+calls = {"live_scopes": lambda: _registry.live_scopes(0), "snapshot": lambda: _registry.snapshot(0, 1 << 25),
+         "stream_slot": lambda: _registry.stream_slot(s.handle), "device_state": lambda: l2ctl.budget()}
+wrong, failed = [], 0
+with l2ctl.persist(s, buf, 0.5, set_aside=None):
+    for name, call in calls.items():
+        for k in range(80):
+            _testcapi.set_nomemory(k, k + 1)
+            try:
+                call()
+            except MemoryError:
+                failed += 1
+            except BaseException as e:
+                wrong.append((name, k, repr(e)))
+            finally:
+                _testcapi.remove_mem_hooks()
+print(wrong, failed)
+sys.exit(3 if wrong or not failed else 0)
+"""
+
+
+def test_an_allocation_failure_in_a_registry_call_is_a_memory_error():
+    """Each allocation of a few registry calls made to fail in turn: pybind11's "Could not allocate list object!"
+    and "Unable to convert call argument" were RuntimeErrors, and some made the process crash."""
+    pytest.importorskip("_testcapi", reason="needs CPython's _testcapi (set_nomemory)")
+    out = subprocess.run([sys.executable, "-c", REGISTRY_CALLS_OUT_OF_MEMORY], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "L2CTL_SIMULATE": "h100"})
+    assert out.returncode == 0, (out.returncode, out.stdout[-2000:], out.stderr[-2000:])
