@@ -13,13 +13,13 @@ import numpy as np
 
 from . import _registry
 from ._registry import _native
-from ._device import check_owned_pointer, check_stream_context, properties, require_persistence, stream_device
+from ._device import properties, require_persistence
 from ._errors import (L2BudgetWarning, NotSupportedError, PersistenceUnavailableWarning, SetAsideClampedWarning, SetAsideTaxWarning,
                       WindowClippedWarning)
 from ._interop import BufferRef, StreamRef, remembered, resolve_buffer, stream_remembered
-from ._memory import BufferLike, DeviceBuffer, Stream
+from ._memory import BufferLike, Stream
 from ._plan import DEFAULT_LIMIT_FRACTION, check_nbytes, clip_window, normalize_hit_ratio
-from ._targets import Target, after_changes, as_target, resolve_target
+from ._targets import Target, as_target
 from ._window import AccessPolicyWindow, AccessProperty, check_property
 
 __all__ = ["persist", "Persist", "Policy", "Budget", "budget"]
