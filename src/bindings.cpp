@@ -1,6 +1,8 @@
-// l2ctl._core: a thin pybind11 layer over the C++ core. Every call that reaches CUDA releases the GIL;
-// C++ CudaError becomes l2ctl.CudaError (defined in Python, so that it can be raised and caught
-// without the extension, e.g. by the test backend).
+// l2ctl._core: a thin pybind11 layer over the C++ core. Every call that can take time releases the GIL; a
+// scope's stream-attribute changes (apply_window with one holder and no limit or reset, well under a microsecond)
+// keep it, since giving it up costs more than they do. C++ errors become l2ctl's Python exceptions through one
+// translation (error_translation.cpp): CudaError as l2ctl.CudaError (defined in Python, so that it can be raised
+// and caught without the extension, e.g. by the test backend).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -22,6 +24,8 @@
 
 namespace py = pybind11;
 using namespace pybind11::literals;
+
+#include "error_translation.hpp"
 
 namespace l2ctl_bindings {
 void bind_planner(py::module_& m);        // planner_bindings.cpp
@@ -79,13 +83,6 @@ std::vector<l2ctl::WindowChange> window_changes(const std::vector<std::tuple<std
   for (const auto& [handle, window] : items) out.push_back({holder, handle, make_window(window)});
   return out;
 }
-// l2ctl.CudaError (defined in Python) as the pending exception.
-void set_cuda_error(const l2ctl::CudaError& e) {
-  py::object cls = py::module_::import("l2ctl._errors").attr("CudaError");
-  py::object err = cls(e.call(), e.code(), e.name(), e.description(), e.details());
-  PyErr_SetObject(cls.ptr(), err.ptr());
-}
-
 // apply_window(device, kind, handles, base, num_bytes, hit_ratio, hit_prop, miss_prop, read_previous, limit,
 // at_least, reset_lines, journal): one window on every handle (kind 0: streams, 1: graph kernel nodes), with the
 // limit and the reset of apply_state; returns (limit before, limit after, [previous windows]), and appends that
@@ -153,11 +150,8 @@ PyObject* apply_window(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     } else {
       r = l2ctl::apply_state(static_cast<int>(device), limit, at_least != 0, changes, false, read_previous != 0);
     }
-  } catch (const l2ctl::CudaError& e) {
-    set_cuda_error(e);
-    return nullptr;
-  } catch (const std::exception& e) {
-    PyErr_SetString(PyExc_RuntimeError, e.what());
+  } catch (...) {
+    l2ctl_bindings::set_python_error(std::current_exception());
     return nullptr;
   }
   PyObject* previous = PyList_New(static_cast<Py_ssize_t>(r.previous.size()));
@@ -185,21 +179,7 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "l2ctl C++/CUDA core (thin bindings; use the l2ctl package instead)";
   m.attr("__version__") = L2CTL_VERSION;
 
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) std::rethrow_exception(p);
-    } catch (const l2ctl::CudaError& e) {
-      set_cuda_error(e);
-    } catch (const l2ctl::CuptiError& e) {
-      py::object cls = py::module_::import("l2ctl._errors").attr("CuptiError");
-      py::object err = cls(e.call(), e.code(), e.what());
-      PyErr_SetObject(cls.ptr(), err.ptr());
-    } catch (const l2ctl::KernelsUnavailable& e) {
-      PyErr_SetString(py::module_::import("l2ctl._errors").attr("KernelsUnavailableError").ptr(), e.what());
-    } catch (const l2ctl::NotSupported& e) {
-      PyErr_SetString(py::module_::import("l2ctl._errors").attr("NotSupportedError").ptr(), e.what());
-    }
-  });
+  py::register_exception_translator([](std::exception_ptr p) { l2ctl_bindings::set_python_error(p); });
 
   // Devices and the set-aside.
   m.def("device_count", &l2ctl::device_count, release());
@@ -439,4 +419,6 @@ PYBIND11_MODULE(_core, m) {
         "dense_len"_a, "result"_a, "len"_a, "streaming"_a, release());
   m.def("stream_analysis", &l2ctl::stream_analysis, "device"_a, "stream"_a, "data"_a, "categories"_a, "weights"_a,
         "weights_len"_a, "results"_a, "len"_a, "streaming"_a, release());
+
+  l2ctl_bindings::checked_allocations(m);  // last: every class of the module made
 }

@@ -1,6 +1,6 @@
-// The planner's bindings: the registry's lock, the scope type, one registry per backend, and the backends the
-// planner calls: the CUDA runtime directly (CudaCalls), or a Python backend (the simulator) through a trampoline
-// (PythonCalls), so the simulator tests the very planner the GPU runs.
+// The planner's bindings: the scope record, one registry per backend, a scope's entry and end, and the backends
+// the planner calls: the CUDA runtime directly (Cuda_calls), or a Python backend (the simulator) through a
+// trampoline (Python_calls), so the simulator tests the very planner the GPU runs.
 //
 // The GIL is held throughout a registry call except while waiting for the lock and around CUDA calls that take
 // time (a limit, a reset, a batch of many holders). Between a device change and its bookkeeping no Python code
@@ -9,12 +9,6 @@
 // (a scope leaving the registry) are dropped after the lock is released, so a finalizer they run is served.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
-
-#include <pthread.h>
-
-#include <chrono>
-#include <mutex>
-#include <thread>
 
 #include "planner_bindings.hpp"
 
@@ -31,33 +25,7 @@ namespace pl = l2ctl::planner;
 namespace l2ctl_bindings {
 
 
-Registry_lock* lock_instance = nullptr;  // never freed: the at-fork hook and atexit may use it late
-std::atomic<std::uint64_t> fork_epoch{0};
-
-void after_fork_in_child() {
-  // A forked child starts with a lock nobody holds (another thread of the parent may have held it) and an epoch
-  // that makes the parent's registries unreachable (the facade makes new ones).
-  new (lock_instance) Registry_lock();
-  ++fork_epoch;
-}
-
 // ---- Python objects the planner hands back --------------------------------------------------------------------
-
-Python_names& names() {
-  static Python_names* n = [] {
-    auto* out = new Python_names;
-    py::module_ window = py::module_::import("l2ctl._window");
-    out->window_type = window.attr("AccessPolicyWindow");
-    out->property_type = window.attr("AccessProperty");
-    py::module_ errors = py::module_::import("l2ctl._errors");
-    out->cuda_error = errors.attr("CudaError");
-    out->not_supported = errors.attr("NotSupportedError");
-    out->namespace_type = py::module_::import("types").attr("SimpleNamespace");
-    out->weakref_type = py::module_::import("weakref").attr("ref");
-    return out;
-  }();
-  return *n;
-}
 
 pl::Plan_window to_window(py::handle w) {
   py::tuple t = py::reinterpret_borrow<py::tuple>(w);
@@ -76,8 +44,9 @@ py::tuple window_tuple(const pl::Plan_window& w) {
 }
 
 py::object window_object(const pl::Plan_window& w) {
-  const Python_names& n = names();
-  return n.window_type(w.base, w.num_bytes, w.hit_ratio, n.property_type(w.hit_prop), n.property_type(w.miss_prop));
+  const Host& h = registered_host();
+  py::handle property = h.property_type;
+  return py::handle(h.window_type)(w.base, w.num_bytes, w.hit_ratio, property(w.hit_prop), property(w.miss_prop));
 }
 
 py::tuple slot_tuple(const pl::Slot& s) { return py::make_tuple(s.kind, s.handle, s.generation); }
@@ -251,7 +220,7 @@ class Python_calls final : public pl::Calls {
     try {
       return f();
     } catch (py::error_already_set& e) {
-      if (e.matches(names().cuda_error)) {
+      if (e.matches(registered_host().cuda_error)) {
         py::object value = e.value();
         throw pl::Call_failed(py::str(value), py::str(value.attr("call")), py::str(value.attr("name")), true,
                               std::current_exception());
@@ -276,92 +245,16 @@ Registry_object::Registry_object(py::handle backend, bool cuda)
     : planner(cuda ? std::unique_ptr<pl::Calls>(new Cuda_calls) : std::unique_ptr<pl::Calls>(new Python_calls(backend))),
       epoch(fork_epoch.load()), serial(next_registry_serial()) {}
 
-// Registries with scopes whose end a finalizer asked for inside an l2ctl call on the lock's own thread (the GIL
-// guards it): the call in progress ends them as it returns.
-std::vector<std::shared_ptr<Registry_object>>& deferred_ends() {
-  static auto* registries = new std::vector<std::shared_ptr<Registry_object>>;
-  return *registries;
-}
-
 const char* const already_active = "this scope is already active (entered in another thread?); create a new one";
 
 Compiled_holders compiled_holders;
 
+// l2ctl._core itself: a registry made for it calls CUDA directly (Cuda_calls).
+PyObject* core_module = nullptr;
+
 py::object scope_object(const std::shared_ptr<Scope_object>& record) { return py::cast(record); }
 
 py::object scope_object_of(const pl::Scope& scope) { return scope_object(static_cast<Anchor*>(scope.anchor.get())->record); }
-
-// The lock for one call into a registry: the reentry check, the wait (GIL released), and at the end, after the
-// lock is released, the references the call dropped.
-Locked::Locked(Registry_object* registry) : registry_(registry) {
-  if (lock_instance->owned()) {
-    PyErr_SetString(PyExc_RuntimeError, pl::reentry_hint);
-    throw py::error_already_set();
-  }
-  lock_instance->acquire(true, -1);
-}
-
-Locked::~Locked() {
-  std::vector<std::shared_ptr<void>> released =
-      registry_ != nullptr ? registry_->planner.take_released() : std::vector<std::shared_ptr<void>>{};
-  // Ends asked for by finalizers that ran inside this call (on this thread, the lock held): made now, before
-  // the lock goes, so the device is back when this call returns. A failure stays a mark for the next call.
-  while (!deferred_ends().empty()) {
-    const std::shared_ptr<Registry_object> registry = deferred_ends().back();
-    deferred_ends().pop_back();
-    PyObject *type, *value, *traceback;
-    PyErr_Fetch(&type, &value, &traceback);
-    try {
-      registry->planner.settle_all();
-    } catch (...) {
-    }
-    PyErr_Clear();
-    PyErr_Restore(type, value, traceback);
-    for (auto& anchor : registry->planner.take_released()) released.push_back(std::move(anchor));
-  }
-  lock_instance->release();
-  if (released.empty()) return;
-  // A scope that left the registry: its holder no longer names it. Then the references go, lock released.
-  PyObject *type, *value, *traceback;
-  PyErr_Fetch(&type, &value, &traceback);  // an error on its way out stays the one to see
-  for (const auto& anchor : released) {
-    const Scope_object& ended = *static_cast<Anchor*>(anchor.get())->record;
-    if (ended.holder.is_none()) continue;
-    PyObject* holder = PyWeakref_GetObject(ended.holder.ptr());  // borrowed
-    if (holder == Py_None) continue;
-    if (Py_TYPE(holder) == compiled_holders.type) {
-      compiled_holders.forget(holder, &ended);
-      continue;
-    }
-    PyObject* named = PyObject_GetAttr(holder, L2CTL_NAME("_scope").ptr());
-    if (named != nullptr && named != Py_None && py::isinstance<Scope_object>(named) &&
-        &py::handle(named).cast<const Scope_object&>() == &ended)
-      PyObject_SetAttr(holder, L2CTL_NAME("_scope").ptr(), Py_None);
-    Py_XDECREF(named);
-    PyErr_Clear();
-  }
-  released.clear();
-  PyErr_Restore(type, value, traceback);
-}
-
-// Planner errors as Python exceptions: a failed call as the backend raised it; a refused limit as
-// NotSupportedError from the CUDA error.
-py::object exception_object(const std::exception_ptr& cause) {
-  try {
-    std::rethrow_exception(cause);
-  } catch (py::error_already_set& e) {
-    return e.value();
-  } catch (const l2ctl::CudaError& e) {
-    return names().cuda_error(e.call(), e.code(), e.name(), e.description(), e.details());
-  } catch (...) {
-    return py::none();
-  }
-}
-
-[[noreturn]] void raise(py::handle error) {
-  PyErr_SetObject(reinterpret_cast<PyObject*>(Py_TYPE(error.ptr())), error.ptr());
-  throw py::error_already_set();
-}
 
 pl::Request request_of(py::handle limit, long long* bytes) {
   if (limit.is_none()) return pl::Request::none;
@@ -384,7 +277,8 @@ py::object device_state(Registry_object& registry, int device) {
   for (const auto& [slot, w] : st->applied_windows) applied[slot_tuple(slot)] = window_tuple(w);
   py::object bounds = st->auto_bounds ? py::object(py::make_tuple(st->auto_bounds->first, st->auto_bounds->second))
                                       : py::none();
-  return names().namespace_type(
+  static py::object* namespace_type = new py::object(py::module_::import("types").attr("SimpleNamespace"));
+  return (*namespace_type)(
       "device"_a = st->device, "maximum"_a = st->maximum, "scopes"_a = scopes, "base_limit"_a = optional_int(st->base_limit),
       "applied_request"_a = optional_int(st->applied_request), "applied_limit"_a = optional_int(st->applied_limit),
       "base_windows"_a = bases, "applied_windows"_a = applied, "observed_limit"_a = optional_int(st->observed_limit),
@@ -399,6 +293,47 @@ std::vector<pl::Slot> slots_of(py::handle slots) {
   return out;
 }
 
+// `_registry.Scope(device, slots=(), window=None, limit=None, share=False, reset_on_exit=False,
+// fit_hit_ratio=False, standing=False, orphaned=False, owner=None)`.
+std::shared_ptr<Scope_object> make_scope(const py::args& args, const py::kwargs& kwargs) {
+  static const char* const names[] = {"device",        "slots",    "window",   "limit", "share", "reset_on_exit",
+                                      "fit_hit_ratio", "standing", "orphaned", "owner"};
+  constexpr std::size_t n = sizeof(names) / sizeof(names[0]);
+  py::object v[n];
+  if (args.size() > n) throw py::type_error("Scope() takes at most 10 arguments");
+  for (std::size_t i = 0; i < args.size(); ++i) v[i] = args[i];
+  for (auto item : kwargs) {
+    std::size_t i = 0;
+    while (i < n && !(PyUnicode_Check(item.first.ptr()) && PyUnicode_CompareWithASCIIString(item.first.ptr(), names[i]) == 0))
+      ++i;
+    if (i == n || v[i]) {
+      PyErr_Format(PyExc_TypeError, i == n ? "Scope() got an unexpected keyword argument %R"
+                                           : "Scope() got multiple values for argument %R", item.first.ptr());
+      throw py::error_already_set();
+    }
+    v[i] = py::reinterpret_borrow<py::object>(item.second);
+  }
+  if (!v[0]) throw py::type_error("Scope() missing required argument 'device'");
+  auto flag = [&](std::size_t i) { return v[i] && v[i].cast<bool>(); };
+  auto s = std::make_shared<Scope_object>();
+  pl::Scope& c = *s->core;
+  c.device = v[0].cast<int>();
+  if (v[1]) c.slots = slots_of(v[1]);
+  const py::object window = v[2] ? v[2] : py::none();
+  c.has_window = !window.is_none();
+  if (c.has_window) c.window = c.effective = to_window(window);
+  s->limit = v[3] ? v[3] : py::none();
+  c.request = request_of(s->limit, &c.request_bytes);
+  c.share = flag(4);
+  c.reset_on_exit = flag(5);
+  c.fit_hit_ratio = flag(6);
+  c.standing = flag(7);
+  c.orphaned = flag(8);
+  s->window = window;
+  s->owner = v[9] ? v[9] : py::none();
+  return s;
+}
+
 pl::Entered enter_scope(const std::shared_ptr<Registry_object>& r, const std::shared_ptr<Scope_object>& record,
                         long long maximum, const py::object& holder, const py::object& backend) {
   Scope_object& scope = *record;
@@ -406,7 +341,7 @@ pl::Entered enter_scope(const std::shared_ptr<Registry_object>& r, const std::sh
   const bool compiled = !holder.is_none() && Py_TYPE(holder.ptr()) == compiled_holders.type;
   try {
     return translated([&] {
-      Locked locked(r.get());
+      Locked locked(r.get(), true);  // nothing changed yet: a Ctrl-C while waiting ends the entry
       if (!holder.is_none()) {
         const bool live = compiled ? compiled_holders.is_live(holder.ptr()) : !holder.attr(L2CTL_NAME("_scope")).is_none();
         if (live) {
@@ -419,7 +354,7 @@ pl::Entered enter_scope(const std::shared_ptr<Registry_object>& r, const std::sh
         if (!scope.holder) throw py::error_already_set();
         scope.core->holder = scope.holder.ptr();
         scope.core->holder_alive = [](const void* weak) {
-          return PyWeakref_GetObject(static_cast<PyObject*>(const_cast<void*>(weak))) != Py_None;
+          return static_cast<bool>(weak_target(static_cast<PyObject*>(const_cast<void*>(weak))));
         };
       }
       scope.registry = r;
@@ -445,25 +380,26 @@ pl::Entered enter_scope(const std::shared_ptr<Registry_object>& r, const std::sh
   }
 }
 
-// The registry of the backend in use: `_registry._planner(_backend._active)`, asked again only when the backend
+// The registry of the backend in use (the Host's `planner_of(active_backend())`), asked again only when the backend
 // changed (a weak reference to the last one) or a fork made the last registry stale.
 std::shared_ptr<Registry_object> active_registry(py::object* backend) {
+  const Host& h = registered_host();
   // Leaked on purpose: released at exit without the GIL otherwise.
-  static py::object* backend_module = new py::object(py::module_::import("l2ctl._backend"));
   static py::object* last_backend = new py::object();  // a weak reference
   // Weakly: a simulator's registry goes with the simulator (the facade keeps it in a WeakKeyDictionary).
   static std::weak_ptr<Registry_object>* last = new std::weak_ptr<Registry_object>();
-  py::object active = backend_module->attr(L2CTL_NAME("_active"));
-  if (last_backend->ptr() != nullptr && PyWeakref_GetObject(last_backend->ptr()) == active.ptr()) {
+  PyObject* found = PyObject_CallNoArgs(h.active_backend);
+  if (found == nullptr) throw py::error_already_set();
+  py::object active = py::reinterpret_steal<py::object>(found);
+  if (last_backend->ptr() != nullptr && weak_target(last_backend->ptr()).is(active)) {
     std::shared_ptr<Registry_object> known = last->lock();
     if (known && known->epoch == fork_epoch.load()) {
       *backend = std::move(active);
       return known;
     }
   }
-  static py::object* registry_module = new py::object(py::module_::import("l2ctl._registry"));
   std::shared_ptr<Registry_object> registry =
-      registry_module->attr("_planner")(active).cast<std::shared_ptr<Registry_object>>();
+      py::handle(h.planner_of)(active).cast<std::shared_ptr<Registry_object>>();
   *last_backend = py::reinterpret_steal<py::object>(PyWeakref_NewRef(active.ptr(), nullptr));
   if (!*last_backend) PyErr_Clear();  // not weakly referable: asked every time
   *last = registry;
@@ -497,8 +433,6 @@ void end_scope(Scope_object& scope) {
 // streams). When `exc` (the block's exception) is given, an error of the end becomes a note on it.
 void finish_scope(Scope_object& ending, const py::object& executables, const py::object& changed,
                   const py::object& exc) {
-  // The scope's Python object, for `changed` only (made when there is one to call).
-  const py::object scope = changed.is_none() ? py::object() : scope_object(ending.shared_from_this());
   ending.core->ending = true;
   if (!executables.is_none()) executables.attr(L2CTL_NAME("_dirty")) = true;
   auto noted = [&](py::error_already_set& error) {
@@ -506,81 +440,45 @@ void finish_scope(Scope_object& ending, const py::object& executables, const py:
     exc.attr("add_note")(py::str("l2ctl: restoring device state after the error also failed: {!r}").format(error.value()));
     return true;
   };
+  // `changed(scope)`, after the end: its Python object is made only now, so that an allocation failure (or any
+  // error) in making it cannot keep the scope from ending.
+  auto tell = [&] {
+    if (!changed.is_none()) changed(scope_object(ending.shared_from_this()));
+  };
   try {
     end_scope(ending);
   } catch (py::error_already_set& error) {
-    if (!changed.is_none()) {
-      try {
-        changed(scope);
-      } catch (py::error_already_set&) {
-        // the end's error is the one to see
-      }
+    try {
+      tell();
+    } catch (py::error_already_set&) {
+      // the end's error is the one to see
     }
     if (!noted(error)) throw;
     return;
   }
-  if (!changed.is_none()) {
-    try {
-      changed(scope);
-    } catch (py::error_already_set& error) {
-      if (!noted(error)) throw;
-    }
+  try {
+    tell();
+  } catch (py::error_already_set& error) {
+    if (!noted(error)) throw;
   }
 }
-
-// `__exit__` of the scoped window and the set_aside scope: the object's live scope (`_scope`) ended, with its
-// `_executables` and `_changed` (finish_scope).
-py::object scope_exit(py::object self, py::object, py::object exc, py::object) {
-  py::object scope = py::getattr(self, L2CTL_NAME("_scope"), py::none());
-  if (scope.is_none()) return py::none();
-  finish_scope(scope.cast<Scope_object&>(), py::getattr(self, L2CTL_NAME("_executables"), py::none()),
-               py::getattr(self, L2CTL_NAME("_changed"), py::none()), exc);
-  return py::none();
-}
-
-void bind_scope_types(py::module_& planner);  // scope_types.cpp
 
 void bind_planner(py::module_& core) {
   // A submodule, not backend functions: the backend contract (tests/simulator/test_backend_contract.py) holds
   // every public name of _core to the simulator, and the planner is what calls the backend.
   py::module_ m = core.def_submodule("_planner", "the planner: the registry of device state (planner.hpp)");
-  static Registry_lock* lock = new Registry_lock;
-  lock_instance = lock;
-  pthread_atfork(nullptr, nullptr, after_fork_in_child);
-
-  py::class_<Registry_lock, std::unique_ptr<Registry_lock, py::nodelete>>(m, "RegistryLock")
-      .def("acquire", &Registry_lock::acquire, "blocking"_a = true, "timeout"_a = -1.0)
-      .def("release", &Registry_lock::release)
-      .def("_is_owned", &Registry_lock::owned)
-      .def("__enter__", [](Registry_lock& self) { self.acquire(true, -1); })
-      .def("__exit__", [](Registry_lock& self, py::args) { self.release(); });
-  m.attr("registry_lock") = py::cast(lock, py::return_value_policy::reference);
+  core_module = core.ptr();
+  bind_host(m);
+  bind_lock(m);
   m.attr("REENTRY_HINT") = pl::reentry_hint;
   m.attr("MPS_HINT") = pl::mps_hint;
 
   py::class_<Scope_object, std::shared_ptr<Scope_object>>(m, "Scope")
-      .def(py::init([](int device, py::tuple slots, py::object window, py::object limit, bool share, bool reset_on_exit,
-                       bool fit_hit_ratio, bool standing, bool orphaned, py::object owner) {
-             auto s = std::make_shared<Scope_object>();
-             pl::Scope& c = *s->core;
-             c.device = device;
-             c.slots = slots_of(slots);
-             c.has_window = !window.is_none();
-             if (c.has_window) c.window = c.effective = to_window(window);
-             c.request = request_of(limit, &c.request_bytes);
-             c.share = share;
-             c.reset_on_exit = reset_on_exit;
-             c.fit_hit_ratio = fit_hit_ratio;
-             c.standing = standing;
-             c.orphaned = orphaned;
-             s->window = window;
-             s->limit = limit;
-             s->owner = owner;
-             return s;
-           }),
-           "device"_a, "slots"_a = py::tuple(), "window"_a = py::none(), "limit"_a = py::none(), "share"_a = false,
-           "reset_on_exit"_a = false, "fit_hit_ratio"_a = false, "standing"_a = false, "orphaned"_a = false,
-           "owner"_a = py::none())
+      // Arguments read by make_scope, not by pybind11's keyword matching, which does not check the string it
+      // allocates for each keyword (a segfault where that allocation fails: a scoped window's entry makes a Scope).
+      .def(py::init([](const py::args& args, const py::kwargs& kwargs) { return make_scope(args, kwargs); }),
+           "Scope(device, slots=(), window=None, limit=None, share=False, reset_on_exit=False, fit_hit_ratio=False, "
+           "standing=False, orphaned=False, owner=None)")
       .def_property_readonly("device", [](const Scope_object& s) { return s.core->device; })
       .def_property_readonly("slots",
                              [](const Scope_object& s) {
@@ -625,7 +523,7 @@ void bind_planner(py::module_& core) {
 
   py::class_<Registry_object, std::shared_ptr<Registry_object>>(m, "Registry")
       .def(py::init([](py::object backend) {
-             const bool cuda = backend.ptr() == py::module_::import("l2ctl._core").ptr();
+             const bool cuda = backend.ptr() == core_module;
              return std::make_shared<Registry_object>(backend, cuda);
            }),
            "backend"_a)
@@ -734,13 +632,9 @@ void bind_planner(py::module_& core) {
            })
       .def_property_readonly("stale", [](const Registry_object& r) { return r.epoch != fork_epoch.load(); });
 
-  bind_scope_types(m);
+  bind_persist(m);
+  bind_scope_entries(m);
   m.def("exit_scope", &end_scope, "scope"_a);
-  // `__exit__` of persist's scope, the scoped window and the set_aside scope: compiled, so that no Python code of
-  // l2ctl's runs between the with statement's end and the scope's (an interrupt there would leave it live).
-  // An instance method: it binds to the scope object as a def in the class body does.
-  py::cpp_function exit_method(&scope_exit, py::name("__exit__"), "self"_a, "exc_type"_a, "exc"_a, "tb"_a);
-  m.attr("scope_exit") = py::reinterpret_steal<py::object>(PyInstanceMethod_New(exit_method.ptr()));
 
   m.def(
       "add_slots",

@@ -66,6 +66,7 @@ from ._plan import HIT_RATIO_TOLERANCE, hit_ratio_grid, shared_hit_ratios
 from ._targets import ScopedWindow as scoped_window
 from ._stream_window import clear_window, get_window, set_window
 from ._window import AccessPolicyWindow, AccessProperty
+from . import _host  # registers the compiled layer's one tie to Python (docs/DESIGN.md)
 
 if _typing.TYPE_CHECKING:  # the harness, imported lazily at run time (see __getattr__)
     from . import bench as bench

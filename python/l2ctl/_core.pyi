@@ -1,8 +1,8 @@
 """Type stub for l2ctl._core, the thin pybind11 layer over the C++/CUDA core.
 
-Handles (streams, pointers, graphs, nodes) are plain ints. Every function that reaches CUDA releases the
-GIL and raises l2ctl.CudaError (call, CUDA error name, numbers) on failure; CUPTI failures raise
-l2ctl.CuptiError. Sizes are in bytes unless a name says words (4-byte elements).
+Handles (streams, pointers, graphs, nodes) are plain ints. Every function whose CUDA calls can take time
+releases the GIL (``apply_window``'s single stream-attribute change keeps it: well under a microsecond). CUDA
+failures raise l2ctl.CudaError (call, CUDA error name, numbers); CUPTI failures raise l2ctl.CuptiError. Sizes are in bytes unless a name says words (4-byte elements).
 """
 
 from typing import Any, Sequence

@@ -7,6 +7,7 @@ No CUDA call is made here either; the device of a raw pointer is looked up later
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import threading
@@ -113,6 +114,11 @@ _current = _Current()
 def current_streams() -> list[Any]:
     """This thread's stack of l2ctl streams made current by ``with stream:`` (innermost last)."""
     return _current.streams
+
+
+#: ``current_streams()`` as the compiled ``with stream:`` calls it (l2ctl._host): C calls only, so no bytecode
+#: runs and an interrupt cannot land between the block's end and the stream leaving the stack.
+current_streams_compiled: Callable[[], list[Any]] = functools.partial(getattr, _current, "streams")
 
 
 def resolve_stream(stream: object) -> StreamRef:

@@ -13,13 +13,13 @@ import numpy as np
 
 from . import _registry
 from ._registry import _native
-from ._device import check_owned_pointer, check_stream_context, properties, require_persistence, stream_device
+from ._device import properties, require_persistence
 from ._errors import (L2BudgetWarning, NotSupportedError, PersistenceUnavailableWarning, SetAsideClampedWarning, SetAsideTaxWarning,
                       WindowClippedWarning)
 from ._interop import BufferRef, StreamRef, remembered, resolve_buffer, stream_remembered
-from ._memory import BufferLike, DeviceBuffer, Stream
+from ._memory import BufferLike, Stream
 from ._plan import DEFAULT_LIMIT_FRACTION, check_nbytes, clip_window, normalize_hit_ratio
-from ._targets import Target, after_changes, as_target, resolve_target
+from ._targets import Target, as_target
 from ._window import AccessPolicyWindow, AccessProperty, check_property
 
 __all__ = ["persist", "Persist", "Policy", "Budget", "budget"]
@@ -113,7 +113,7 @@ def _disabled_reason(policy: object) -> str:
     return f"the policy is \"no persistence\" ({reason})" if isinstance(reason, str) else "the policy is disabled"
 
 
-#: What _prepare returns for the compiled scope (src/scope_types.cpp): the stream (None for a graph-like target,
+#: What _prepare returns for the compiled scope (src/scope_arguments.cpp): the stream (None for a graph-like target,
 #: resolved at entry), the target as given, the buffer, the byte range, the properties, the hit ratio (None: fit
 #: to the set-aside), the limit request, reset_on_exit, share, why the scope is disabled (None: it is not),
 #: whether the stream object may be remembered, how to tell the buffer object's memory moved (None: not
@@ -327,7 +327,7 @@ if TYPE_CHECKING:
         def __enter__(self) -> "Persist": ...
         def __exit__(self, exc_type: object, exc: object, tb: object) -> None: ...
 else:
-    # The scope is a compiled type (src/scope_types.cpp): its construction, entry and end run in C++, so no
+    # The scope is a compiled type (src/persist_scope.cpp): its construction, entry and end run in C++, so no
     # bytecode runs between a device change and its record, and a lean scope costs about its driver calls.
     Persist = _native.Persist
     Persist.__doc__ = 'Keep ``buf`` (or ``num_bytes`` of it from ``offset``) in L2 for kernels launched on ``stream``\ninside the ``with`` block (or between ``start()`` and ``stop()``).\n\n>>> with l2ctl.persist(stream, lut, hit_ratio=0.75) as p:\n...     run_my_kernels(stream)\n\n- ``hit_ratio``: fraction of the window\'s lines given ``hit_prop``. None: as much as the set-aside\n  holds next to the other windows in force, min(1, room / window bytes). Values in (1, 1 + 1e-6]\n  count as 1.0; NaN, negatives and larger values raise ValueError.\n- ``set_aside="auto"`` raises the device\'s persisting limit just enough for the windows in force\n  (rounded up to the driver\'s granularity), never below what it was, and never past the driver\'s\n  default limit (30% of persistingL2CacheMaxSize: 9.375 MiB on an H100, 11.25 MiB on an H200).\n  When the windows ask for more, it stops there and says so (SetAsideTaxWarning): the set-aside is a\n  tax on everything else, L2 reserved for persisting lines is lost to every other kernel on the GPU\n  (plain copies ran 2.4x slower at the max on an H100: docs/results.md), and below the default limit\n  the measured tax is nil. An int asks for exactly that many bytes (the driver rounds it;\n  ``p.set_aside`` is what it granted), ``"max"`` for persistingL2CacheMaxSize; None leaves the\n  limit alone. l2ctl.tune() measures what a larger set-aside buys and costs.\n- A window larger than accessPolicyMaxWindowSize is clipped to it, with a WindowClippedWarning.\n- ``share=True``: hit ratios of all shared scopes in force on the device are scaled so their total\n  demand fits what the other windows leave of the set-aside (two windows as large as the set-aside\n  get half each).\n- ``policy``: a Policy (or what l2ctl.tune returned) instead of ``hit_ratio`` and ``set_aside`` (and,\n  when the policy has a byte range, ``offset``/``num_bytes``); passing both is an error.\n- ``clamp=True``: an int ``set_aside`` above persistingL2CacheMaxSize is granted the max, with a\n  SetAsideClampedWarning naming the bytes asked and granted (without it: ValueError).\n- ``strict=False`` (best effort): where the device cannot persist (no device, compute capability below\n  8.0, a MIG instance, a limit refused under MPS), the scope changes nothing, warns once per device\n  (PersistenceUnavailableWarning) and ``reason`` says why. Arguments are still checked: a bad hit ratio\n  raises either way.\n\nA scope for an app\'s lifetime (set at model load, kept until unload or for a server\'s life):\n``p = l2ctl.persist(stream, buf, ...).start()`` ... ``p.stop()`` (``close()`` too). It is the same scope as\nthe ``with`` block, with the same promises; it also ends when the object is garbage-collected and at\ninterpreter exit.\n\nThe stream, the graph nodes and the limit always hold what the live scopes ask for, recomputed after\nevery entry and exit: nested scopes, scopes ended in any order, scopes in other threads and scopes\nwhose block raised all end in the right state; when the last scope on a device ends, the limit and\nwindows are what they were before l2ctl changed them, and the persisting lines are reset\n(``reset_on_exit``). An exception in entry (a warning turned into an error included) leaves nothing\nchanged.\n\nThe window applies to kernels *launched* inside the block; it is a stream attribute, so work already\nqueued keeps the window it was launched with. Streams: l2ctl.Stream, torch/CuPy streams, anything\nwith ``__cuda_stream__``, an int handle, or None (the legacy default stream of the current device,\nshared by every library that uses it). Graphs: an l2ctl graph or ``graph.select(predicate)``.\n\nInside the block the object describes what was applied: ``window`` (as requested, hit ratio\nresolved; empty before entry and for a scope that changes nothing), ``set_aside`` (the limit in force,\nbytes; 0 where the device cannot persist), ``device`` (-1 where no device was found), ``stream`` (the\nhandle), ``clipped``, ``active`` (whether it is live in l2ctl\'s registry) and ``reason`` (None, or why\nit changes nothing: a "no persistence" policy, or with ``strict=False`` the device). One object is one\nscope: entering it again while it is live (from another thread too) is refused.\n'
@@ -338,18 +338,12 @@ else:
                     miss_prop: AccessProperty = _STREAMING, set_aside: LimitRequest = "auto",
                     reset_on_exit: bool = True, share: bool = False, policy: Optional[Any] = None,
                     strict: bool = True, clamp: bool = False) -> None:
-        """The parameters the compiled type takes (``arg_names`` in src/scope_types.cpp; a test compares them),
+        """The parameters the compiled type takes (``arg_names`` in src/scope_arguments.cpp; a test compares them),
         for inspect.signature and help(): a compiled type carries no signature of its own."""
 
     Persist.__signature__ = inspect.signature(_parameters).replace(
         return_annotation=inspect.Signature.empty)
     Persist.__repr__ = _repr
-    _native.set_scope_hooks(
-        prepare=_prepare, stream_device=stream_device, check_stream_context=check_stream_context,
-        check_owned_pointer=check_owned_pointer, properties=properties, require_persistence=require_persistence,
-        resolve_target=resolve_target, after_changes=after_changes, announce=_announce, unavailable=_unavailable,
-        stream_type=Stream,
-        buffer_type=DeviceBuffer, persisting=_PERSISTING, streaming=_STREAMING, no_window=AccessPolicyWindow())
 
 
 #: ``persist(stream, buf, hit_ratio=None, ...)``: the scope itself (see Persist).

@@ -76,11 +76,11 @@ exit: Callable[[Scope], None] = _native.exit_scope
 #: is no longer live (nothing changes).
 add_slots: Callable[..., bool] = _native.add_slots
 #: ``__exit__`` of persist's scope, the scoped window and the set_aside scope, and of ``with l2ctl.Stream()``:
-#: compiled instance methods (src/planner_bindings.cpp), so every with block l2ctl gives ends in compiled code.
+#: compiled instance methods (src/scope_entries.cpp; persist's own in src/persist_scope.cpp), so every with block l2ctl gives ends in compiled code.
 scope_exit: Any = _native.scope_exit
 stream_exit: Any = _native.stream_exit
 #: ``__enter__`` of the scoped window (after its ``_prepare_entry``), the set_aside scope and ``with Stream()``:
-#: compiled too (src/scope_types.cpp).
+#: compiled too (src/scope_entries.cpp).
 holder_enter: Any = _native.holder_enter
 set_aside_enter: Any = _native.set_aside_enter
 stream_enter: Any = _native.stream_enter

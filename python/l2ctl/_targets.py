@@ -93,7 +93,7 @@ class ScopedWindow:
         scope = _registry.Scope(target.device, target.slots, self._window, owner=target.owner)
         return scope, properties(target.device).persisting_l2_cache_max_size, changed, target.executables
 
-    #: ``__enter__``, compiled (src/scope_types.cpp): _prepare_entry, then the entry and the target's callback;
+    #: ``__enter__``, compiled (src/scope_entries.cpp): _prepare_entry, then the entry and the target's callback;
     #: an error after the entry ends the scope there.
     if TYPE_CHECKING:
         def __enter__(self) -> "ScopedWindow": ...

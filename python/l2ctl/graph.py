@@ -187,6 +187,7 @@ class Graph:
             self._exec.destroy()
             self._exec = None
         self._impl.destroy()
+        self._nodes = self._all_slots = None  # what was read of it is gone: a later use asks the handle, and is refused
 
     def __enter__(self) -> "Graph":
         return self
@@ -232,7 +233,7 @@ class Capture:
     capture is ended and the partial graph destroyed.
 
     The stream is checked when the object is made; the capture begins and ends in compiled code
-    (src/scope_types.cpp), so no interrupt can leave the stream capturing: one that lands as it begins ends it."""
+    (src/scope_entries.cpp), so no interrupt can leave the stream capturing: one that lands as it begins ends it."""
 
     __slots__ = ("_stream", "_owner", "_mode", "_backend", "_graph", "_capturing")
 

@@ -10,7 +10,7 @@ import re
 
 import l2ctl
 
-SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "scope_types.cpp"
+SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "scope_arguments.cpp"
 
 
 def test_dir_lists_the_public_names_and_no_helper():

@@ -150,3 +150,56 @@ def test_import_loads_the_core_only():
     loaded, lazily = out.stdout.splitlines()
     assert not [m for m in eval(loaded) if _in(m, OUTSIDE_THE_CORE)], loaded
     assert lazily == "l2ctl.tuner l2ctl.bench l2ctl.kernels"
+
+
+SRC = pathlib.Path(__file__).resolve().parents[2] / "src"
+
+
+def test_the_compiled_layer_imports_no_module_of_l2ctls_by_name():
+    """Its one tie to Python is the Host (l2ctl._host): no py::module_::import("l2ctl...") nor PyImport_* of one."""
+    found = [f"{p.name}:{n}" for p in sorted(SRC.glob("*.[ch]pp")) for n, line in enumerate(p.read_text().splitlines(), 1)
+             if "l2ctl." in line and ("module_::import" in line or "PyImport_" in line)]
+    assert not found, found
+
+
+def test_the_host_has_exactly_the_fields_the_compiled_layer_reads_each_from_a_core_module():
+    from dataclasses import fields
+
+    from l2ctl import _core, _host
+
+    planner = getattr(_core, "_planner")
+    declared = {f.name: f.type for f in fields(_host.Host)}
+    compiled = dict(planner.HOST_FIELDS)  # name -> "callable" | "type" | "exception" (src/host.cpp)
+    assert set(declared) == set(compiled)
+    for name, kind in compiled.items():
+        hint = declared[name]
+        assert hint.startswith({"callable": "Callable", "type": "type", "exception": "type[BaseException]"}[kind]), name
+    # Every value is a name of a core module (the harness and the simulator never feed the compiled layer).
+    core = [m for m, mod in sys.modules.items() if m.startswith("l2ctl") and not _in(m, OUTSIDE_THE_CORE) and mod]
+    for name in compiled:
+        value = getattr(_host.host, name)
+        owners = [m for m in core if any(v is value for v in vars(sys.modules[m]).values())]
+        assert owners, f"Host.{name} is no name of a core module"
+
+
+@pytest.mark.parametrize("change,error", [
+    ({"prepare": None}, "Host.prepare: missing"), ({"announce": 3}, "Host.announce: not callable"),
+    ({"stream_type": len}, "Host.stream_type: not a type"),
+    ({"cuda_error": int}, "Host.cuda_error: not an exception class")])
+def test_the_host_is_checked_field_by_field_and_registered_once(change, error):
+    from l2ctl import _core, _host
+
+    register = getattr(_core, "_planner").register_host
+    values = {**vars(_host.host), **change}
+
+    class Partial:
+        pass
+
+    given = Partial()
+    for name, value in values.items():
+        if value is not None:
+            setattr(given, name, value)
+    with pytest.raises(TypeError, match=error.replace(".", r"\.")):
+        register(given)
+    with pytest.raises(RuntimeError, match="registered already"):
+        register(_host.host)

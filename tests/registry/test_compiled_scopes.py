@@ -1,4 +1,4 @@
-"""The compiled scope objects (src/scope_types.cpp): every with block l2ctl gives enters and ends in compiled code;
+"""The compiled scope objects (src/persist_scope.cpp, src/scope_entries.cpp): every with block l2ctl gives enters and ends in compiled code;
 torch and CuPy objects are resolved once per object while they live, and again when a tensor's memory moved; an
 interrupt in the Python that an entry calls after the device changed (a warning's display) ends the scope before
 the entry returns; the arguments' checks are those of the Python scope they replaced."""

@@ -1,4 +1,4 @@
-"""The compiled persist object (src/scope_types.cpp, `_core._planner.Persist`) under what Python code can do to
+"""The compiled persist object (src/persist_scope.cpp, `_core._planner.Persist`) under what Python code can do to
 it: foreign objects it remembers must not be kept alive by it nor taken for what they are not, an entry whose
 Python parts (a graph's predicate, a warning's display, a target's callback) end, re-enter or re-initialise the
 object stays consistent, and malformed uses raise instead of crashing the interpreter. The crashes run in a
