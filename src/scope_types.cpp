@@ -52,7 +52,6 @@ const char* const arg_names[n_args] = {"stream",    "buf",       "hit_ratio",   
                                        "policy",    "strict",    "clamp"};
 PyObject* interned_args[n_args];
 
-
 // ---- foreign objects, resolved once ----------------------------------------------------------------------------
 
 // A torch or CuPy stream or array resolved by l2ctl._interop, remembered while the object lives (a weak

@@ -64,9 +64,12 @@ def normalize_hit_ratio(value: object, name: str = "hit_ratio") -> float:
     values and values above ``1 + HIT_RATIO_TOLERANCE``. Which values and as what: the planner's rule
     (``check_hit_ratio`` in src/l2ctl/planner.cpp), the one the compiled scope applies too.
     """
-    if type(value) is not float and (isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real)):
+    if type(value) is float:
+        x = value
+    elif isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number in [0, 1], not {type(value).__name__}")
-    x = value if type(value) is float else _as_float(value, f"{name} must be in [0, 1]")
+    else:
+        x = _as_float(value, f"{name} must be in [0, 1]")
     ratio, fault = _native.plan_check_hit_ratio(x)
     if fault:
         raise ValueError(_HIT_RATIO_REFUSALS[fault].format(name=name, x=x, tolerance=HIT_RATIO_TOLERANCE))

@@ -208,8 +208,10 @@ def test_a_torch_stream_and_tensor_take_the_compiled_path_at_every_hit_ratio(hit
     if not torch.cuda.is_available():
         pytest.skip("torch has no CUDA device")
     stream, tensor = torch.cuda.Stream(), torch.empty(MiB // 4, dtype=torch.int32, device="cuda")
-    with l2ctl.persist(stream, tensor, 0.75, set_aside=None, reset_on_exit=False):  # resolved once
-        pass
-    names, (window, _) = made_and_entered(
-        lambda: l2ctl.persist(stream, tensor, hit_ratio, set_aside=None, reset_on_exit=False))
-    assert names == [] and window.hit_ratio == float(np.float32(hit_ratio))
+    def lean(ratio: object) -> Callable[[], Any]:
+        return lambda: l2ctl.persist(stream, tensor, ratio, set_aside=None, reset_on_exit=False)
+
+    made_and_entered(lean(0.75))  # resolved once
+    baseline, _ = made_and_entered(lean(0.75))  # the tensor's stamp is read at each scope
+    names, (window, _) = made_and_entered(lean(hit_ratio))
+    assert "_prepare" not in names and names == baseline and window.hit_ratio == float(np.float32(hit_ratio))

@@ -330,7 +330,7 @@ def _check_variant(name: str, op: Callable[[], Any], s: Stream, buf: DeviceBuffe
             check(get_window(s) == expected._replace(hit_ratio=hit_ratio), f"{name}: the window on the stream")
             check(get_set_aside(index) == limit_before, f"{name}: the limit")
     elif name in ("persist_default", "persist_exact", "persist_policy"):
-        scope = persist(s, buf, 0.75, **({"set_aside": up} if name == "persist_exact" else {})) \
+        scope = persist(s, buf, 0.75, set_aside=up if name == "persist_exact" else "auto") \
             if name != "persist_policy" else persist(s, buf, policy=Policy(set_aside=up, hit_ratio=0.75))
         with scope:
             check(get_window(s) == expected, f"{name}: the window on the stream")
