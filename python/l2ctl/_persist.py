@@ -20,7 +20,7 @@ from ._errors import (L2BudgetWarning, NotSupportedError, PersistenceUnavailable
                       WindowClippedWarning)
 from ._interop import BufferRef, StreamRef, remembered, resolve_buffer, stream_remembered
 from ._memory import BufferLike, DeviceBuffer, Stream
-from ._plan import DEFAULT_LIMIT_FRACTION, check_nbytes, clip_window, normalize_hit_ratio
+from ._plan import DEFAULT_LIMIT_FRACTION, check_nbytes, clip_window, normalize_hit_ratio, oversubscribed
 from ._targets import Target, after_changes, as_target, resolve_target
 from ._window import AccessPolicyWindow, AccessProperty, check_property
 
@@ -72,7 +72,7 @@ class Budget:
 
     @property
     def oversubscribed(self) -> bool:
-        return bool(_native.plan_oversubscribed(self.demand, self.set_aside))
+        return oversubscribed(self.demand, self.set_aside)
 
 
 def budget(device: object = None) -> Budget:
@@ -196,7 +196,7 @@ def _announce(scope: "Persist", clip: Optional[tuple[int, int, int]], limit: int
             f"{'The hit ratio was fitted to it. ' if scope._requested_hit_ratio is None else ''}"
             "Pass set_aside=<bytes> or 'max' to pay that knowingly; l2ctl.tune measures both sides",
             SetAsideTaxWarning, stacklevel=2)
-    elif scope.window.hit_prop == AccessProperty.PERSISTING and _native.plan_oversubscribed(demand, limit):
+    elif scope.window.hit_prop == AccessProperty.PERSISTING and oversubscribed(demand, limit):
         warnings.warn(
             f"device {device}: live persisting windows ask for {demand:.0f} bytes (hit_ratio x num_bytes) "
             f"but the set-aside is {limit} bytes; lines will evict each other (thrash). Use "

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from . import _core
 
-_native: Any = getattr(_core, "_planner")  # the planner's arithmetic (src/l2ctl/planner.cpp)
+_native = _core._planner  # the planner's rules (src/l2ctl/planner.cpp), typed by _core.pyi
 
 __all__ = [
     "HIT_RATIO_TOLERANCE",
@@ -23,6 +23,7 @@ __all__ = [
     "granted_set_aside",
     "check_set_aside_request",
     "auto_set_aside",
+    "oversubscribed",
     "tax_free_limit",
     "DEFAULT_LIMIT_FRACTION",
     "default_hit_ratio",
@@ -183,6 +184,12 @@ def auto_set_aside(demand: float, current: int, granularity: int, maximum: int) 
     """The limit the ``"auto"`` policy asks for: the demand rounded up to the granularity, capped at the
     max, and never below the current limit (auto only grows, so it never starves other users)."""
     return int(_native.plan_auto_set_aside(float(demand), int(current), int(granularity), int(maximum)))
+
+
+def oversubscribed(demand: float, limit: int) -> bool:
+    """Whether windows asking ``demand`` bytes (hit ratio x bytes) ask more than a set-aside of ``limit`` bytes,
+    so that their lines evict each other (beyond the rounding of the sum)."""
+    return bool(_native.plan_oversubscribed(float(demand), int(limit)))
 
 
 def default_hit_ratio(granted: int, window_bytes: int) -> float:

@@ -13,7 +13,7 @@ import tokenize
 import pytest
 
 import l2ctl
-from l2ctl import _plan, _registry
+from l2ctl import _core, _plan, _registry
 
 PACKAGE = pathlib.Path(l2ctl.__file__).parent
 #: Calls that change device state: only the planner makes them (the simulator implements them).
@@ -23,7 +23,8 @@ DEVICE_CHANGES = {"apply_window", "apply_state", "set_persisting_limit", "set_st
 ARITHMETIC = {"round_up": "plan_round_up", "tax_free_limit": "plan_tax_free_limit",
               "auto_set_aside": "plan_auto_set_aside", "default_hit_ratio": "plan_default_hit_ratio",
               "shared_hit_ratios": "plan_shared_hit_ratios", "granted_set_aside": "plan_granted_set_aside",
-              "normalize_hit_ratio": "plan_check_hit_ratio", "parse_set_aside_request": "plan_requested_set_aside"}
+              "normalize_hit_ratio": "plan_check_hit_ratio", "parse_set_aside_request": "plan_requested_set_aside",
+              "oversubscribed": "plan_oversubscribed"}
 ROOT = PACKAGE.parents[1]
 #: The planner's files: the only place the rules below are written.
 PLANNER = ("src/l2ctl/planner.cpp", "src/l2ctl/planner.hpp")
@@ -183,5 +184,23 @@ def test_each_name_of_the_arithmetic_reaches_the_planner(name, monkeypatch):
         answer = (0.25, 0)  # (the ratio as CUDA takes it, no fault)
     args = {"round_up": (5, 4), "tax_free_limit": (100, 10), "auto_set_aside": (5.0, 0, 1, 100),
             "default_hit_ratio": (1, 2), "shared_hit_ratios": ([(0.5, 10)], 100),
-            "granted_set_aside": (5, 10), "normalize_hit_ratio": (0.5,), "parse_set_aside_request": ("max", 10)}[name]
-    assert getattr(_plan, name)(*args) == (0.25 if name == "normalize_hit_ratio" else answer)
+            "granted_set_aside": (5, 10), "normalize_hit_ratio": (0.5,), "parse_set_aside_request": ("max", 10),
+            "oversubscribed": (5.0, 10)}[name]
+    assert getattr(_plan, name)(*args) == {"normalize_hit_ratio": 0.25, "oversubscribed": True}.get(name, answer)
+
+
+def test_the_stub_declares_the_planners_rules_as_the_extension_has_them():
+    """_core.pyi's _PlannerRules (what _plan.py calls, typed): each name is in _core._planner, with the parameter
+    names pybind11 gives it, and each rule _plan.py names is declared."""
+    stub = ast.parse(PACKAGE.joinpath("_core.pyi").read_text())
+    rules = next(n for n in stub.body if isinstance(n, ast.ClassDef) and n.name == "_PlannerRules")
+    native = _core._planner
+    for item in rules.body:
+        if isinstance(item, ast.AnnAssign):
+            assert isinstance(getattr(native, item.target.id), float), item.target.id
+        elif isinstance(item, ast.FunctionDef):
+            signature = getattr(native, item.name).__doc__.splitlines()[0]
+            names = re.findall(r"(\w+): ", signature[len(item.name) + 1:signature.index(") ->")])
+            assert names == [a.arg for a in item.args.args], (item.name, signature)
+    declared = {getattr(n, "name", None) for n in rules.body}
+    assert set(ARITHMETIC.values()) <= declared
