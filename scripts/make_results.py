@@ -464,6 +464,15 @@ OVERHEAD_ROWS = [  # (variant, label, its raw calls through cuda.bindings, its d
     ("set_aside_scope", "`with set_aside(...)`", "raw_set_limit_pair", "cpp_set_limit_pair"),
     ("reset_persisting_lines", "`reset_persisting_lines()`", "raw_reset", None),
     ("persist_lean_torch", "the lean `persist` with a torch stream and tensor", None, "cpp_lean_calls"),
+    ("persist_lean_torch_1_0", "the same at `hit_ratio=1.0`", None, "cpp_lean_calls"),
+    # The lean scope in each argument form (issue 36).
+    ("persist_lean_1_0", "the lean scope at `hit_ratio=1.0`", None, "cpp_lean_calls"),
+    ("persist_lean_int_1", "the lean scope at `hit_ratio=1` (an int)", None, "cpp_lean_calls"),
+    ("persist_lean_np_float32", "the lean scope at `np.float32(0.75)`", None, "cpp_lean_calls"),
+    ("persist_lean_keyword", "the lean scope with `hit_ratio=0.75` as a keyword", None, "cpp_lean_calls"),
+    ("persist_lean_policy", "the lean scope through `policy=Policy(set_aside=None, hit_ratio=0.75)`", None,
+     "cpp_lean_calls"),
+    ("persist_lean_limit", "the lean scope with `set_aside=<the limit in force>` (an int)", None, "cpp_lean_calls"),
 ]
 
 

@@ -292,11 +292,11 @@ Plan check(Persist* self, Registry_object& registry, const Where& where) {
   plan.window.hit_prop = self->hit_prop;
   plan.window.miss_prop = self->miss_prop;
   plan.request = self->limit_bytes;
-  if (self->limit == Limit::max) {
-    plan.request = plan.limits.persisting_max;
-  } else if (self->limit == Limit::exact) {
+  if (self->limit == Limit::max || self->limit == Limit::exact) {
     try {
-      plan.request = pl::granted_set_aside(plan.request, plan.limits.persisting_max, self->clamp);
+      plan.request = pl::requested_set_aside(
+          self->limit == Limit::max ? pl::Set_aside_form::max : pl::Set_aside_form::bytes, plan.request, 0.0,
+          plan.limits.persisting_max, self->clamp);
     } catch (const std::invalid_argument& e) {
       value_error(std::string("device ") + std::to_string(device) + ": " + e.what() +
                   " (clamp=True grants the max instead, with a warning)");
@@ -368,8 +368,8 @@ void announce(Persist* self, const std::shared_ptr<Scope_object>& scope, const p
     if (r == nullptr) throw py::error_already_set();
     Py_DECREF(r);
   }
-  const bool thrash = plan.window.hit_prop == l2ctl::access_persisting &&
-                      entered.demand > static_cast<double>(entered.limit) * (1 + 1e-9);
+  const bool thrash =
+      plan.window.hit_prop == l2ctl::access_persisting && pl::oversubscribed(entered.demand, entered.limit);
   if (!(plan.clipped || entered.capped || thrash || plan.clamped)) return;
   py::object clip = plan.clipped ? py::object(py::make_tuple(plan.full, plan.nbytes, plan.limits.max_window))
                                  : py::object(py::none());

@@ -23,9 +23,6 @@ enum Arg { a_stream, a_buf, a_hit_ratio, a_num_bytes, a_offset, a_hit_prop, a_mi
 extern const char* const arg_names[n_args];
 extern PyObject* interned_args[n_args];
 
-// Hit ratios up to here stay below 1.0 in float32 too: taken as they are (others go through _prepare).
-constexpr double surely_float32 = 0.9999999;
-
 enum class Limit { none, automatic, max, exact };
 
 struct Persist {

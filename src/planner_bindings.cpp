@@ -657,6 +657,20 @@ void bind_planner(py::module_& core) {
   m.def("plan_round_up", &pl::round_up, "nbytes"_a, "granularity"_a);
   m.def("plan_tax_free_limit", &pl::tax_free_limit, "maximum"_a, "granularity"_a);
   m.def("plan_granted_set_aside", &pl::granted_set_aside, "request"_a, "maximum"_a, "clamp"_a);
+  m.attr("plan_hit_ratio_tolerance") = pl::hit_ratio_tolerance;
+  m.def("plan_check_hit_ratio", [](double ratio) {
+    const pl::Checked_hit_ratio checked = pl::check_hit_ratio(ratio);
+    return std::make_pair(checked.value, static_cast<int>(checked.fault));
+  }, "ratio"_a);
+  m.def("plan_oversubscribed", &pl::oversubscribed, "demand"_a, "limit"_a);
+  m.def("plan_requested_set_aside", [](const std::string& form, long long bytes, double fraction, long long maximum,
+                                       bool clamp) {
+    const pl::Set_aside_form f = form == "max" ? pl::Set_aside_form::max
+                                 : form == "fraction" ? pl::Set_aside_form::fraction
+                                 : form == "bytes" ? pl::Set_aside_form::bytes
+                                                   : throw std::invalid_argument("form: 'bytes', 'max' or 'fraction'");
+    return pl::requested_set_aside(f, bytes, fraction, maximum, clamp);
+  }, "form"_a, "bytes"_a, "fraction"_a, "maximum"_a, "clamp"_a);
   m.def("plan_auto_set_aside", &pl::auto_set_aside, "demand"_a, "current"_a, "granularity"_a, "maximum"_a);
   m.def("plan_default_hit_ratio", &pl::default_hit_ratio, "granted"_a, "window_bytes"_a);
   m.def("plan_shared_hit_ratios", &pl::shared_hit_ratios, "requests"_a, "set_aside"_a);

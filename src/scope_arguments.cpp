@@ -1,6 +1,7 @@
 // persist()'s arguments: their common forms taken without Python (take_common), any other form through the Host's
 // `prepare` (take_prepared), and the table of torch and CuPy objects resolved once while they live.
 #include <cmath>
+#include <cstring>
 #include <unordered_map>
 #include <vector>
 
@@ -181,7 +182,8 @@ void take_stream_ref(Persist* self, PyObject* ref) {
   if (PyErr_Occurred()) throw py::error_already_set();
   PyObject* device = PyTuple_GET_ITEM(ref, 1);
   self->stream_device = device == Py_None ? -1 : static_cast<int>(as_ll(device));
-  self->own_stream = Py_TYPE(PyTuple_GET_ITEM(ref, 3)) == reinterpret_cast<PyTypeObject*>(host.stream_type);
+  // An l2ctl.Stream, or one of a subclass: checked for being closed at entry, before the device is touched.
+  self->own_stream = PyObject_TypeCheck(PyTuple_GET_ITEM(ref, 3), reinterpret_cast<PyTypeObject*>(host.stream_type));
   Py_INCREF(ref);
   Py_XSETREF(self->stream_ref, ref);
 }
@@ -212,14 +214,94 @@ PyObject* own_ref(PyObject* obj) {
 
 bool is_bool(PyObject* v) { return v == Py_True || v == Py_False; }
 
+// numpy's real scalars (np.float32, np.float64, np.int64, ...: what numbers.Real holds of numpy's), known by their
+// classes (numpy.floating, numpy.integer) without importing numpy. np.bool_ and complex scalars are neither.
+bool is_numpy_real(PyTypeObject* type) {
+  PyObject* mro = type->tp_mro;
+  if (mro == nullptr || !PyTuple_Check(mro)) return false;
+  for (Py_ssize_t i = 1; i < PyTuple_GET_SIZE(mro); ++i) {
+    const char* name = reinterpret_cast<PyTypeObject*>(PyTuple_GET_ITEM(mro, i))->tp_name;
+    if (std::strcmp(name, "numpy.floating") == 0 || std::strcmp(name, "numpy.integer") == 0) return true;
+  }
+  return false;
+}
+
+// A hit ratio (not None) of a form taken without Python: a float, an int (not bool) or a numpy real scalar, read
+// through the number protocol as float() reads it, which the planner takes (check_hit_ratio: the one rule) into
+// `*out`. False for any other form or value: _prepare then refuses it with _plan's words, or takes it.
+bool fast_hit_ratio(PyObject* value, double* out) {
+  double x;
+  if (PyFloat_CheckExact(value)) {
+    x = PyFloat_AS_DOUBLE(value);
+  } else if (PyLong_CheckExact(value) || is_numpy_real(Py_TYPE(value))) {
+    PyObject* as_float = PyNumber_Float(value);  // an int beyond a float's range: OverflowError, worded by _prepare
+    if (as_float == nullptr) {
+      PyErr_Clear();
+      return false;
+    }
+    x = PyFloat_AS_DOUBLE(as_float);
+    Py_DECREF(as_float);
+  } else {
+    return false;
+  }
+  const pl::Checked_hit_ratio checked = pl::check_hit_ratio(x);
+  *out = checked.value;
+  return checked.fault == pl::Hit_ratio_fault::none;
+}
+
+// A set-aside of a form taken without Python: None, "auto", "max", or an int byte count in [0, 2**63).
+bool fast_limit(PyObject* value, Limit* kind, long long* bytes) {
+  *bytes = 0;
+  if (value == Py_None) {
+    *kind = Limit::none;
+  } else if (PyUnicode_CheckExact(value) && PyUnicode_Compare(value, L2CTL_NAME("auto").ptr()) == 0) {
+    *kind = Limit::automatic;
+  } else if (PyUnicode_CheckExact(value) && PyUnicode_Compare(value, L2CTL_NAME("max").ptr()) == 0) {
+    *kind = Limit::max;
+  } else if (PyLong_CheckExact(value)) {
+    int overflow = 0;
+    *bytes = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (overflow != 0 || *bytes < 0) return false;  // refused by _prepare, in its words
+    *kind = Limit::exact;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// `policy=`: an l2ctl Policy (exactly: its class names itself `_l2ctl_policy`), its fields checked when it was made,
+// enabled and without a byte range, read into the hit ratio and set-aside it asks for. False for anything else (a
+// tuned policy, a subclass, a disabled one, one with a range): _prepare takes those.
+bool fast_policy(PyObject* policy, double* requested, Limit* kind, long long* bytes) {
+  PyTypeObject* type = Py_TYPE(policy);
+  if (_PyType_Lookup(type, L2CTL_NAME("_l2ctl_policy").ptr()) != reinterpret_cast<PyObject*>(type)) return false;
+  const auto field = [policy](py::handle name) {
+    PyObject* value = PyObject_GetAttr(policy, name.ptr());
+    if (value == nullptr) throw py::error_already_set();
+    return py::reinterpret_steal<py::object>(value);
+  };
+  const py::object enabled = field(L2CTL_NAME("enabled")), offset = field(L2CTL_NAME("offset")),
+                   num_bytes = field(L2CTL_NAME("num_bytes"));
+  if (enabled.ptr() != Py_True || !num_bytes.is_none() || !PyLong_CheckExact(offset.ptr())) return false;
+  int overflow = 0;
+  if (PyLong_AsLongLongAndOverflow(offset.ptr(), &overflow) != 0 || overflow) return false;
+  const py::object hit_ratio = field(L2CTL_NAME("hit_ratio"));
+  if (!hit_ratio.is_none() && !fast_hit_ratio(hit_ratio.ptr(), requested)) return false;
+  return fast_limit(field(L2CTL_NAME("set_aside")).ptr(), kind, bytes);
+}
+
 // The common forms of every argument, taken without Python; true when all of them were.
 bool take_common(Persist* self, PyObject* const* v) {
   PyObject* hit_ratio = v[a_hit_ratio];
   double requested = std::nan("");
-  if (hit_ratio != nullptr && hit_ratio != Py_None) {
-    if (!PyFloat_CheckExact(hit_ratio)) return false;
-    requested = PyFloat_AS_DOUBLE(hit_ratio);
-    if (!(requested >= 0.0 && requested <= surely_float32)) return false;
+  if (hit_ratio != nullptr && hit_ratio != Py_None && !fast_hit_ratio(hit_ratio, &requested)) return false;
+  Limit kind = Limit::automatic;
+  long long limit_bytes = 0;
+  if (v[a_set_aside] != nullptr && !fast_limit(v[a_set_aside], &kind, &limit_bytes)) return false;
+  if (v[a_policy] != nullptr && v[a_policy] != Py_None) {
+    // With a policy, hit_ratio and set_aside stay unset ("auto" as given is unset too): _prepare refuses both.
+    if ((hit_ratio != nullptr && hit_ratio != Py_None) || kind != Limit::automatic) return false;
+    if (!fast_policy(v[a_policy], &requested, &kind, &limit_bytes)) return false;
   }
   if (v[a_num_bytes] != nullptr && v[a_num_bytes] != Py_None) return false;
   if (v[a_offset] != nullptr) {  // 0 only (an int too large for a long long is not: _prepare refuses it)
@@ -229,16 +311,8 @@ bool take_common(Persist* self, PyObject* const* v) {
   }
   if (v[a_hit_prop] != nullptr && v[a_hit_prop] != host.persisting) return false;
   if (v[a_miss_prop] != nullptr && v[a_miss_prop] != host.streaming) return false;
-  PyObject* limit = v[a_set_aside];
-  Limit kind = Limit::automatic;
-  if (limit == Py_None) {
-    kind = Limit::none;
-  } else if (limit != nullptr && !(PyUnicode_CheckExact(limit) && PyUnicode_Compare(limit, L2CTL_NAME("auto").ptr()) == 0)) {
-    return false;
-  }
   if (v[a_reset_on_exit] != nullptr && !is_bool(v[a_reset_on_exit])) return false;
   if (v[a_share] != nullptr && !is_bool(v[a_share])) return false;
-  if (v[a_policy] != nullptr && v[a_policy] != Py_None) return false;
   if (v[a_strict] != nullptr && !is_bool(v[a_strict])) return false;
   if (v[a_clamp] != nullptr && !is_bool(v[a_clamp])) return false;
   // The stream and the buffer: l2ctl's own, or foreign objects already resolved.
@@ -298,7 +372,7 @@ bool take_common(Persist* self, PyObject* const* v) {
   self->hit_prop = l2ctl::access_persisting;
   self->miss_prop = l2ctl::access_streaming;
   self->limit = kind;
-  self->limit_bytes = 0;
+  self->limit_bytes = limit_bytes;
   self->reset_on_exit = v[a_reset_on_exit] == nullptr || v[a_reset_on_exit] == Py_True;
   self->share = v[a_share] == Py_True;
   self->enabled = true;

@@ -149,6 +149,8 @@ def resolve_stream(stream: object) -> StreamRef:
             raise TypeError(f"__cuda_stream__ version {version} is not supported (l2ctl reads version 0)")
         if handle < 0:
             raise ValueError(f"__cuda_stream__ returned a negative handle {handle}")
+        if handle >= 1 << 64:
+            raise ValueError(f"__cuda_stream__ returned {handle}, not a cudaStream_t handle (a 64-bit integer)")
         return StreamRef(handle, _stream_device_attr(stream), f"{_module_of(stream)}.__cuda_stream__", stream)
     module = _module_of(stream)
     handle_attr = getattr(stream, "cuda_stream", None)
@@ -297,8 +299,12 @@ def resolve_buffer(buf: object) -> BufferRef:
         ptr, nbytes = (int(v) for v in buf)
         if ptr <= 0:
             raise ValueError(f"pointer must be a positive device address, got {ptr}")
+        if ptr >= 1 << 64:
+            raise ValueError(f"pointer {ptr} is not an address: a pointer is an unsigned 64-bit integer")
         if nbytes <= 0:
             raise ValueError(f"nbytes must be positive, got {nbytes}")
+        if nbytes > MAX_BYTES:
+            raise ValueError(f"nbytes of {nbytes} bytes is beyond any device (at most 2**63 - 1)")
         return BufferRef(ptr, nbytes, None, "(ptr, nbytes)")
     if _is_int(buf):
         raise TypeError("a bare integer is ambiguous; pass (ptr, nbytes) so l2ctl knows the size")

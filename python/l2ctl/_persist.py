@@ -1,5 +1,7 @@
 """``persist``: keep a buffer in L2 for the kernels a block of code launches on a stream (or that a CUDA
 graph replays), through the registry that lets any number of such scopes share a device's set-aside."""
+# mypy: disable-error-code="empty-body"
+# (the class Persist below declares a compiled type: its methods have no Python body)
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import inspect
 import numbers
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, Optional, Union
 
 import numpy as np
 
@@ -18,7 +20,7 @@ from ._errors import (L2BudgetWarning, NotSupportedError, PersistenceUnavailable
                       WindowClippedWarning)
 from ._interop import BufferRef, StreamRef, remembered, resolve_buffer, stream_remembered
 from ._memory import BufferLike, Stream
-from ._plan import DEFAULT_LIMIT_FRACTION, check_nbytes, clip_window, normalize_hit_ratio
+from ._plan import DEFAULT_LIMIT_FRACTION, check_nbytes, clip_window, normalize_hit_ratio, oversubscribed
 from ._targets import Target, as_target
 from ._window import AccessPolicyWindow, AccessProperty, check_property
 
@@ -42,6 +44,9 @@ class Policy:
     enabled: bool = True
     offset: int = 0
     num_bytes: Optional[int] = None
+    #: The class whose fields the compiled scope reads as they are (src/scope_arguments.cpp, fast_policy): this one,
+    #: not a subclass (whose checks may differ) nor a tuned policy; those go through _prepare.
+    _l2ctl_policy: ClassVar[type]
 
     def __post_init__(self) -> None:
         # Checked (and the hit ratio normalised) once, here: persist() then takes a Policy's fields as they
@@ -49,6 +54,9 @@ class Policy:
         fields = _check_policy_fields(self.hit_ratio, self.set_aside, self.enabled, self.offset, self.num_bytes)
         for name, value in zip(("hit_ratio", "set_aside", "enabled", "offset", "num_bytes"), fields):
             object.__setattr__(self, name, value)
+
+
+Policy._l2ctl_policy = Policy
 
 
 @dataclass(frozen=True)
@@ -64,7 +72,7 @@ class Budget:
 
     @property
     def oversubscribed(self) -> bool:
-        return self.demand > self.set_aside * (1 + 1e-9)
+        return oversubscribed(self.demand, self.set_aside)
 
 
 def budget(device: object = None) -> Budget:
@@ -188,7 +196,7 @@ def _announce(scope: "Persist", clip: Optional[tuple[int, int, int]], limit: int
             f"{'The hit ratio was fitted to it. ' if scope._requested_hit_ratio is None else ''}"
             "Pass set_aside=<bytes> or 'max' to pay that knowingly; l2ctl.tune measures both sides",
             SetAsideTaxWarning, stacklevel=2)
-    elif scope.window.hit_prop == AccessProperty.PERSISTING and demand > limit * (1 + 1e-9):
+    elif scope.window.hit_prop == AccessProperty.PERSISTING and oversubscribed(demand, limit):
         warnings.warn(
             f"device {device}: live persisting windows ask for {demand:.0f} bytes (hit_ratio x num_bytes) "
             f"but the set-aside is {limit} bytes; lines will evict each other (thrash). Use "
@@ -231,9 +239,8 @@ def _repr(scope: "Persist") -> str:
     return f"<l2ctl.persist device={scope.device} window={scope.window}>"
 
 
-if TYPE_CHECKING:
-    class Persist:
-        """Keep ``buf`` (or ``num_bytes`` of it from ``offset``) in L2 for kernels launched on ``stream``
+class Persist:
+    """Keep ``buf`` (or ``num_bytes`` of it from ``offset``) in L2 for kernels launched on ``stream``
     inside the ``with`` block (or between ``start()`` and ``stop()``).
 
     >>> with l2ctl.persist(stream, lut, hit_ratio=0.75) as p:
@@ -289,60 +296,55 @@ if TYPE_CHECKING:
     scope: entering it again while it is live (from another thread too) is refused.
     """
 
-        window: AccessPolicyWindow
-        clipped: bool
-        _requested_hit_ratio: Optional[float]
+    window: AccessPolicyWindow
+    clipped: bool
+    _requested_hit_ratio: Optional[float]
 
-        def __init__(
-            self,
-            stream: Target,
-            buf: BufferLike,
-            hit_ratio: Optional[float] = None,
-            *,
-            num_bytes: Optional[int] = None,
-            offset: int = 0,
-            hit_prop: AccessProperty = AccessProperty.PERSISTING,
-            miss_prop: AccessProperty = AccessProperty.STREAMING,
-            set_aside: LimitRequest = "auto",
-            reset_on_exit: bool = True,
-            share: bool = False,
-            policy: Optional[Any] = None,
-            strict: bool = True,
-            clamp: bool = False,
-        ) -> None: ...
+    def __init__(
+        self,
+        stream: Target,
+        buf: BufferLike,
+        hit_ratio: Optional[float] = None,
+        *,
+        num_bytes: Optional[int] = None,
+        offset: int = 0,
+        hit_prop: AccessProperty = AccessProperty.PERSISTING,
+        miss_prop: AccessProperty = AccessProperty.STREAMING,
+        set_aside: LimitRequest = "auto",
+        reset_on_exit: bool = True,
+        share: bool = False,
+        policy: Optional[Any] = None,
+        strict: bool = True,
+        clamp: bool = False,
+    ) -> None: ...
 
-        @property
-        def active(self) -> bool: ...
-        @property
-        def device(self) -> int: ...
-        @property
-        def stream(self) -> int: ...
-        @property
-        def set_aside(self) -> int: ...
-        @property
-        def reason(self) -> Optional[str]: ...
-        def start(self) -> "Persist": ...
-        def stop(self) -> None: ...
-        def close(self) -> None: ...
-        def __enter__(self) -> "Persist": ...
-        def __exit__(self, exc_type: object, exc: object, tb: object) -> None: ...
-else:
+    @property
+    def active(self) -> bool: ...
+    @property
+    def device(self) -> int: ...
+    @property
+    def stream(self) -> int: ...
+    @property
+    def set_aside(self) -> int: ...
+    @property
+    def reason(self) -> Optional[str]: ...
+    def start(self) -> "Persist": ...
+    def stop(self) -> None: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> "Persist": ...
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None: ...
+
+
+if not TYPE_CHECKING:
     # The scope is a compiled type (src/persist_scope.cpp): its construction, entry and end run in C++, so no
-    # bytecode runs between a device change and its record, and a lean scope costs about its driver calls.
+    # bytecode runs between a device change and its record, and a lean scope costs about its driver calls. The
+    # class above declares it (for type checkers, help() and inspect.signature: a compiled type carries no
+    # signature of its own; a test compares its parameters with ``arg_names`` in src/scope_arguments.cpp).
+    _declared = Persist
     Persist = _native.Persist
-    Persist.__doc__ = 'Keep ``buf`` (or ``num_bytes`` of it from ``offset``) in L2 for kernels launched on ``stream``\ninside the ``with`` block (or between ``start()`` and ``stop()``).\n\n>>> with l2ctl.persist(stream, lut, hit_ratio=0.75) as p:\n...     run_my_kernels(stream)\n\n- ``hit_ratio``: fraction of the window\'s lines given ``hit_prop``. None: as much as the set-aside\n  holds next to the other windows in force, min(1, room / window bytes). Values in (1, 1 + 1e-6]\n  count as 1.0; NaN, negatives and larger values raise ValueError.\n- ``set_aside="auto"`` raises the device\'s persisting limit just enough for the windows in force\n  (rounded up to the driver\'s granularity), never below what it was, and never past the driver\'s\n  default limit (30% of persistingL2CacheMaxSize: 9.375 MiB on an H100, 11.25 MiB on an H200).\n  When the windows ask for more, it stops there and says so (SetAsideTaxWarning): the set-aside is a\n  tax on everything else, L2 reserved for persisting lines is lost to every other kernel on the GPU\n  (plain copies ran 2.4x slower at the max on an H100: docs/results.md), and below the default limit\n  the measured tax is nil. An int asks for exactly that many bytes (the driver rounds it;\n  ``p.set_aside`` is what it granted), ``"max"`` for persistingL2CacheMaxSize; None leaves the\n  limit alone. l2ctl.tune() measures what a larger set-aside buys and costs.\n- A window larger than accessPolicyMaxWindowSize is clipped to it, with a WindowClippedWarning.\n- ``share=True``: hit ratios of all shared scopes in force on the device are scaled so their total\n  demand fits what the other windows leave of the set-aside (two windows as large as the set-aside\n  get half each).\n- ``policy``: a Policy (or what l2ctl.tune returned) instead of ``hit_ratio`` and ``set_aside`` (and,\n  when the policy has a byte range, ``offset``/``num_bytes``); passing both is an error.\n- ``clamp=True``: an int ``set_aside`` above persistingL2CacheMaxSize is granted the max, with a\n  SetAsideClampedWarning naming the bytes asked and granted (without it: ValueError).\n- ``strict=False`` (best effort): where the device cannot persist (no device, compute capability below\n  8.0, a MIG instance, a limit refused under MPS), the scope changes nothing, warns once per device\n  (PersistenceUnavailableWarning) and ``reason`` says why. Arguments are still checked: a bad hit ratio\n  raises either way.\n\nA scope for an app\'s lifetime (set at model load, kept until unload or for a server\'s life):\n``p = l2ctl.persist(stream, buf, ...).start()`` ... ``p.stop()`` (``close()`` too). It is the same scope as\nthe ``with`` block, with the same promises; it also ends when the object is garbage-collected and at\ninterpreter exit.\n\nThe stream, the graph nodes and the limit always hold what the live scopes ask for, recomputed after\nevery entry and exit: nested scopes, scopes ended in any order, scopes in other threads and scopes\nwhose block raised all end in the right state; when the last scope on a device ends, the limit and\nwindows are what they were before l2ctl changed them, and the persisting lines are reset\n(``reset_on_exit``). An exception in entry (a warning turned into an error included) leaves nothing\nchanged.\n\nThe window applies to kernels *launched* inside the block; it is a stream attribute, so work already\nqueued keeps the window it was launched with. Streams: l2ctl.Stream, torch/CuPy streams, anything\nwith ``__cuda_stream__``, an int handle, or None (the legacy default stream of the current device,\nshared by every library that uses it). Graphs: an l2ctl graph or ``graph.select(predicate)``.\n\nInside the block the object describes what was applied: ``window`` (as requested, hit ratio\nresolved; empty before entry and for a scope that changes nothing), ``set_aside`` (the limit in force,\nbytes; 0 where the device cannot persist), ``device`` (-1 where no device was found), ``stream`` (the\nhandle), ``clipped``, ``active`` (whether it is live in l2ctl\'s registry) and ``reason`` (None, or why\nit changes nothing: a "no persistence" policy, or with ``strict=False`` the device). One object is one\nscope: entering it again while it is live (from another thread too) is refused.\n'
+    Persist.__doc__ = inspect.cleandoc(_declared.__doc__)
     Persist.set_aside = property(_set_aside, doc=_set_aside.__doc__)
-
-    def _parameters(stream: Target, buf: BufferLike, hit_ratio: Optional[float] = None, *,
-                    num_bytes: Optional[int] = None, offset: int = 0, hit_prop: AccessProperty = _PERSISTING,
-                    miss_prop: AccessProperty = _STREAMING, set_aside: LimitRequest = "auto",
-                    reset_on_exit: bool = True, share: bool = False, policy: Optional[Any] = None,
-                    strict: bool = True, clamp: bool = False) -> None:
-        """The parameters the compiled type takes (``arg_names`` in src/scope_arguments.cpp; a test compares them),
-        for inspect.signature and help(): a compiled type carries no signature of its own."""
-
-    Persist.__signature__ = inspect.signature(_parameters).replace(
-        return_annotation=inspect.Signature.empty)
+    Persist.__signature__ = inspect.signature(_declared).replace(return_annotation=inspect.Signature.empty)
     Persist.__repr__ = _repr
 
 

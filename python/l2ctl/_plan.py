@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from . import _core
 
-_native: Any = getattr(_core, "_planner")  # the planner's arithmetic (src/l2ctl/planner.cpp)
+_native = _core._planner  # the planner's rules (src/l2ctl/planner.cpp), typed by _core.pyi
 
 __all__ = [
     "HIT_RATIO_TOLERANCE",
@@ -23,6 +23,7 @@ __all__ = [
     "granted_set_aside",
     "check_set_aside_request",
     "auto_set_aside",
+    "oversubscribed",
     "tax_free_limit",
     "DEFAULT_LIMIT_FRACTION",
     "default_hit_ratio",
@@ -34,10 +35,17 @@ __all__ = [
 
 #: Hit ratios in (1, 1 + HIT_RATIO_TOLERANCE] are taken as 1.0: they are rounding noise (0.1 added ten
 #: times in float32 gives 1.0000001, which CUDA rejects with cudaErrorInvalidValue). Anything larger
-#: is an error.
-HIT_RATIO_TOLERANCE = 1e-6
+#: is an error (the planner's constant).
+HIT_RATIO_TOLERANCE: float = _native.plan_hit_ratio_tolerance
 #: The most points a hit-ratio grid may have (a bound, so a typo cannot hang the process).
 MAX_GRID_POINTS = 100_000
+#: The planner's reasons to refuse a hit ratio (its Hit_ratio_fault), worded with the argument's name.
+_HIT_RATIO_REFUSALS = {
+    1: "{name} must be finite, got {x!r}",
+    2: "{name} must be in [0, 1], got {x!r}",
+    3: "{name} must be in [0, 1], got {x!r}; values up to 1 + {tolerance:g} are accepted as 1.0 (float "
+       "accumulation noise), larger ones are refused",
+}
 
 
 def _as_float(value: numbers.Real, refusal: str) -> float:
@@ -54,25 +62,19 @@ def normalize_hit_ratio(value: object, name: str = "hit_ratio") -> float:
     """Validate a hit ratio and return it as a float that CUDA accepts (float32 never above 1.0).
 
     Raises TypeError for non-real values (bool included) and ValueError for NaN, infinities, negative
-    values and values above ``1 + HIT_RATIO_TOLERANCE``.
+    values and values above ``1 + HIT_RATIO_TOLERANCE``. Which values and as what: the planner's rule
+    (``check_hit_ratio`` in src/l2ctl/planner.cpp), the one the compiled scope applies too.
     """
-    if type(value) is float and 0.0 <= value <= 0.9999999:  # below 1.0 in float32 too: nothing to do
-        return value
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+    if type(value) is float:
+        x = value
+    elif isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number in [0, 1], not {type(value).__name__}")
-    x = _as_float(value, f"{name} must be in [0, 1]")
-    if math.isnan(x) or math.isinf(x):
-        raise ValueError(f"{name} must be finite, got {x!r}")
-    if x < 0.0:
-        raise ValueError(f"{name} must be in [0, 1], got {x!r}")
-    if x > 1.0 + HIT_RATIO_TOLERANCE:
-        raise ValueError(
-            f"{name} must be in [0, 1], got {x!r}; values up to 1 + {HIT_RATIO_TOLERANCE:g} are "
-            "accepted as 1.0 (float accumulation noise), larger ones are refused"
-        )
-    if x > 1.0 or float(np.float32(x)) > 1.0:
-        return 1.0
-    return x
+    else:
+        x = _as_float(value, f"{name} must be in [0, 1]")
+    ratio, fault = _native.plan_check_hit_ratio(x)
+    if fault:
+        raise ValueError(_HIT_RATIO_REFUSALS[fault].format(name=name, x=x, tolerance=HIT_RATIO_TOLERANCE))
+    return x if ratio == x else ratio  # the caller's object where it is unchanged (a window stays canonical)
 
 
 def hit_ratio_grid(points: int, start: float = 0.0, stop: float = 1.0) -> list[float]:
@@ -154,11 +156,11 @@ def parse_set_aside_request(value: object, maximum: int) -> int:
     """
     check_set_aside_request(value)
     if isinstance(value, str):
-        return int(maximum)
+        return int(_native.plan_requested_set_aside("max", 0, 0.0, int(maximum), False))
     if isinstance(value, numbers.Integral):
-        return granted_set_aside(int(value), maximum)
+        return granted_set_aside(check_nbytes(value, "set-aside", allow_zero=True), maximum)
     assert isinstance(value, numbers.Real)
-    return int(math.floor(float(value) * maximum))
+    return int(_native.plan_requested_set_aside("fraction", 0, float(value), int(maximum), False))
 
 
 def granted_set_aside(request: int, maximum: int, clamp: bool = False) -> int:
@@ -182,6 +184,12 @@ def auto_set_aside(demand: float, current: int, granularity: int, maximum: int) 
     """The limit the ``"auto"`` policy asks for: the demand rounded up to the granularity, capped at the
     max, and never below the current limit (auto only grows, so it never starves other users)."""
     return int(_native.plan_auto_set_aside(float(demand), int(current), int(granularity), int(maximum)))
+
+
+def oversubscribed(demand: float, limit: int) -> bool:
+    """Whether windows asking ``demand`` bytes (hit ratio x bytes) ask more than a set-aside of ``limit`` bytes,
+    so that their lines evict each other (beyond the rounding of the sum)."""
+    return bool(_native.plan_oversubscribed(float(demand), int(limit)))
 
 
 def default_hit_ratio(granted: int, window_bytes: int) -> float:

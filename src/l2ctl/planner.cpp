@@ -79,6 +79,15 @@ double normalize_hit_ratio(double ratio) {
   return ratio;
 }
 
+Checked_hit_ratio check_hit_ratio(double ratio) {
+  if (!std::isfinite(ratio)) return {ratio, Hit_ratio_fault::not_finite};
+  if (ratio < 0.0) return {ratio, Hit_ratio_fault::negative};
+  if (ratio > 1.0 + hit_ratio_tolerance) return {ratio, Hit_ratio_fault::above_one};
+  return {normalize_hit_ratio(ratio), Hit_ratio_fault::none};
+}
+
+bool oversubscribed(double demand, long long limit) { return demand > static_cast<double>(limit) * (1 + 1e-9); }
+
 long long round_up(long long nbytes, long long granularity) {
   if (granularity <= 0) throw std::invalid_argument("granularity must be positive, got " + std::to_string(granularity));
   long long quotient = nbytes / granularity;  // toward zero: the ceiling for a negative count already
@@ -96,6 +105,20 @@ long long granted_set_aside(long long request, long long maximum, bool clamp) {
   throw std::invalid_argument("set-aside of " + std::to_string(request) + " bytes exceeds persistingL2CacheMaxSize (" +
                               std::to_string(maximum) + " bytes); ask for at most " + std::to_string(maximum) +
                               ", or 'max'");
+}
+
+long long requested_set_aside(Set_aside_form form, long long bytes, double fraction, long long maximum, bool clamp) {
+  switch (form) {
+    case Set_aside_form::max:
+      return maximum;
+    case Set_aside_form::fraction:
+      if (!(fraction >= 0.0 && fraction <= 1.0))  // NaN included
+        throw std::invalid_argument("a fractional set-aside must be in [0, 1] (of the max)");
+      return static_cast<long long>(std::floor(fraction * static_cast<double>(maximum)));
+    case Set_aside_form::bytes:
+      break;
+  }
+  return granted_set_aside(bytes, maximum, clamp);
 }
 
 long long auto_set_aside(double demand, long long current, long long granularity, long long maximum) {

@@ -317,13 +317,33 @@ class Registry {
 // measured set-aside tax on other kernels is nil: README, "the set-aside tax").
 constexpr double default_limit_fraction = 0.3;
 
+// Hit ratios in (1, 1 + tolerance] are rounding noise (0.1 added ten times in float32 gives 1.0000001, which CUDA
+// refuses) and are taken as 1.0; larger ones are refused.
+constexpr double hit_ratio_tolerance = 1e-6;
+// Why a hit ratio is refused; `none`: it is taken. The caller words the refusal (it knows the argument's name).
+enum class Hit_ratio_fault : int { none = 0, not_finite = 1, negative = 2, above_one = 3 };
+struct Checked_hit_ratio {
+  double value;  // as CUDA takes it (normalize_hit_ratio), where `fault` is none
+  Hit_ratio_fault fault;
+};
+// The one copy of the rule of which hit ratios a window takes, and as what: every entry (the compiled scope's fast
+// path, _plan.normalize_hit_ratio) asks here.
+Checked_hit_ratio check_hit_ratio(double ratio);
+
 // The arithmetic of "auto" and sharing (pure).
 double normalize_hit_ratio(double ratio);  // a ratio in [0, 1 + tolerance] as CUDA takes it (never above 1.0f)
+// Whether windows asking `demand` bytes (hit ratio x bytes) oversubscribe a set-aside of `limit` bytes, so that their
+// lines evict each other; a relative 1e-9 absorbs the rounding of the sum. The one copy of the test.
+bool oversubscribed(double demand, long long limit);
 long long round_up(long long nbytes, long long granularity);
 long long tax_free_limit(long long maximum, long long granularity);
 // An exact set-aside request checked against the device's max (persistingL2CacheMaxSize): the request, or, above
 // the max, the max where `clamp` (the caller warns), else std::invalid_argument. The one copy of the rule.
 long long granted_set_aside(long long request, long long maximum, bool clamp);
+// What a set-aside request asks of a device whose max is `maximum`, in bytes: `max` the max itself, a `fraction`
+// in [0, 1] that share of it rounded down, `bytes` what granted_set_aside grants (std::invalid_argument as it says).
+enum class Set_aside_form : int { bytes = 0, max = 1, fraction = 2 };
+long long requested_set_aside(Set_aside_form form, long long bytes, double fraction, long long maximum, bool clamp);
 long long auto_set_aside(double demand, long long current, long long granularity, long long maximum);
 double default_hit_ratio(long long granted, long long window_bytes);
 std::vector<double> shared_hit_ratios(const std::vector<std::pair<double, long long>>& requests, long long set_aside);

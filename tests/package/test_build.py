@@ -118,6 +118,7 @@ def test_stub_matches_the_extension():
     tree = ast.parse(stub.read_text())
     declared = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     declared |= {t.id for n in tree.body if isinstance(n, ast.AnnAssign) for t in [n.target]}
+    declared = {n for n in declared if not n.startswith("_")}  # _planner: the planner's submodule, typed apart
     actual = {n for n in dir(_core) if not n.startswith("_")} | {"__version__"}
     declared.add("__version__")
     assert declared == actual, (sorted(actual - declared), sorted(declared - actual))

@@ -70,6 +70,9 @@ def parse_stub(text: str) -> Contract:
     classes: dict[str, ClassSpec] = {}
     attributes: set[str] = set()
     for node in tree.body:
+        name = getattr(node, "name", getattr(getattr(node, "target", None), "id", ""))
+        if name.startswith("_") and not name.startswith("__"):
+            continue  # the planner's submodule (_planner), out of the contract, as the extension's reading skips it
         if isinstance(node, ast.FunctionDef):
             functions[node.name] = _ast_params(node, drop_self=False)
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):

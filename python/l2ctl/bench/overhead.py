@@ -1,6 +1,9 @@
 """What l2ctl's controls cost on the host, side by side with the raw CUDA calls: enter+exit of persist
-(lean and default settings, on a stream and on captured graphs), set/clear of a window, a set_aside
-scope, a reset of persisting lines, and the same through cuda-python's cuda.bindings when installed.
+(lean and default settings, on a stream and on captured graphs; the lean scope in each argument form: hit
+ratio 0.75, 1.0, 1, np.float32, keyword, Policy, an int set-aside equal to the limit, and a torch stream and
+tensor at 0.75 and 1.0), set/clear of a window, a set_aside scope, a reset of persisting lines, and the same
+through cuda-python's cuda.bindings when installed. On the simulator the numbers are the simulator's (the
+record's environment says so) and the raw, driver-timed and torch variants are skipped.
 
 Host time per operation (no GPU work and no synchronisation inside), the median over ``rounds`` rounds
 of ``iterations`` operations each, the rounds taken round-robin over the variants. Every variant is
@@ -14,6 +17,8 @@ import statistics
 import time
 from contextlib import ExitStack
 from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
 
 from .. import _backend, _core
 from .. import graph as graphs
@@ -49,10 +54,26 @@ OVERHEAD_VARIANTS: dict[str, str] = {
     "raw_set_limit_pair": "cuda.bindings: cudaDeviceSetLimit(up), then (back)",
     "raw_reset": "cuda.bindings: cudaCtxResetPersistingL2Cache()",
     "persist_lean_torch": "persist(torch stream, torch tensor, 0.75, set_aside=None, reset_on_exit=False)",
+    "persist_lean_torch_1_0": "persist(torch stream, torch tensor, 1.0, set_aside=None, reset_on_exit=False)",
+    # The lean scope in each argument form of issue 36's table: each takes the compiled path.
+    "persist_lean_1_0": "persist(s, buf, 1.0, set_aside=None, reset_on_exit=False): the README's hit ratio",
+    "persist_lean_int_1": "persist(s, buf, 1, set_aside=None, reset_on_exit=False): an int hit ratio",
+    "persist_lean_np_float32": "persist(s, buf, np.float32(0.75), set_aside=None, reset_on_exit=False)",
+    "persist_lean_keyword": "persist(s, buf, hit_ratio=0.75, set_aside=None, reset_on_exit=False)",
+    "persist_lean_policy": "persist(s, buf, policy=Policy(set_aside=None, hit_ratio=0.75), reset_on_exit=False)",
+    "persist_lean_limit": "persist(s, buf, 0.75, set_aside=<the limit in force>, reset_on_exit=False): an int "
+                          "set-aside that changes nothing",
     "cpp_lean_calls": "a lean scope's driver calls timed in C++: cudaStreamGetAttribute + 2 cudaStreamSetAttribute",
     "cpp_default_calls": "a default scope's driver calls timed in C++: the lean ones + cudaCtxResetPersistingL2Cache",
     "cpp_graph_32_calls": "a 32-node graph scope's driver calls timed in C++: per node, get + 2 sets of its window",
     "cpp_set_limit_pair": "cudaDeviceSetLimit(up), then (back), timed in C++",
+}
+#: The lean scope's forms: (its arguments after the stream and buffer, the hit ratio its window carries).
+LEAN_FORMS: dict[str, tuple[tuple[Any, ...], dict[str, Any], float]] = {
+    "persist_lean": ((0.75,), {}, 0.75), "persist_lean_1_0": ((1.0,), {}, 1.0), "persist_lean_int_1": ((1,), {}, 1.0),
+    "persist_lean_np_float32": ((np.float32(0.75),), {}, 0.75), "persist_lean_keyword": ((), {"hit_ratio": 0.75}, 0.75),
+    "persist_lean_policy": ((), {"policy": Policy(set_aside=None, hit_ratio=0.75)}, 0.75),
+    "persist_lean_limit": ((0.75,), {}, 0.75), "persist_lean_reused": ((0.75,), {}, 0.75),  # (limit: set at the run)
 }
 #: The variants timed in C++ in one call per round (src/driver_timing.cpp), not through a Python loop.
 DRIVER_VARIANTS = ("cpp_lean_calls", "cpp_default_calls", "cpp_graph_32_calls", "cpp_set_limit_pair")
@@ -152,6 +173,33 @@ def bench_overhead(
             with persist(s, buf, 0.75, set_aside=None, reset_on_exit=False):
                 pass
 
+        # The lean scope in each form (the arguments made beforehand, as a program holds them).
+        ratio_f32, lean_policy = LEAN_FORMS["persist_lean_np_float32"][0][0], LEAN_FORMS["persist_lean_policy"][1]["policy"]
+
+        def persist_lean_1_0() -> None:
+            with persist(s, buf, 1.0, set_aside=None, reset_on_exit=False):
+                pass
+
+        def persist_lean_int_1() -> None:
+            with persist(s, buf, 1, set_aside=None, reset_on_exit=False):
+                pass
+
+        def persist_lean_np_float32() -> None:
+            with persist(s, buf, ratio_f32, set_aside=None, reset_on_exit=False):
+                pass
+
+        def persist_lean_keyword() -> None:
+            with persist(s, buf, hit_ratio=0.75, set_aside=None, reset_on_exit=False):
+                pass
+
+        def persist_lean_policy() -> None:
+            with persist(s, buf, policy=lean_policy, reset_on_exit=False):
+                pass
+
+        def persist_lean_limit() -> None:
+            with persist(s, buf, 0.75, set_aside=limit_before, reset_on_exit=False):
+                pass
+
         reusable = persist(s, buf, 0.75, set_aside=None, reset_on_exit=False)
 
         def persist_lean_reused() -> None:
@@ -188,7 +236,8 @@ def bench_overhead(
 
         ops: dict[str, Callable[[], Any]] = {op.__name__: op for op in (
             persist_lean, persist_lean_reused, persist_default, persist_exact, persist_policy, persist_graph_1,
-            persist_graph_32, set_aside_scope, set_clear_window)}
+            persist_graph_32, set_aside_scope, set_clear_window, persist_lean_1_0, persist_lean_int_1,
+            persist_lean_np_float32, persist_lean_keyword, persist_lean_policy, persist_lean_limit)}
         ops["reset_persisting_lines"] = lambda: reset_persisting_lines(index)
         simulated = bool(_backend.simulated())  # the raw CUDA calls and torch's objects need the real GPU
         ops.update({} if simulated else _raw_bindings(s.handle, buf, index, up, limit_before) or {})
@@ -200,7 +249,11 @@ def bench_overhead(
                 with persist(t_stream, t_tensor, 0.75, set_aside=None, reset_on_exit=False):
                     pass
 
-            ops["persist_lean_torch"] = persist_lean_torch
+            def persist_lean_torch_1_0() -> None:
+                with persist(t_stream, t_tensor, 1.0, set_aside=None, reset_on_exit=False):
+                    pass
+
+            ops["persist_lean_torch"], ops["persist_lean_torch_1_0"] = persist_lean_torch, persist_lean_torch_1_0
         driver_timing = None if simulated else getattr(_core, "_driver_timing", None)
         nodes32 = [k.node for k in g32.kernel_nodes()]
 
@@ -266,11 +319,19 @@ def _torch_objects(index: int) -> Optional[tuple[Any, Any]]:
 def _check_variant(name: str, op: Callable[[], Any], s: Stream, buf: DeviceBuffer, expected: AccessPolicyWindow,
                    graphs_by_size: dict[int, graphs.Graph], index: int, limit_before: int, up: int) -> None:
     """Once, outside the timed loops: the operation really applies what it claims inside the scope."""
-    if name in ("persist_lean", "persist_lean_reused", "persist_default", "persist_exact", "persist_policy"):
-        settings: dict[str, Any] = {"persist_default": {}, "persist_exact": {"set_aside": up}}.get(
-            name, {"set_aside": None, "reset_on_exit": False})
-        scope = persist(s, buf, 0.75, **settings) if name != "persist_policy" else \
-            persist(s, buf, policy=Policy(set_aside=up, hit_ratio=0.75))
+    if name in LEAN_FORMS:
+        args, keywords, hit_ratio = LEAN_FORMS[name]
+        settings: dict[str, Any] = {"set_aside": None, "reset_on_exit": False, **keywords}
+        if "policy" in keywords:
+            del settings["set_aside"]
+        elif name == "persist_lean_limit":
+            settings["set_aside"] = limit_before
+        with persist(s, buf, *args, **settings):
+            check(get_window(s) == expected._replace(hit_ratio=hit_ratio), f"{name}: the window on the stream")
+            check(get_set_aside(index) == limit_before, f"{name}: the limit")
+    elif name in ("persist_default", "persist_exact", "persist_policy"):
+        scope = persist(s, buf, 0.75, set_aside=up if name == "persist_exact" else "auto") \
+            if name != "persist_policy" else persist(s, buf, policy=Policy(set_aside=up, hit_ratio=0.75))
         with scope:
             check(get_window(s) == expected, f"{name}: the window on the stream")
             if name in ("persist_exact", "persist_policy"):

@@ -256,8 +256,10 @@ OVERHEAD = Command(
      DEVICE, JSON, CSV, QUIET, SIMULATE),
     cmd_bench_overhead,
     "Host microseconds per operation: persist enter+exit (lean and default settings, on a stream and on\n"
-    "graphs of 1 and 32 kernel nodes), set/clear of a window, a set_aside scope, a reset of persisting\n"
-    "lines, and the same through cuda-python's cuda.bindings when it is installed.")
+    "graphs of 1 and 32 kernel nodes; the lean scope in each argument form: hit ratio 0.75, 1.0, 1,\n"
+    "np.float32, keyword, Policy, an int set-aside equal to the limit, a torch stream and tensor at 0.75\n"
+    "and 1.0), set/clear of a window, a set_aside scope, a reset of persisting lines, and the same through\n"
+    "cuda-python's cuda.bindings when it is installed.")
 
 WORKLOADS = Command(
     "workloads", "the framework gallery (PyTorch, CuPy): baseline, recipe, hit 1.0 and tuned, with the tax",

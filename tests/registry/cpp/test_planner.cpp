@@ -6,6 +6,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -277,6 +278,38 @@ int main() {
       refused = true;
     }
     expect(refused, "above the max without clamp: refused");
+  });
+
+  run("the rules Python and the compiled scope share: hit ratio, oversubscription, set-aside requests", [] {
+    using pl::Hit_ratio_fault;
+    const auto fault = [](double r) { return pl::check_hit_ratio(r).fault; };
+    expect(pl::check_hit_ratio(0.75).value == 0.75 && fault(0.75) == Hit_ratio_fault::none, "taken as it is");
+    expect(pl::check_hit_ratio(0.0).value == 0.0 && pl::check_hit_ratio(1.0).value == 1.0, "the ends");
+    // 1.0000001 (0.1 added ten times in float32) and 1 + 1e-6 are noise: 1.0 for CUDA, which refuses more.
+    expect(pl::check_hit_ratio(1.0000001).value == 1.0 && pl::check_hit_ratio(1 + 1e-6).value == 1.0, "never > 1.0f");
+    expect(static_cast<float>(pl::check_hit_ratio(0.9999999).value) <= 1.0f, "the largest ratio below 1.0f");
+    expect(fault(std::nan("")) == Hit_ratio_fault::not_finite && fault(-INFINITY) == Hit_ratio_fault::not_finite,
+           "NaN and infinities");
+    expect(fault(-1e-300) == Hit_ratio_fault::negative, "negative");
+    expect(fault(1 + 2e-6) == Hit_ratio_fault::above_one && fault(INFINITY) == Hit_ratio_fault::not_finite, "above");
+    expect(!pl::oversubscribed(100.0, 100) && !pl::oversubscribed(100.0 + 1e-8, 100), "rounding of the sum");
+    expect(pl::oversubscribed(100.001, 100) && pl::oversubscribed(1.0, 0) && !pl::oversubscribed(0.0, 0), "above");
+    using pl::Set_aside_form;
+    expect(pl::requested_set_aside(Set_aside_form::max, 0, 0.0, maximum, false) == maximum, "'max': the max");
+    expect(pl::requested_set_aside(Set_aside_form::fraction, 0, 0.5, 1001, false) == 500, "a fraction, rounded down");
+    expect(pl::requested_set_aside(Set_aside_form::bytes, 7, 0.0, maximum, false) == 7, "bytes: granted");
+    expect(pl::requested_set_aside(Set_aside_form::bytes, maximum + 1, 0.0, maximum, true) == maximum, "clamped");
+    int refused = 0;
+    for (const auto& [form, bytes, fraction] : {std::tuple{Set_aside_form::bytes, maximum + 1, 0.0},
+                                                std::tuple{Set_aside_form::fraction, 0LL, 1.5},
+                                                std::tuple{Set_aside_form::fraction, 0LL, std::nan("")}}) {
+      try {
+        pl::requested_set_aside(form, bytes, fraction, maximum, false);
+      } catch (const std::invalid_argument&) {
+        ++refused;
+      }
+    }
+    expect(refused == 3, "above the max, and fractions outside [0, 1]: refused");
   });
 
   run("the driver's rounding is probed in every direction", [] {
