@@ -6,6 +6,7 @@ can make calls. Each test failed on main at 54abbb9."""
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import signal
@@ -355,3 +356,51 @@ def test_a_child_forked_while_another_thread_is_inside_a_call_makes_calls(fake):
         worker.join(10)
         model.evaluate = evaluate
     assert not worker.is_alive()
+
+
+def test_streams_and_memory_made_and_released_under_interrupts_leave_nothing_behind(fake):
+    """Buffers and streams made, freed and closed, each call with a one-shot timer at a random point of it: once
+    the objects are gone, no allocation and no stream is left (an owner released whatever cut its call short)."""
+    used, streams = list(fake.memory.used), set(fake._streams)
+    armed, cut = [False], [0]
+
+    def handler(signum: int, frame: Any) -> None:
+        if armed[0]:
+            armed[0] = False
+            cut[0] += 1
+            raise KeyboardInterrupt
+
+    def attacked(call: Callable[[], Any], longest: float) -> Any:
+        signal.setitimer(signal.ITIMER_REAL, random.uniform(1e-6, longest))
+        try:
+            armed[0] = True
+            result = call()
+            armed[0] = False
+            return result
+        except KeyboardInterrupt:
+            armed[0] = False
+            return None
+
+    start = time.perf_counter()
+    fake.DeviceMemory(0, MiB).free()
+    fake.Stream(0).close()
+    longest = time.perf_counter() - start
+    old = signal.signal(signal.SIGALRM, handler)
+    try:
+        deadline = time.monotonic() + SECONDS / 2
+        while time.monotonic() < deadline:
+            buffer = attacked(lambda: fake.DeviceMemory(0, MiB), longest)
+            stream = attacked(lambda: fake.Stream(0), longest)
+            if buffer is not None:
+                attacked(buffer.free, longest)
+            if stream is not None:
+                attacked(stream.close, longest)
+            buffer = stream = None
+    finally:
+        armed[0] = False
+        _stop_alarms(old)
+    gc.collect()
+    fake.get_persisting_limit(0)  # the next call makes the releases the destructors left
+    assert cut[0] > 20, cut[0]
+    assert fake.memory.used == used
+    assert set(fake._streams) == streams
