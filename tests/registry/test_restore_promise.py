@@ -30,14 +30,6 @@ SECONDS = float(os.environ.get("L2CTL_INTERRUPT_SECONDS", "3"))
 pytestmark = pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs POSIX interval timers")
 
 
-@pytest.fixture
-def atomic(fake):
-    """The simulator's batches hold signals back while they run, as a call into C does."""
-    fake.atomic_calls = True
-    yield fake
-    fake.atomic_calls = False
-
-
 def _scopes(fake: FakeBackend) -> list[Callable[[], None]]:
     """One of each kind of scope, each a block that enters and ends it."""
     s, t = l2ctl.Stream(), l2ctl.Stream()
@@ -178,8 +170,7 @@ def _rounds(blocks: list[Callable[[], None]], timer: Timer, seconds: float) -> i
     return completed
 
 
-def test_interrupts_at_any_point_leave_no_lock_and_no_scope(atomic):
-    fake = atomic
+def test_interrupts_at_any_point_leave_no_lock_and_no_scope(fake):
     initial = fake.state()
     blocks = _scopes(fake)
     for block in blocks:
@@ -190,10 +181,9 @@ def test_interrupts_at_any_point_leave_no_lock_and_no_scope(atomic):
     _device_is_back(fake, initial, t_window)
 
 
-def test_interrupts_while_waiting_for_the_registrys_lock(atomic):
+def test_interrupts_while_waiting_for_the_registrys_lock(fake):
     """Another thread takes the registry's lock again and again: entries and ends wait for it, and are
     interrupted there too."""
-    fake = atomic
     initial = fake.state()
     blocks = _scopes(fake)
     for block in blocks:

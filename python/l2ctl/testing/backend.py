@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
 import sys
 import threading
 import weakref
@@ -118,12 +119,13 @@ class _Owner:
         return self._handle
 
     def _release(self) -> None:
-        if self._handle != 0:
-            handle, self._handle = self._handle, 0
+        handle = self._handle
+        if handle != 0:
             with self._backend._locked:
                 self._backend.calls.append(self._destroy_call)
                 if self._free is not None:
                     self._free(handle)
+                self._handle = 0  # once released (a release cut short is made again, whole, by the next or __del__)
 
     def __del__(self) -> None:
         if self._handle and self._free is not None:
@@ -173,26 +175,6 @@ class FakeStream(_Owner):
 
     def __repr__(self) -> str:
         return f"<FakeStream 0x{self._handle:x} device {self._device}>" if self._handle else "<FakeStream closed>"
-
-
-class _Locked:
-    """The backend's lock as a context manager that also runs work deferred by destructors (a plain class:
-    every simulated call takes it, and a generator-based context manager costs several times more)."""
-
-    __slots__ = ("_backend",)
-
-    def __init__(self, backend: "FakeBackend") -> None:
-        self._backend = backend
-
-    def __enter__(self) -> None:
-        backend = self._backend
-        backend._lock.acquire()
-        while backend._pending:
-            with contextlib.suppress(Exception):  # a destructor's cleanup of something already gone
-                backend._pending.pop()()
-
-    def __exit__(self, *exc: object) -> None:
-        self._backend._lock.release()
 
 
 class FakeEvent:
@@ -268,9 +250,11 @@ class FakeDeviceMemory(_Owner):
             self._nbytes = nbytes
             self._device = device
             if nbytes:
+                self._handle = backend.memory.reserve(nbytes)  # owned before it is allocated: freed whatever happens
                 try:
-                    self._handle = backend.memory.allocate(device, nbytes).base
+                    backend.memory.allocate(device, nbytes, self._handle)
                 except OutOfMemory as exc:
+                    self._handle = 0
                     raise cuda_error("cudaMalloc(&ptr_, bytes)", "cudaErrorMemoryAllocation",
                                      f"device {device}, {nbytes} bytes ({exc})") from None
 
@@ -383,6 +367,20 @@ class FakeGraphExec(_Owner):
 
 # ---- the backend -----------------------------------------------------------------------------------
 
+_machines: "weakref.WeakSet[FakeBackend]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has only the thread that forked: a lock another thread held stays held there, for good. Every
+    machine gets a new one; its state is whole, since every call makes its change in one step that no thread
+    switch splits (l2state.py)."""
+    for machine in list(_machines):
+        machine._lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
 
 class FakeBackend(L2State):
     """A simulated CUDA machine implementing ``l2ctl._backend.Backend``; see the package docstring.
@@ -392,9 +390,6 @@ class FakeBackend(L2State):
     """
 
     __version__: str = _core.__version__
-    #: Whether a batch (apply_window, apply_state) holds signals back while it changes the device, as a call
-    #: into C does (a signal's handler runs only when it returns): what tests of interrupts need.
-    atomic_calls = False
 
     def __init__(self, *devices: FakeDevice, seed: int = 0, cupti: bool = True) -> None:
         self._init(list(devices) if devices else [FakeDevice.h100()], seed, cupti)
@@ -411,7 +406,7 @@ class FakeBackend(L2State):
         self.kernel_log: deque[LaunchRecord] = deque(maxlen=100_000)
         self._lock = threading.RLock()
         self._pending: list[Callable[[], None]] = []
-        self._locked = _Locked(self)
+        _machines.add(self)
         self.memory = Memory(0x7F00_0000_0000 + (next(_spaces) << 44), [d.total_global_memory for d in devices])
         self.models = [DeviceModel(d, seed, i) for i, d in enumerate(devices)]
         self._kernels = [Kernels(self.memory, d) for d in devices]
@@ -484,9 +479,27 @@ class FakeBackend(L2State):
         return self._device(device)
 
     @property
-    def lock(self) -> ContextManager[None]:
+    def lock(self) -> ContextManager[Any]:
         """The machine's lock, as every simulated call takes it (a context manager)."""
         return self._locked
+
+    @property
+    def _locked(self) -> ContextManager[Any]:
+        """The lock every call takes, once the releases that destructors left to the next call are done. It is a C
+        lock taken by a with statement: no interrupt falls between its acquire and the block, nor in its release
+        (a Python __enter__ could be interrupted as the acquire returns, and leave it held)."""
+        if self._pending:
+            with self._lock:
+                self._free_pending()
+        return self._lock
+
+    def _free_pending(self) -> None:
+        """The releases destructors deferred, each dropped once done (an interrupt may make one run again: they are
+        idempotent)."""
+        while self._pending:
+            with contextlib.suppress(Exception):  # a destructor's cleanup of something already gone
+                self._pending[-1]()
+            self._pending.pop()
 
     def model(self, index: int = 0) -> DeviceModel:
         """The timing model (and L2 state) of device ``index``."""
@@ -628,12 +641,13 @@ class FakeBackend(L2State):
         return g
 
     def _destroy_graph(self, handle: int) -> None:
-        g = self._graphs.pop(handle, None)
-        if g is not None:
+        g = self._graphs.get(handle)
+        if g is not None:  # the graph goes last, so that a release cut short is made whole when it runs again
             for node in g.nodes:
                 self._nodes.pop(node.handle, None)
                 self._node_graph.pop(node.handle, None)
                 self.node_windows.pop(node.handle, None)
+            del self._graphs[handle]
 
     def _snapshot(self, g: _Graph) -> list[tuple[_Node, WindowTuple]]:
         return [(n, self.node_windows.get(n.handle, EMPTY_WINDOW)) for n in g.nodes]
@@ -902,19 +916,24 @@ class FakeBackend(L2State):
         with self._locked:
             st = self._stream(stream, call)
             self.calls.append("cudaStreamEndCapture")
-            capture = self._captures.pop(stream, None)
+            capture = self._captures.get(stream)
             if capture is None:
                 raise cuda_error(call, "cudaErrorIllegalState", f"stream 0x{stream:x} is not capturing")
+            captured = {node.handle: node for node in capture.nodes}
             if capture.invalidated:
-                for node in capture.nodes:
-                    self.node_windows.pop(node.handle, None)
+                node_windows = {h: w for h, w in self.node_windows.items() if h not in captured}
+                del self._captures[stream]  # with the windows, in one step (l2state.py)
+                self.node_windows = node_windows
                 raise cuda_error(call, "cudaErrorStreamCaptureInvalidated",
                                  f"stream 0x{stream:x}: {capture.invalidated} during the capture")
             handle = _handle()
-            self._graphs[handle] = _Graph(st.device, list(capture.nodes))
-            for node in capture.nodes:
-                self._nodes[node.handle] = node
-                self._node_graph[node.handle] = handle
+            graph = _Graph(st.device, list(capture.nodes))
+            nodes = {**self._nodes, **captured}
+            node_graph = {**self._node_graph, **dict.fromkeys(captured, handle)}
+            self._graphs[handle] = graph  # the change in one step, the insert that may allocate first (l2state.py)
+            del self._captures[stream]
+            self._nodes = nodes
+            self._node_graph = node_graph
             return handle
 
     def is_capturing(self, stream: int) -> bool:

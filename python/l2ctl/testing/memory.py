@@ -414,8 +414,9 @@ class Allocation:
             if isinstance(pc, Fill) and pc.byte == content.byte:
                 i -= 1
                 new[0] = (ps, b, content)
-        segs[i:j] = new
-        starts[i:j] = [s for s, _, _ in new]
+        new_starts = [s for s, _, _ in new]
+        segs[i:j] = new  # together, with no call between (an interrupt lands before both or after both)
+        starts[i:j] = new_starts
 
 
 class Memory:
@@ -429,23 +430,37 @@ class Memory:
         self.used = [0] * len(capacities)
 
     # allocation -------------------------------------------------------------------------------------
-    def allocate(self, device: int, nbytes: int) -> Allocation:
+    def reserve(self, nbytes: int) -> int:
+        """The address of an allocation of ``nbytes`` to come (2 MiB aligned, a gap after it), never given again: an
+        owner that keeps it before ``allocate`` frees the allocation whatever interrupts it."""
+        base = self._next
+        self._next = base + -(-max(nbytes, 1) // (2 << 20)) * (2 << 20) + (2 << 20)
+        return base
+
+    def allocate(self, device: int, nbytes: int, base: Optional[int] = None) -> Allocation:
+        """An allocation at ``base`` (reserved), or at the next address."""
         if self.used[device] + nbytes > self.capacities[device]:
             raise OutOfMemory(f"device {device}: {nbytes} bytes requested, "
                               f"{self.capacities[device] - self.used[device]} free")
-        base = self._next
-        self._next += -(-max(nbytes, 1) // (2 << 20)) * (2 << 20) + (2 << 20)  # 2 MiB aligned, a gap between
+        base = self.reserve(nbytes) if base is None else base
         alloc = Allocation(base, nbytes, device)
+        bases = list(self._bases)
+        bisect.insort(bases, base)
+        used = self.used[device] + nbytes
+        # The change in one step (the dict's insert, the one that may allocate, first), with no call among its
+        # stores, so that an interrupt or an allocation failure never leaves an allocation half made.
         self._allocs[base] = alloc
-        bisect.insort(self._bases, base)
-        self.used[device] += nbytes
+        self._bases = bases
+        self.used[device] = used
         return alloc
 
     def free(self, base: int) -> None:
-        alloc = self._allocs.pop(base, None)
-        if alloc is not None:
-            self._bases.remove(base)
-            self.used[alloc.device] -= alloc.size
+        alloc = self._allocs.get(base)
+        if alloc is not None:  # in one step, as allocate's
+            bases, used = [b for b in self._bases if b != base], self.used[alloc.device] - alloc.size
+            del self._allocs[base]
+            self._bases = bases
+            self.used[alloc.device] = used
 
     def find(self, ptr: int) -> Optional[Allocation]:
         """The live allocation containing ``ptr``."""

@@ -238,12 +238,13 @@ class DeviceModel:
     def reset_persisting(self) -> None:
         self.persisted.clear()
 
-    def limit_changed(self, limit: int) -> None:
+    def persisted_within(self, limit: int) -> dict[tuple[int, int], float]:
+        """The persisting lines that a limit of ``limit`` bytes leaves (a new dict; this one when all stay)."""
         total = sum(self.persisted.values())
-        if total > limit:
-            scale = limit / total if total else 0.0
-            for key in self.persisted:
-                self.persisted[key] *= scale
+        if total <= limit:
+            return self.persisted
+        scale = limit / total if total else 0.0
+        return {key: resident * scale for key, resident in self.persisted.items()}
 
     def profiler_started(self, max_ranges: int) -> None:
         """Starting a range profiler pass evicts persisting lines and leaves its own data dirty in L2
@@ -354,7 +355,7 @@ class DeviceModel:
                     self.persisted[key] = P
                 else:
                     self.persisted.pop(key, None)
-                self.limit_changed(limit)
+                self.persisted = self.persisted_within(limit)
             if stream is not None:
                 self.recent[stream] = _Recent(start_ms + duration, demand)
         return Estimate(
