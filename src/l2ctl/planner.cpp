@@ -714,15 +714,24 @@ std::pair<long long, std::string> Registry::granularity_locked(int device, long 
     rethrow_translated(failure, device);
   }
   std::pair<long long, std::string> found;
+  bool probed = false;  // a set of the probe's went through: the limit is not what it was
   const auto put_back = [&] {
     try {
       if (calls_->get_limit(device) != previous) calls_->set_limit(device, previous);
-    } catch (const Call_failed&) {
-      // a probe refused from the start (MPS) changed nothing
+    } catch (const Call_failed& failure) {
+      // A probe refused from the start (MPS) changed nothing; after one that changed the limit, a failed put-back
+      // leaves the probe's limit on the device, which the caller must hear of.
+      if (probed) rethrow_translated(failure, device);
     }
   };
   try {
-    found = probe_rounding([&](long long n) { return calls_->set_limit(device, n); }, maximum);
+    found = probe_rounding(
+        [&](long long n) {
+          const long long granted = calls_->set_limit(device, n);
+          probed = true;
+          return granted;
+        },
+        maximum);
   } catch (const Call_failed& failure) {
     put_back();
     rethrow_translated(failure, device);

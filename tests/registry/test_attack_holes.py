@@ -310,8 +310,7 @@ def test_a_ctrl_c_while_waiting_for_the_registrys_lock_leaves_the_device_as_the_
                                                                                                   where):
     """A real SIGINT to the main thread while it waits for the lock another thread holds, at a scope's entry or
     end: the wait ends when the lock comes, and wherever the KeyboardInterrupt lands the device is back when the
-    with statement is done (the simulator's calls hold signals as a driver call does)."""
-    monkeypatch.setattr(fake, "atomic_calls", True)
+    with statement is done (the simulator's calls are atomic, as a driver call is)."""
     s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(MiB)
     initial = fake.state()
     held, release = threading.Event(), threading.Event()
