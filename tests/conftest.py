@@ -85,6 +85,25 @@ def fake() -> FakeBackend:
 
 
 @pytest.fixture
+def scope_parts(fake: FakeBackend) -> types.SimpleNamespace:
+    """What the interrupt tests make every kind of scope from: two streams (``t`` with a base window a scope must
+    give back), a small and a big buffer, a captured graph of four kernels, and ``nested``, a block of two scopes
+    on the two streams sharing a set-aside."""
+    s, t = l2ctl.Stream(), l2ctl.Stream()
+    small, big = l2ctl.DeviceBuffer(2 * MiB), l2ctl.DeviceBuffer(16 * MiB)
+    with graph.capture(s) as g:
+        for _ in range(4):
+            fake.launch_fake_kernel(s.handle)
+    l2ctl.set_window(t, l2ctl.AccessPolicyWindow.for_buffer(small, 0.25))
+
+    def nested() -> None:
+        with l2ctl.persist(s, small, 0.5), l2ctl.persist(t, big, 0.25, set_aside=2 * 3_276_800, share=True):
+            pass
+
+    return types.SimpleNamespace(s=s, t=t, small=small, big=big, g=g, nested=nested)
+
+
+@pytest.fixture
 def trees(fake: FakeBackend):
     """The simulator's stand-in for torch.compile's CUDA graph trees, in place of torch's for the test."""
     from l2ctl import _torch_graphs

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import threading
+import types
 import time
 import warnings
 from typing import Any, Callable
@@ -30,18 +31,9 @@ SECONDS = float(os.environ.get("L2CTL_INTERRUPT_SECONDS", "3"))
 pytestmark = pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs POSIX interval timers")
 
 
-def _scopes(fake: FakeBackend) -> list[Callable[[], None]]:
+def _scopes(parts: types.SimpleNamespace) -> list[Callable[[], None]]:
     """One of each kind of scope, each a block that enters and ends it."""
-    s, t = l2ctl.Stream(), l2ctl.Stream()
-    small, big = l2ctl.DeviceBuffer(2 * MiB), l2ctl.DeviceBuffer(16 * MiB)
-    with graph.capture(s) as g:
-        for _ in range(4):
-            fake.launch_fake_kernel(s.handle)
-    l2ctl.set_window(t, l2ctl.AccessPolicyWindow.for_buffer(small, 0.25))  # a base a scope must give back
-
-    def nested() -> None:
-        with l2ctl.persist(s, small, 0.5), l2ctl.persist(t, big, 0.25, set_aside=2 * G, share=True):
-            pass
+    s, t, small, big, g, nested = parts.s, parts.t, parts.small, parts.big, parts.g, parts.nested
 
     def app_scope_ended_inside_a_block() -> None:
         # An app-lifetime scope an interrupt cuts off (before `app` is bound, or before stop()) is ended when
@@ -170,9 +162,9 @@ def _rounds(blocks: list[Callable[[], None]], timer: Timer, seconds: float) -> i
     return completed
 
 
-def test_interrupts_at_any_point_leave_no_lock_and_no_scope(fake):
+def test_interrupts_at_any_point_leave_no_lock_and_no_scope(fake, scope_parts):
     initial = fake.state()
-    blocks = _scopes(fake)
+    blocks = _scopes(scope_parts)
     for block in blocks:
         block()  # every kind once, uninterrupted: the device is learnt (granularity, properties)
     t_window = tuple(fake.windows.values())[0]
@@ -181,11 +173,11 @@ def test_interrupts_at_any_point_leave_no_lock_and_no_scope(fake):
     _device_is_back(fake, initial, t_window)
 
 
-def test_interrupts_while_waiting_for_the_registrys_lock(fake):
+def test_interrupts_while_waiting_for_the_registrys_lock(fake, scope_parts):
     """Another thread takes the registry's lock again and again: entries and ends wait for it, and are
     interrupted there too."""
     initial = fake.state()
-    blocks = _scopes(fake)
+    blocks = _scopes(scope_parts)
     for block in blocks:
         block()
     t_window = tuple(fake.windows.values())[0]
@@ -208,7 +200,7 @@ def test_interrupts_while_waiting_for_the_registrys_lock(fake):
     _device_is_back(fake, initial, t_window)
 
 
-def test_finalizers_calling_l2ctl_from_inside_l2ctl_are_refused_and_the_scopes_end_right(fake):
+def test_finalizers_calling_l2ctl_from_inside_l2ctl_are_refused_and_the_scopes_end_right(fake, scope_parts):
     """A finalizer (a reference cycle's __del__) that opens a scope while l2ctl is changing device state on
     the same thread is refused with a RuntimeError that says why; one that runs elsewhere is served. The
     collector runs at every allocation (threshold 1; from Python 3.12 at the next point where Python code
@@ -216,7 +208,7 @@ def test_finalizers_calling_l2ctl_from_inside_l2ctl_are_refused_and_the_scopes_e
     through the entry and the end of each kind of scope, the registry compiled or not. The device ends as
     it began, and every outcome is one of the two."""
     initial = fake.state()
-    blocks = _scopes(fake)
+    blocks = _scopes(scope_parts)
     for block in blocks:
         block()
     t_window = tuple(fake.windows.values())[0]

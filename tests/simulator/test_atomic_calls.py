@@ -14,6 +14,7 @@ import random
 import signal
 import sys
 import threading
+import types
 import time
 from typing import Any, Callable, Optional
 
@@ -32,18 +33,9 @@ STATE_CALLS = BATCHES + ("set_persisting_limit", "set_stream_window", "set_node_
 pytestmark = pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs POSIX interval timers")
 
 
-def _scopes(fake: FakeBackend) -> list[Callable[[], None]]:
+def _scopes(parts: types.SimpleNamespace) -> list[Callable[[], None]]:
     """A block of each kind of scope, so that every batch form (one window, many, a limit, a reset) is made."""
-    s, t = l2ctl.Stream(), l2ctl.Stream()
-    small, big = l2ctl.DeviceBuffer(2 * MiB), l2ctl.DeviceBuffer(16 * MiB)
-    with graph.capture(s) as g:
-        for _ in range(4):
-            fake.launch_fake_kernel(s.handle)
-    l2ctl.set_window(t, l2ctl.AccessPolicyWindow.for_buffer(small, 0.25))  # a base the scopes give back
-
-    def nested() -> None:
-        with l2ctl.persist(s, small, 0.5), l2ctl.persist(t, big, 0.25, set_aside=2 * G, share=True):
-            pass
+    s, t, small, big, g, nested = parts.s, parts.t, parts.small, parts.big, parts.g, parts.nested
 
     def block(scope: Any) -> Callable[[], None]:
         def run() -> None:
@@ -141,8 +133,8 @@ def _late_alarm(signum: int, frame: Any) -> None:
     """A timer's signal that arrives after its attack ended: nothing to do."""
 
 
-def _attack(fake: FakeBackend, kind: type[BaseException], seconds: float) -> Attack:
-    blocks = _scopes(fake)
+def _attack(fake: FakeBackend, parts: types.SimpleNamespace, kind: type[BaseException], seconds: float) -> Attack:
+    blocks = _scopes(parts)
     for block in blocks:
         block()  # every kind once, uninterrupted: the device is learnt (granularity, properties)
     start = time.perf_counter()
@@ -173,24 +165,24 @@ def _restored(fake: FakeBackend, initial: Any) -> None:
 
 
 @pytest.mark.parametrize("kind", [KeyboardInterrupt, MemoryError])
-def test_a_signal_inside_a_call_lands_before_its_change_or_after_its_journal_entry(fake, kind):
+def test_a_signal_inside_a_call_lands_before_its_change_or_after_its_journal_entry(fake, scope_parts, kind):
     """On main, 3-6% of the calls cut short were left half done or unjournaled (the windows of half a batch, a
     window changed with an empty journal)."""
     initial = fake.state()
-    attack = _attack(fake, kind, SECONDS)
+    attack = _attack(fake, scope_parts, kind, SECONDS)
     assert attack.cut > 50, attack.cut
     assert not attack.errors, f"{len(attack.errors)} of {attack.cut} calls cut short: {attack.errors[:3]}"
     _restored(fake, initial)
 
 
-def test_an_allocation_failing_inside_a_call_changes_nothing(fake):
+def test_an_allocation_failing_inside_a_call_changes_nothing(fake, scope_parts):
     """Every allocation of each kind of batch fails in turn (CPython's test hook): the call fails whole, the
     limit stays as it was, and restore_all() restores the device."""
     testcapi = pytest.importorskip("_testcapi", reason="needs CPython's _testcapi (set_nomemory)")
     if not hasattr(testcapi, "set_nomemory"):
         pytest.skip("this CPython's _testcapi has no set_nomemory")
     initial = fake.state()
-    blocks = _scopes(fake)
+    blocks = _scopes(scope_parts)
     for block in blocks:
         block()  # the device learnt first: a failure in the granularity probe is l2ctl's hole (see below)
     failures: list[str] = []
