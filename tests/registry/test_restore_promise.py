@@ -21,7 +21,7 @@ from typing import Any, Callable
 import pytest
 
 import l2ctl
-from l2ctl import _registry, graph
+from l2ctl import _registry
 from l2ctl.testing import FakeBackend
 
 MiB = 1 << 20

@@ -12,7 +12,6 @@ import gc
 import os
 import random
 import signal
-import sys
 import threading
 import types
 import time
@@ -21,7 +20,7 @@ from typing import Any, Callable, Optional
 import pytest
 
 import l2ctl
-from l2ctl import _registry, graph
+from l2ctl import _registry
 from l2ctl.testing import FakeBackend
 
 MiB = 1 << 20
