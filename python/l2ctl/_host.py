@@ -23,10 +23,11 @@ class Host:
     check_stream_context: Callable[[_interop.StreamRef, int], None]
     check_owned_pointer: Callable[[int, int, int, Any, str], None]
     properties: Callable[[int], _device.DeviceProperties]
-    require_persistence: Callable[[int], None]  # raises NotSupportedError, saying why
+    require_persistence: Callable[[int], _device.DeviceProperties]  # raises NotSupportedError, saying why
     # Targets (l2ctl._targets): a graph-like target resolved at entry, and what to call after its slots change.
     resolve_target: Callable[[object], _registry.Target]
-    after_changes: Callable[[_registry.Target, Optional[_window.AccessPolicyWindow]], Optional[Callable[..., None]]]
+    # (the window is None for a target without `admit`, which never reads it)
+    after_changes: Callable[[_registry.Target, _window.AccessPolicyWindow], Optional[Callable[[_registry.Scope], None]]]
     # The backend in use and its planner (l2ctl._backend, l2ctl._registry); this thread's current streams.
     active_backend: Callable[[], Any]
     planner_of: Callable[[Any], Any]
