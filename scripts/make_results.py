@@ -13,6 +13,7 @@ import json
 import math
 import pathlib
 import re
+import statistics
 import sys
 from typing import Any, Callable, Optional
 
@@ -562,6 +563,46 @@ def overhead_forms(gpu: str) -> str:
     return "\n".join(lines)
 
 
+#: Issue 36's table: the lean scope in each argument form (us per enter+exit, H100), with its target.
+ARGUMENT_FORMS = [("persist_lean", "`hit_ratio=0.75`", 1.2), ("persist_lean_1_0", "`hit_ratio=1.0` (the README's)", 1.2),
+                  ("persist_lean_int_1", "`hit_ratio=1`", 1.2), ("persist_lean_np_float32", "`np.float32(0.75)`", 1.2),
+                  ("persist_lean_keyword", "`hit_ratio=` as a keyword", 1.2),
+                  ("persist_lean_policy", "`policy=Policy(...)`", 1.2),
+                  ("persist_lean_limit", "`set_aside=<an int equal to the limit>`", 1.2),
+                  ("persist_lean_torch", "torch stream and tensor, 0.75", 1.5),
+                  ("persist_lean_torch_1_0", "torch stream and tensor, 1.0", 1.5),
+                  ("persist_default", "defaults", 4.0), ("persist_graph_32", "32-node graph", 12.0),
+                  ("cpp_lean_calls", "a lean scope's driver calls, timed in C++", None),
+                  ("raw_set_clear_window", "a window set and cleared through cuda.bindings", None)]
+
+
+def argument_form_runs(gpu: str) -> dict[str, list[dict[str, Any]]]:
+    """Per side ("before", "after"), each run's record: benchmarks/results/<gpu>/argument_forms/<side>_<n>.json,
+    the two builds' runs interleaved on one machine (before_1, after_1, before_2, ...)."""
+    return {side: [json.loads(p.read_text()) for p in sorted((RECORDS / gpu / "argument_forms").glob(f"{side}_*.json"))]
+            for side in ("before", "after")}
+
+
+def argument_forms(gpu: str) -> str:
+    """Issue 36's table measured again: each form before and after, as the median of the interleaved runs with
+    every run's value, beside the target."""
+    runs = argument_form_runs(gpu)
+    if not runs["before"] or not runs["after"]:
+        return ""
+    us = {side: [{x["variant"]: x["metrics"]["median_us"] for x in r["records"] if x["verified"]} for r in records]
+          for side, records in runs.items()}
+    commits = {side: runs[side][0]["environment"]["commit"] for side in runs}
+    lines = [f"| {GPUS[gpu]}, us per enter+exit | before ({commits['before']}) | after ({commits['after']}) | target |",
+             "|---|---|---|---|"]
+    for key, label, target in ARGUMENT_FORMS:
+        cells = []
+        for side in ("before", "after"):
+            values = [run[key] for run in us[side] if key in run]
+            cells.append(f"{statistics.median(values):.1f} ({', '.join(f'{v:.1f}' for v in values)})" if values else "-")
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {'' if target is None else f'<= {target}'} |")
+    return "\n".join(lines)
+
+
 def readme_cost() -> str:
     latest = newest("h100", "overhead")
     us = {} if latest is None else {x["variant"]: x["metrics"]["median_us"] for x in latest["records"] if x["verified"]}
@@ -704,7 +745,8 @@ GENERATORS: dict[str, Callable[[], str]] = {"readme-gallery": readme_gallery, "r
                                              "readme-discovery": readme_discovery, "discovery": discovery}
 for _gpu in GPUS:
     for _name, _fn in (("tax", tax), ("gallery", gallery), ("tune-models", tune_models), ("overhead", overhead),
-                       ("overhead-targets", overhead_targets), ("overhead-forms", overhead_forms), ("reset-data", reset_data),
+                       ("overhead-targets", overhead_targets), ("overhead-forms", overhead_forms),
+                       ("argument-forms", argument_forms), ("reset-data", reset_data),
                        ("tuner", tuner), ("stride", stride), ("micro", micro), ("ncu", ncu)):
         GENERATORS[f"{_name}-{_gpu}"] = (lambda f=_fn, g=_gpu: f(g))
 
