@@ -103,6 +103,19 @@ void set_python_error(const std::exception_ptr& cause) {
   }
 }
 
+void add_note(py::handle error, const std::string& note) {
+  if (py::hasattr(error, "add_note")) {
+    error.attr("add_note")(note);
+    return;
+  }
+  py::object notes = py::getattr(error, "__notes__", py::none());
+  if (!PyList_Check(notes.ptr())) {
+    notes = py::list();
+    error.attr("__notes__") = notes;
+  }
+  notes.cast<py::list>().append(note);
+}
+
 // Planner errors as Python exceptions: a failed call as the backend raised it; a refused limit as
 // NotSupportedError from the CUDA error.
 py::object exception_object(const std::exception_ptr& cause) {
@@ -127,7 +140,7 @@ py::object exception_object(const std::exception_ptr& cause) {
     std::rethrow_exception(cause);
   } catch (const pl::Call_failed& failure) {
     py::object error = exception_object(failure.cause);
-    if (!failure.note.empty() && py::hasattr(error, "add_note")) error.attr("add_note")(failure.note);
+    if (!failure.note.empty()) add_note(error, failure.note);
     raise(error);
   } catch (const pl::Limit_refused& refused) {
     py::object cause_object = exception_object(refused.cause);

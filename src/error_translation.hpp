@@ -42,6 +42,10 @@ auto guarded(F&& f, decltype(f()) failed = {}) -> decltype(f()) {
 // C++ exception (pybind11 unwinds it to our translation), and a tp_new that turns it into MemoryError.
 void checked_allocations(py::module_& module);
 
+// `note` added to the exception `error`: its add_note (3.11+), or on 3.10 its `__notes__` list, where PEP 678 keeps
+// notes (3.10's traceback does not print them, but they stay on the error).
+void add_note(py::handle error, const std::string& note);
+
 py::object exception_object(const std::exception_ptr& cause);
 [[noreturn]] void raise(py::handle error);
 [[noreturn]] void raise_planner_error(const std::exception_ptr& cause);

@@ -436,8 +436,8 @@ void finish_scope(Scope_object& ending, const py::object& executables, const py:
   ending.core->ending = true;
   if (!executables.is_none()) executables.attr(L2CTL_NAME("_dirty")) = true;
   auto noted = [&](py::error_already_set& error) {
-    if (exc.is_none() || !py::hasattr(exc, "add_note")) return false;
-    exc.attr("add_note")(py::str("l2ctl: restoring device state after the error also failed: {!r}").format(error.value()));
+    if (exc.is_none()) return false;
+    add_note(exc, py::str("l2ctl: restoring device state after the error also failed: {!r}").format(error.value()));
     return true;
   };
   // `changed(scope)`, after the end: its Python object is made only now, so that an allocation failure (or any
