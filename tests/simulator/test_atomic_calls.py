@@ -301,7 +301,8 @@ def test_an_interrupt_right_after_the_lock_is_taken_leaves_it_free(fake):
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning",
+                            "ignore:os.fork:RuntimeWarning")  # JAX's at-fork warning where it is loaded (the GPU suite)
 def test_a_child_forked_while_another_thread_is_inside_a_call_makes_calls(fake):
     """Another thread is inside a simulated call (its kernel's timing waits) when the main thread forks: the
     child makes calls on the simulated device and exits. On main, it hung on the lock the other thread held."""
