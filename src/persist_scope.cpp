@@ -107,6 +107,7 @@ int initialise(Persist* self, PyObject* const* v) {
   }
   return guarded(
       [&] {
+        self->own_released = own_released.load();  // first: a close from now on is seen at entry
         bool common;
         {
           const Object_table_use use;  // take_common holds pointers into the table of foreign objects
@@ -214,9 +215,11 @@ Where resolve(Persist* self, Registry_object& registry) {
     where.device = device_of_stream(self);
     PyObject* stream_owner = PyTuple_GET_ITEM(self->stream_ref, 3);
     if (self->own_stream) {
-      PyObject* ref = own_ref(stream_owner);  // checked again: it may have been closed since the scope was made
-      if (ref == nullptr) value_error("the stream is closed");
-      Py_DECREF(ref);
+      if (self->own_released != own_released.load()) {  // it may have been closed since the scope was made
+        PyObject* ref = own_ref(stream_owner);
+        if (ref == nullptr) value_error("the stream is closed");
+        Py_DECREF(ref);
+      }
     } else if (self->stream_checked != where.device || self->stream_checked_on != registry.serial) {
       call_host(host.check_stream_context, self->stream_ref, py::int_(where.device).ptr());
       self->stream_checked = where.device;
@@ -226,7 +229,7 @@ Where resolve(Persist* self, Registry_object& registry) {
     where.slots.push_back(registry.planner.slot(pl::stream_slot, self->handle));
     where.owner = py::reinterpret_borrow<py::object>(stream_owner);
   }
-  if (self->allocation) {
+  if (self->allocation && self->own_released != own_released.load()) {
     PyObject* ref = own_ref(PyTuple_GET_ITEM(self->buffer_ref, 4));  // an l2ctl buffer freed since the scope was made
     if (ref == nullptr) value_error("the device buffer has been freed");
     Py_DECREF(ref);

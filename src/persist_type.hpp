@@ -41,6 +41,7 @@ struct Persist {
   long long nbytes;
   int buffer_device;  // -1: unknown
   bool allocation;    // one l2ctl.DeviceBuffer (no pointer check; freed when its _ref is None)
+  std::uint64_t own_released;  // `own_released` when the references were taken: unchanged, neither was closed
   long long offset, num_bytes;  // num_bytes -1: to the buffer's end
   double requested;             // NaN: fit the hit ratio to the set-aside
   int hit_prop, miss_prop;
@@ -79,6 +80,7 @@ bool take_common(Persist* self, PyObject* const* v);
 // Any other form, through the Host's `prepare` (l2ctl._persist._prepare).
 void take_prepared(Persist* self, PyObject* const* v);
 long long as_ll(PyObject* value);
+
 // An l2ctl Stream's or DeviceBuffer's reference (`_ref`), or NULL when it is closed or freed (new reference).
 PyObject* own_ref(PyObject* obj);
 // Arguments in the declared order from positional values and keyword names (vectorcall's form).

@@ -97,8 +97,8 @@ class Cuda_calls final : public pl::Calls {
     }
   }
   pl::Batch_result apply(const pl::Batch& batch, std::optional<pl::Batch_result>* journal) override {
-    std::vector<l2ctl::WindowChange> changes;
-    changes.reserve(batch.changes.size());
+    std::vector<l2ctl::WindowChange>& changes = changes_;  // reused: the registry's lock serialises its calls
+    changes.clear();
     for (const auto& [slot, w] : batch.changes) {
       l2ctl::Window window;
       window.base = w.base;
@@ -109,7 +109,7 @@ class Cuda_calls final : public pl::Calls {
       changes.push_back({holder(slot.kind), slot.handle, window});
     }
     pl::Batch_result out;  // reserved before the device changes: filling it after cannot fail
-    out.previous.reserve(changes.size());
+    if (batch.read_previous) out.previous.reserve(changes.size());
     l2ctl::StateResult r;
     try {
       // A stream attribute alone returns in well under a microsecond: the GIL is released only for slow calls.
@@ -137,6 +137,9 @@ class Cuda_calls final : public pl::Calls {
   static pl::Plan_window from_window(const l2ctl::Window& w) {
     return pl::Plan_window{w.base, w.num_bytes, static_cast<double>(w.hit_ratio), w.hit_prop, w.miss_prop};
   }
+
+ private:
+  std::vector<l2ctl::WindowChange> changes_;
 };
 
 // A Python backend (the simulator) through its `Backend` methods, looked up at every call (a test may replace
@@ -254,7 +257,7 @@ PyObject* core_module = nullptr;
 
 py::object scope_object(const std::shared_ptr<Scope_object>& record) { return py::cast(record); }
 
-py::object scope_object_of(const pl::Scope& scope) { return scope_object(static_cast<Anchor*>(scope.anchor.get())->record); }
+py::object scope_object_of(const pl::Scope& scope) { return scope_object(anchored(scope.anchor)->shared_from_this()); }
 
 pl::Request request_of(py::handle limit, long long* bytes) {
   if (limit.is_none()) return pl::Request::none;
@@ -358,7 +361,7 @@ pl::Entered enter_scope(const std::shared_ptr<Registry_object>& r, const std::sh
         };
       }
       scope.registry = r;
-      scope.core->anchor = std::shared_ptr<void>(new Anchor{record}, [](void* p) { delete static_cast<Anchor*>(p); });
+      scope.core->anchor = std::shared_ptr<void>(record, record.get());  // shares the record's count: no allocation
       pl::Entered entered;
       try {
         entered = r->planner.enter(scope.core, maximum);
@@ -380,29 +383,37 @@ pl::Entered enter_scope(const std::shared_ptr<Registry_object>& r, const std::sh
   }
 }
 
+// Moves whenever l2ctl._backend installs another backend (`backend_changed`): until it moves, the backend found
+// last is the one in use, and no scope's entry asks Python.
+std::atomic<std::uint64_t> backend_version{1};
+
 // The registry of the backend in use (the Host's `planner_of(active_backend())`), asked again only when the backend
-// changed (a weak reference to the last one) or a fork made the last registry stale.
+// changed (backend_version moved, or the last one is gone) or a fork made the last registry stale.
 std::shared_ptr<Registry_object> active_registry(py::object* backend) {
   const Host& h = registered_host();
   // Leaked on purpose: released at exit without the GIL otherwise.
   static py::object* last_backend = new py::object();  // a weak reference
   // Weakly: a simulator's registry goes with the simulator (the facade keeps it in a WeakKeyDictionary).
   static std::weak_ptr<Registry_object>* last = new std::weak_ptr<Registry_object>();
-  PyObject* found = PyObject_CallNoArgs(h.active_backend);
-  if (found == nullptr) throw py::error_already_set();
-  py::object active = py::reinterpret_steal<py::object>(found);
-  if (last_backend->ptr() != nullptr && weak_target(last_backend->ptr()).is(active)) {
+  static std::uint64_t last_version = 0;  // the GIL guards these
+  if (last_version == backend_version.load() && last_backend->ptr() != nullptr) {
+    py::object known_backend = weak_target(last_backend->ptr());
     std::shared_ptr<Registry_object> known = last->lock();
-    if (known && known->epoch == fork_epoch.load()) {
-      *backend = std::move(active);
+    if (known_backend && known && known->epoch == fork_epoch.load()) {
+      *backend = std::move(known_backend);
       return known;
     }
   }
+  const std::uint64_t version = backend_version.load();  // read first: a change from now on is seen next time
+  PyObject* found = PyObject_CallNoArgs(h.active_backend);
+  if (found == nullptr) throw py::error_already_set();
+  py::object active = py::reinterpret_steal<py::object>(found);
   std::shared_ptr<Registry_object> registry =
       py::handle(h.planner_of)(active).cast<std::shared_ptr<Registry_object>>();
   *last_backend = py::reinterpret_steal<py::object>(PyWeakref_NewRef(active.ptr(), nullptr));
   if (!*last_backend) PyErr_Clear();  // not weakly referable: asked every time
   *last = registry;
+  last_version = *last_backend ? version : 0;
   *backend = std::move(active);
   return registry;
 }
@@ -635,6 +646,10 @@ void bind_planner(py::module_& core) {
   bind_persist(m);
   bind_scope_entries(m);
   m.def("exit_scope", &end_scope, "scope"_a);
+  m.def("own_released", [] { ++own_released; },
+        "An l2ctl Stream was closed or a DeviceBuffer freed (its _ref is None): scopes look at theirs again.");
+  m.def("backend_changed", [] { ++backend_version; },
+        "l2ctl._backend installed another backend: the next scope asks the Host which one is in use.");
 
   m.def(
       "add_slots",

@@ -56,11 +56,10 @@ struct Scope_object : std::enable_shared_from_this<Scope_object> {
   std::shared_ptr<Registry_object> registry;
 };
 
-// What the planner keeps of a registered scope (its `anchor`): the record, which keeps the scope's owners alive.
-// Its Python object is made only when Python asks for it (scope_object), since a compiled scope never needs one.
-struct Anchor {
-  std::shared_ptr<Scope_object> record;
-};
+// What the planner keeps of a registered scope (its `anchor`): a reference to the record, which keeps the scope's
+// owners alive. Its Python object is made only when Python asks for it (scope_object), since a compiled scope never
+// needs one.
+inline Scope_object* anchored(const std::shared_ptr<void>& anchor) { return static_cast<Scope_object*>(anchor.get()); }
 
 // The Python object of a record (the one that exists, or a new one).
 py::object scope_object(const std::shared_ptr<Scope_object>& record);
@@ -94,6 +93,9 @@ struct Compiled_holders {
   void (*take)(PyObject* holder, const std::shared_ptr<Scope_object>& record) = nullptr;
   void (*forget)(PyObject* holder, const Scope_object* record) = nullptr;
 };
+// Moves each time an l2ctl Stream is closed or a DeviceBuffer freed (after its _ref went): an entry whose count
+// is unchanged since its scope took their references need not look at them again.
+extern std::atomic<std::uint64_t> own_released;
 extern Compiled_holders compiled_holders;
 
 pl::Entered enter_scope(const std::shared_ptr<Registry_object>& registry, const std::shared_ptr<Scope_object>& record,

@@ -46,8 +46,12 @@ Locked::Locked(Registry_object* registry, bool interruptible) : registry_(regist
 }
 
 Locked::~Locked() {
-  std::vector<std::shared_ptr<void>> released =
-      registry_ != nullptr ? registry_->planner.take_released() : std::vector<std::shared_ptr<void>>{};
+  // The storage of the last call's list on this thread, handed to the registry in exchange for its list: a scope's
+  // end then allocates no list. (A call made while this one releases, by a finalizer, finds none and makes one.)
+  thread_local std::vector<std::shared_ptr<void>> spare;
+  std::vector<std::shared_ptr<void>> released = std::move(spare);
+  released.clear();
+  if (registry_ != nullptr) registry_->planner.take_released(released);
   // Ends asked for by finalizers that ran inside this call (on this thread, the lock held): made now, before
   // the lock goes, so the device is back when this call returns. A failure stays a mark for the next call.
   while (!deferred_ends().empty()) {
@@ -62,11 +66,14 @@ Locked::~Locked() {
     for (auto& anchor : registry->planner.take_released()) released.push_back(std::move(anchor));
   }
   lock_instance->release();
-  if (released.empty()) return;
+  if (released.empty()) {
+    if (spare.capacity() == 0) spare = std::move(released);
+    return;
+  }
   // A scope that left the registry: its holder no longer names it. Then the references go, lock released.
   keeping_error([&] {  // an error on its way out stays the one to see
     for (const auto& anchor : released) try {
-      const Scope_object& ended = *static_cast<Anchor*>(anchor.get())->record;
+      const Scope_object& ended = *anchored(anchor);
       if (ended.holder.is_none()) continue;
       const py::object holder = weak_target(ended.holder.ptr());
       if (!holder) continue;
@@ -84,6 +91,7 @@ Locked::~Locked() {
     }
     released.clear();
   });
+  if (spare.capacity() == 0) spare = std::move(released);  // emptied above
 }
 
 void bind_lock(py::module_& m) {

@@ -1,5 +1,6 @@
 // persist()'s arguments: their common forms taken without Python (take_common), any other form through the Host's
 // `prepare` (take_prepared), and the table of torch and CuPy objects resolved once while they live.
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <unordered_map>
@@ -174,12 +175,25 @@ long long as_ll(PyObject* value) {
   return out;
 }
 
+// An address or handle (an int in [0, 2**64)). PyLong_AsUnsignedLong where it is 64 bits: CPython's
+// PyLong_AsUnsignedLongLong goes through a byte array, several times slower on every scope's path.
+std::uintptr_t as_address(PyObject* value) {
+#if ULONG_MAX == UINT64_MAX
+  using Unsigned = unsigned long;
+  const Unsigned out = PyLong_AsUnsignedLong(value);
+#else
+  using Unsigned = unsigned long long;
+  const Unsigned out = PyLong_AsUnsignedLongLong(value);
+#endif
+  if (out == static_cast<Unsigned>(-1) && PyErr_Occurred()) throw py::error_already_set();
+  return static_cast<std::uintptr_t>(out);
+}
+
 // A StreamRef (handle, device, source, owner) into the scope's fields.
 void take_stream_ref(Persist* self, PyObject* ref) {
   if (!PyTuple_Check(ref) || PyTuple_GET_SIZE(ref) < 4) throw py::type_error("a stream reference is a StreamRef");
   PyObject* handle = PyTuple_GET_ITEM(ref, 0);
-  self->handle = static_cast<std::uintptr_t>(PyLong_AsUnsignedLongLong(handle));
-  if (PyErr_Occurred()) throw py::error_already_set();
+  self->handle = as_address(handle);
   PyObject* device = PyTuple_GET_ITEM(ref, 1);
   self->stream_device = device == Py_None ? -1 : static_cast<int>(as_ll(device));
   // An l2ctl.Stream, or one of a subclass: checked for being closed at entry, before the device is touched.
@@ -191,8 +205,7 @@ void take_stream_ref(Persist* self, PyObject* ref) {
 // A BufferRef (ptr, nbytes, device, source, owner, allocation) into the scope's fields.
 void take_buffer_ref(Persist* self, PyObject* ref) {
   if (!PyTuple_Check(ref) || PyTuple_GET_SIZE(ref) < 6) throw py::type_error("a buffer reference is a BufferRef");
-  self->ptr = static_cast<std::uintptr_t>(PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(ref, 0)));
-  if (PyErr_Occurred()) throw py::error_already_set();
+  self->ptr = as_address(PyTuple_GET_ITEM(ref, 0));
   self->nbytes = as_ll(PyTuple_GET_ITEM(ref, 1));
   PyObject* device = PyTuple_GET_ITEM(ref, 2);
   self->buffer_device = device == Py_None ? -1 : static_cast<int>(as_ll(device));
@@ -200,6 +213,8 @@ void take_buffer_ref(Persist* self, PyObject* ref) {
   Py_INCREF(ref);
   Py_XSETREF(self->buffer_ref, ref);
 }
+
+std::atomic<std::uint64_t> own_released{0};
 
 // An l2ctl Stream's or DeviceBuffer's reference (`_ref`), or NULL when it is closed or freed (new reference).
 PyObject* own_ref(PyObject* obj) {

@@ -183,6 +183,8 @@ class Backend(Protocol):
 
 _lock = threading.Lock()
 _active: Backend = _core  # read directly (not through current()) on a scope's hot path
+# The compiled scopes remember the backend they found last; every change of `_active` tells them (backend_changed).
+_planner: Any = getattr(_core, "_planner")
 
 
 def current() -> Backend:
@@ -195,6 +197,7 @@ def install(backend: Backend) -> None:
     global _active
     with _lock:
         _active = backend
+        _planner.backend_changed()
 
 
 def simulated() -> str:
@@ -209,8 +212,10 @@ def use(backend: Backend) -> Iterator[Backend]:
     global _active
     with _lock:
         previous, _active = _active, backend
+        _planner.backend_changed()
     try:
         yield backend
     finally:
         with _lock:
             _active = previous
+            _planner.backend_changed()

@@ -90,6 +90,7 @@ class Stream:
         if not self._impl.closed:
             _registry.forget_slots(_registry.STREAM, [self._impl.handle])
         self._ref = None
+        _registry.own_released()  # after _ref: a scope made before this looks again at entry
         self._impl.close()
 
     #: ``__enter__``, compiled: a closed stream is refused, an open one joins this thread's current streams.
@@ -247,6 +248,7 @@ class DeviceBuffer:
         sure no queued work still uses it. While DLPack views of it are alive (``torch.from_dlpack(buf)``)
         the memory itself is released when the last of them goes."""
         self._ref = None
+        _registry.own_released()  # after _ref: a scope made before this looks again at entry
         with _exports_lock:
             if self._exports:
                 self._free_pending = True

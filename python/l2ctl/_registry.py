@@ -33,6 +33,9 @@ Slot = tuple[int, int, int]
 #: The registry's lock (one for every backend): ``with lock:`` holds every l2ctl change out; l2ctl's own calls
 #: on the thread that holds it are refused (a finalizer or signal handler inside l2ctl) with REENTRY_HINT.
 lock = _native.registry_lock
+#: Called as an l2ctl Stream is closed or a DeviceBuffer freed (after its ``_ref`` went): compiled scopes made
+#: before then look at their stream and buffer again at entry (they skip that look while nothing was released).
+own_released: Callable[[], None] = _native.own_released
 LimitRequest = Union[int, str, None]  # bytes, "auto", or None (leave the limit alone)
 
 if TYPE_CHECKING:

@@ -32,14 +32,13 @@ double demand_of(const std::vector<T*>& scopes) {
   return demand;
 }
 
-std::vector<Scope*> distinct(const Slot_map<Scope*>& top) {
-  // A vector sorted and made unique (a scope's id is unique): no node allocations on every plan.
-  std::vector<Scope*> out;
-  out.reserve(top.size());
+// The scopes of `top`, each once, in entry order, into `out` (its storage reused): a vector sorted and made unique (a
+// scope's id is unique), with no node allocations on every plan.
+void distinct(const Slot_map<Scope*>& top, std::vector<Scope*>& out) {
+  out.clear();
   for (const auto& [slot, scope] : top) out.push_back(scope);
   std::sort(out.begin(), out.end(), [](const Scope* a, const Scope* b) { return a->id < b->id; });
   out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
 }
 
 void share(const std::vector<Scope*>& in_force, std::optional<long long> limit) {
@@ -168,14 +167,21 @@ std::pair<long long, std::string> probe_rounding(const std::function<long long(l
 
 // ---- what the device holds -----------------------------------------------------------------------------------
 
-void Slot_windows::merge(Changes entries, bool overwrite) {
+void Slot_windows::merge(const Changes& given, bool overwrite) {
   const auto by_slot = [](const value_type& a, const value_type& b) { return a.first < b.first; };
-  if (!std::is_sorted(entries.begin(), entries.end(), by_slot)) std::sort(entries.begin(), entries.end(), by_slot);
+  Changes sorted;
+  const bool in_order = std::is_sorted(given.begin(), given.end(), by_slot);
+  if (!in_order) {
+    sorted = given;
+    std::sort(sorted.begin(), sorted.end(), by_slot);
+  }
+  const Changes& entries = in_order ? given : sorted;
   if (items_.empty() || entries.empty() || items_.back().first < entries.front().first) {
     items_.insert(items_.end(), entries.begin(), entries.end());  // the common case: all new, past the end
     return;
   }
-  std::vector<value_type> merged;
+  std::vector<value_type>& merged = spare_;  // its storage kept: swapped with items_ below
+  merged.clear();
   merged.reserve(items_.size() + entries.size());
   auto a = items_.begin();
   auto b = entries.begin();
@@ -190,7 +196,7 @@ void Slot_windows::merge(Changes entries, bool overwrite) {
       ++b;
     }
   }
-  items_ = std::move(merged);
+  items_.swap(merged);
 }
 
 // ---- the plan: the rules, written once ----------------------------------------------------------------------
@@ -215,8 +221,11 @@ Slot Registry::slot(int kind, std::uintptr_t handle) const {
 //   what it had: that is the base);
 // - share=True scopes in force have their hit ratios scaled so that their demand fits what the other windows in
 //   force leave of the limit (each scope's `effective` window).
-Plan Registry::plan(Device_state& state) {
-  Plan plan(&pool_);
+const Plan& Registry::plan(Device_state& state) {
+  Plan& plan = plan_;  // reused: its storage stays allocated from one plan to the next
+  plan.limit.reset();
+  plan.at_least = plan.capped = false;
+  plan.top.clear();
   std::optional<long long> exact;
   long long floor = 0;
   bool automatic = false;
@@ -230,7 +239,8 @@ Plan Registry::plan(Device_state& state) {
       continue;
     }
     automatic = true;
-    const double demand = demand_of(distinct(plan.top));
+    distinct(plan.top, plan.in_force);  // those entered so far
+    const double demand = demand_of(plan.in_force);
     if (demand > 0) {
       const auto [step, cap] = auto_bounds(state);
       const long long value = auto_set_aside(demand, exact ? *exact : floor, step, cap);
@@ -239,7 +249,7 @@ Plan Registry::plan(Device_state& state) {
       (exact ? *exact : floor) = value;
     }
   }
-  plan.in_force = distinct(plan.top);
+  distinct(plan.top, plan.in_force);
   if (exact)
     plan.limit = exact;
   else if (state.base_limit)
@@ -268,8 +278,9 @@ std::pair<long long, long long> Registry::auto_bounds(Device_state& state) {
 void Registry::sync(Device_state& state, bool reset, bool removed) {
   state.dirty = true;
   if (state.batch) record_batch(state);  // a batch whose recording was cut short: what it read is needed now
-  Plan planned = plan(state);
-  Changes changes;
+  const Plan& planned = plan(state);
+  Changes& changes = sync_changes_;  // reused (sync does not nest)
+  changes.clear();
   for (const auto& [slot, scope] : planned.top) {
     const auto applied = state.applied_windows.find(slot);
     if (applied == state.applied_windows.end() || applied->second != scope->effective)
@@ -302,14 +313,20 @@ void Registry::sync(Device_state& state, bool reset, bool removed) {
 // Its result lands in the journal inside the call; on a failure the registry learns what the device holds.
 void Registry::apply(Device_state& state, const Changes& changes, std::optional<long long> limit,
                      bool at_least, bool reset) {
-  Batch batch;
+  // The batch and the record of it are the registry's own, reused: their storage stays allocated between calls.
+  // (A nested apply, after a failure below, reuses them too: this call reads neither after that.)
+  Batch& batch = batch_;
   batch.device = state.device;
   batch.limit = limit ? *limit : -1;
   batch.at_least = at_least;
   batch.reset_lines = reset;
+  batch.read_previous = false;
+  batch.uniform = true;
+  batch.changes.clear();
   const Plan_window* first = changes.empty() ? nullptr : &changes.begin()->second;
   const int kind = changes.empty() ? stream_slot : changes.begin()->first.kind;
-  std::vector<Slot> slots;
+  std::vector<Slot>& slots = batch_slots_;
+  slots.clear();
   for (const auto& [slot, window] : changes) {
     if (!state.base_windows.count(slot)) batch.read_previous = true;
     if (slot.kind != kind || window != *first) batch.uniform = false;
@@ -318,12 +335,13 @@ void Registry::apply(Device_state& state, const Changes& changes, std::optional<
   for (int pass = 0; pass < 2; ++pass)  // streams first, then kernel nodes (the map's order already)
     for (const auto& [slot, window] : changes)
       if ((slot.kind == stream_slot) == (pass == 0)) batch.changes.emplace_back(slot, window);
-  Device_state::Pending pending;
-  pending.order.reserve(batch.changes.size());
+  Device_state::Pending pending = std::move(spare_batch_);
+  pending.order.clear();
   for (const auto& change : batch.changes) pending.order.push_back(change.first);
-  pending.changes = changes;  // one vector: the batch's windows, recorded when it returns
+  pending.changes.assign(changes.begin(), changes.end());  // the batch's windows, recorded when it returns
   pending.request = batch.limit;
   pending.at_least = at_least;
+  pending.journal.reset();
   state.batch = std::move(pending);
   try {
     calls_->apply(batch, &state.batch->journal);
@@ -371,11 +389,11 @@ void Registry::record_batch(Device_state& state) {
   Device_state::Pending& batch = *state.batch;
   if (batch.journal) {
     const Batch_result& result = *batch.journal;
-    Changes bases;
-    bases.reserve(std::min(batch.order.size(), result.previous.size()));
+    Changes& bases = bases_;
+    bases.clear();
     for (std::size_t i = 0; i < batch.order.size() && i < result.previous.size(); ++i)
       bases.emplace_back(batch.order[i], result.previous[i]);
-    state.base_windows.merge(std::move(bases), false);  // a base, once known, is kept
+    state.base_windows.merge(bases, false);  // a base, once known, is kept
     state.applied_windows.merge(batch.changes, true);
     if (batch.request >= 0) {
       if (!state.base_limit) state.base_limit = result.previous_limit;  // what was there is the base
@@ -383,6 +401,7 @@ void Registry::record_batch(Device_state& state) {
       state.applied_limit = state.observed_limit = result.granted_limit;
     }
   }
+  spare_batch_ = std::move(*state.batch);  // its storage, for the next batch
   state.batch.reset();
 }
 
@@ -443,7 +462,14 @@ void Registry::forget_idle(Device_state& state) {
 // are ended (the lines reset if one asked and no window is left); a dirty device is read back and given the plan.
 // `quiet`: a query's; a failed call here leaves the device dirty for the next change, which raises it.
 void Registry::settle(Device_state& state, bool quiet) {
-  std::vector<Scope_ptr> ending;
+  // The registry's own list, reused (a quiet settle nests one settle, then reads nothing after it); emptied on the
+  // way out however the call ends, so that it keeps no scope alive.
+  std::vector<Scope_ptr>& ending = ending_;
+  ending.clear();
+  const struct Emptied {
+    std::vector<Scope_ptr>& list;
+    ~Emptied() { list.clear(); }
+  } emptied{ending};
   for (const auto& [id, scope] : state.scopes)
     if (scope->ending || (scope->holder_alive != nullptr && !scope->holder_alive(scope->holder)))
       ending.push_back(scope);
@@ -524,7 +550,7 @@ Entered Registry::enter(const Scope_ptr& scope, long long maximum) {
     if (scope->fit_hit_ratio && scope->has_window) {
       // As much of the window as the set-aside can hold next to the other windows in force.
       learn_base_limit(st);
-      Plan planned = plan(st);
+      const Plan& planned = plan(st);
       fit_capped = planned.capped;  // the whole window wanted more than "auto" gives
       double others = 0.0;
       for (const Scope* s : planned.in_force)
@@ -672,7 +698,7 @@ Snapshot Registry::snapshot(int device, long long maximum) {
   Snapshot out;
   out.limit = st.applied_limit ? *st.applied_limit : calls_->get_limit(device);
   st.observed_limit = out.limit;
-  Plan planned = plan(st);
+  const Plan& planned = plan(st);
   for (Scope* scope : planned.in_force)
     if (scope->has_window) {
       out.in_force.emplace_back(st.scopes.at(scope->id), scope->effective);

@@ -104,7 +104,7 @@ class Slot_windows {
                  items_.end());
   }
   // `entries` (distinct slots) written in one merge: assigned where a slot is present when `overwrite`, else kept.
-  void merge(Changes entries, bool overwrite);
+  void merge(const Changes& entries, bool overwrite);
 
  private:
   iterator lower(const Slot& slot) {
@@ -112,6 +112,7 @@ class Slot_windows {
                             [](const value_type& e, const Slot& s) { return e.first < s; });
   }
   std::vector<value_type> items_;
+  std::vector<value_type> spare_;  // what merge builds into, then swaps with items_: no allocation once grown
 };
 
 struct Scope {
@@ -269,8 +270,11 @@ class Registry {
 
   // Anchors of scopes that left the registry: the caller releases them after the lock.
   std::vector<std::shared_ptr<void>> take_released() { return std::exchange(released_, {}); }
+  // The same, swapped into `into` (empty): the registry keeps its storage, so the next end allocates nothing.
+  void take_released(std::vector<std::shared_ptr<void>>& into) { into.swap(released_); }
 
-  Plan plan(Device_state& state);
+  // What the device should hold. The plan is the registry's own, reused: valid until the next call of plan().
+  const Plan& plan(Device_state& state);
 
  private:
   bool alive(const Slot& slot) const;
@@ -311,6 +315,14 @@ class Registry {
   std::uint64_t slot_epoch_ = 0;
   std::map<int, std::pair<long long, std::string>> granularity_;
   std::vector<std::shared_ptr<void>> released_;
+  // Storage reused from one call to the next (each call runs under the lock; none nests in another of its kind):
+  // a scope's entry and end then allocate nothing here once these have grown.
+  Plan plan_{&pool_};
+  Changes sync_changes_, bases_;
+  Batch batch_;
+  std::vector<Slot> batch_slots_;
+  Device_state::Pending spare_batch_;
+  std::vector<Scope_ptr> ending_;
 };
 
 // The limit a fresh process gets from the driver, as a fraction of the max: "auto" stops there (up to it the
