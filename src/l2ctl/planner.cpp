@@ -32,9 +32,21 @@ double demand_of(const std::vector<T*>& scopes) {
   return demand;
 }
 
+// (slot, scope) pairs, added as the scopes were walked in entry order, reduced to each slot's latest scope and
+// sorted by slot. std::sort in place (a stable sort would allocate): ties are ordered by the scopes' ids.
+void keep_latest(Top& pairs) {
+  std::sort(pairs.begin(), pairs.end(), [](const std::pair<Slot, Scope*>& a, const std::pair<Slot, Scope*>& b) {
+    return a.first < b.first || (a.first == b.first && a.second->id < b.second->id);
+  });
+  auto kept = pairs.begin();
+  for (auto it = pairs.begin(); it != pairs.end(); ++it)
+    if (it + 1 == pairs.end() || !((it + 1)->first == it->first)) *kept++ = *it;
+  pairs.erase(kept, pairs.end());
+}
+
 // The scopes of `top`, each once, in entry order, into `out` (its storage reused): a vector sorted and made unique (a
-// scope's id is unique), with no node allocations on every plan.
-void distinct(const Slot_map<Scope*>& top, std::vector<Scope*>& out) {
+// scope's id is unique).
+void distinct(const Top& top, std::vector<Scope*>& out) {
   out.clear();
   for (const auto& [slot, scope] : top) out.push_back(scope);
   std::sort(out.begin(), out.end(), [](const Scope* a, const Scope* b) { return a->id < b->id; });
@@ -232,14 +244,16 @@ const Plan& Registry::plan(Device_state& state) {
   for (auto& [id, scope] : state.scopes) {
     if (scope->has_window)
       for (const Slot& slot : scope->slots)
-        if (alive(slot)) plan.top[slot] = scope.get();
+        if (alive(slot)) plan.top.emplace_back(slot, scope.get());
     if (scope->request == Request::none) continue;
     if (scope->request == Request::exact) {
       exact = scope->request_bytes;
       continue;
     }
     automatic = true;
-    distinct(plan.top, plan.in_force);  // those entered so far
+    top_so_far_.assign(plan.top.begin(), plan.top.end());  // the windows in force among the scopes so far
+    keep_latest(top_so_far_);
+    distinct(top_so_far_, plan.in_force);
     const double demand = demand_of(plan.in_force);
     if (demand > 0) {
       const auto [step, cap] = auto_bounds(state);
@@ -249,6 +263,7 @@ const Plan& Registry::plan(Device_state& state) {
       (exact ? *exact : floor) = value;
     }
   }
+  keep_latest(plan.top);
   distinct(plan.top, plan.in_force);
   if (exact)
     plan.limit = exact;
@@ -289,7 +304,7 @@ void Registry::sync(Device_state& state, bool reset, bool removed) {
   const std::size_t covered = changes.size();
   if (state.base_windows.size() > planned.top.size())  // slots no scope covers: back to their base
     for (const auto& [slot, base] : state.base_windows) {
-      if (planned.top.count(slot)) continue;
+      if (planned.covers(slot)) continue;
       const auto applied = state.applied_windows.find(slot);
       if (applied == state.applied_windows.end() || applied->second != base) changes.emplace_back(slot, base);
     }

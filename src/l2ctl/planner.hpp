@@ -59,10 +59,6 @@ struct Plan_window {
 
 enum class Request { none, exact, automatic };
 
-// The planner's trees keyed by slot (a plan's top scope per slot) draw their nodes from the registry's pool: a plan
-// of a graph of N kernel nodes fills one of N entries, and malloc dominated that cost.
-template <typename V>
-using Slot_map = std::pmr::map<Slot, V>;
 // Windows to write, sorted by slot (streams first): built in order and read in order, so a vector.
 using Changes = std::vector<std::pair<Slot, Plan_window>>;
 
@@ -217,13 +213,20 @@ struct Device_state {
   std::optional<Pending> batch;
 };
 
+// Each covered slot's top scope (the latest entered on it), sorted by slot: a vector, filled and sorted once a plan.
+using Top = std::vector<std::pair<Slot, Scope*>>;
+
 struct Plan {
-  explicit Plan(std::pmr::memory_resource* pool) : top(pool) {}
   std::optional<long long> limit;
   bool at_least = false;
-  Slot_map<Scope*> top;
+  Top top;
   std::vector<Scope*> in_force;  // in entry order
   bool capped = false;
+  bool covers(const Slot& slot) const {
+    const auto it = std::lower_bound(top.begin(), top.end(), slot,
+                                     [](const std::pair<Slot, Scope*>& e, const Slot& s) { return e.first < s; });
+    return it != top.end() && it->first == slot;
+  }
 };
 
 struct Entered {
@@ -308,7 +311,7 @@ class Registry {
   std::pair<long long, std::string> granularity_locked(int device, long long maximum);
   [[noreturn]] void rethrow_translated(const Call_failed& failure, int device);
 
-  std::pmr::unsynchronized_pool_resource pool_;  // first: the maps below use it (used under the registry's lock)
+  std::pmr::unsynchronized_pool_resource pool_;  // forget_idle's set of covered slots draws from it (under the lock)
   std::unique_ptr<Calls> calls_;
   std::map<int, Device_state> states_;
   std::map<std::pair<int, std::uintptr_t>, std::uint64_t> generations_;
@@ -317,7 +320,8 @@ class Registry {
   std::vector<std::shared_ptr<void>> released_;
   // Storage reused from one call to the next (each call runs under the lock; none nests in another of its kind):
   // a scope's entry and end then allocate nothing here once these have grown.
-  Plan plan_{&pool_};
+  Plan plan_;
+  Top top_so_far_;
   Changes sync_changes_, bases_;
   Batch batch_;
   std::vector<Slot> batch_slots_;
