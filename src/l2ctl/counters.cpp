@@ -403,7 +403,8 @@ struct LaunchRecorder::State {
     const DriverCalls& d = driver();
     // cuLaunchKernel also takes a CUkernel in place of a CUfunction (the CUDA 12+ runtime launches so): when the
     // function query finds no parameter, the kernel query is asked.
-    for (auto* query : {d.cuFuncGetParamInfo, reinterpret_cast<PFN_cuFuncGetParamInfo_v12040>(d.cuKernelGetParamInfo)}) {
+    const auto kernel_query = reinterpret_cast<PFN_cuFuncGetParamInfo_v12040>(d.cuKernelGetParamInfo);
+    for (auto* query : {d.cuFuncGetParamInfo, kernel_query}) {
       for (std::size_t i = 0; query != nullptr; ++i) {  // the count is stored nowhere: ask until there is none
         std::size_t offset = 0, size = 0;
         if (query(fn, i, &offset, &size) != CUDA_SUCCESS) break;
