@@ -59,18 +59,19 @@ std::string directory_of(const std::string& path) {
   return slash == std::string::npos ? std::string() : path.substr(0, slash);
 }
 
+// "13.0" for NVRTC 13.0.
+std::string version_text(int major, int minor) { return cuda_version_text(major * 1000 + minor * 10); }
+
 // Why `lib` (NVRTC major.minor) is refused, or "" when it is accepted: code from a newer NVRTC needs a driver
 // of at least its version, and one older than the build has not been tested with l2ctl's source.
 std::string refusal(int major, int minor) {
   const int built = CUDART_VERSION / 1000;
   if (major == built) return "";
-  if (major < built)
-    return "NVRTC " + std::to_string(major) + "." + std::to_string(minor) + " is older than CUDA " +
-           std::to_string(built) + ", which l2ctl was built for";
+  const std::string nvrtc = "NVRTC " + version_text(major, minor);
+  if (major < built) return nvrtc + " is older than CUDA " + std::to_string(built) + ", which l2ctl was built for";
   const int driver = driver_version();
   if (driver >= major * 1000) return "";
-  return "NVRTC " + std::to_string(major) + "." + std::to_string(minor) + " needs a driver of CUDA " +
-         std::to_string(major) + ".0 or newer; this driver is " +
+  return nvrtc + " needs a driver of CUDA " + std::to_string(major) + ".0 or newer; this driver is " +
          (driver ? "CUDA " + cuda_version_text(driver) : std::string("absent"));
 }
 
@@ -125,8 +126,7 @@ std::string try_load(const std::string& path, Nvrtc& out) {
   // NVRTC opens libnvrtc-builtins.so.<major>.<minor> by name when it first compiles: the copy beside this one
   // (a pip wheel's, not on the loader's path) is loaded first, so that name resolves to it.
   const std::string dir = directory_of(path);
-  const std::string builtins = dir + "/libnvrtc-builtins.so." + std::to_string(n.info.major) + "." +
-                               std::to_string(n.info.minor);
+  const std::string builtins = dir + "/libnvrtc-builtins.so." + version_text(n.info.major, n.info.minor);
   if (!dir.empty() && exists(builtins)) (void)dlopen(builtins.c_str(), RTLD_NOW | RTLD_LOCAL);
   out = n;
   return "";
@@ -240,8 +240,8 @@ std::string compile(const Nvrtc& n, const std::vector<std::string>& options, boo
       log.resize(size - 1);
     }
     n.destroy(&program);
-    std::string text = "NVRTC " + std::to_string(n.info.major) + "." + std::to_string(n.info.minor) + " (" +
-                       n.info.path + ") could not compile l2ctl's kernels:";
+    std::string text = "NVRTC " + version_text(n.info.major, n.info.minor) + " (" + n.info.path +
+                       ") could not compile l2ctl's kernels:";
     for (const std::string& o : options) text += " " + o;
     throw KernelsUnavailable(text + ": " + n.error_string(code) + (log.empty() ? "" : "\n" + log));
   }
@@ -271,9 +271,8 @@ KernelImage kernel_image(int arch, bool ptx, const std::vector<std::string>& can
   const std::vector<std::string> options = {"-std=c++17", "-lineinfo",
                                             "-DL2CTL_BLOCK_THREADS=" + std::to_string(kBlockThreads),
                                             "--gpu-architecture=" + target};
-  std::string key = std::string("l2ctl ") + L2CTL_VERSION + "\nnvrtc " + std::to_string(n.info.major) + "." +
-                    std::to_string(n.info.minor) + "\nsource " + hex64(fnv1a(kKernelsSource)) +
-                    hex64(fnv1a(kCacheHintsSource)) + "\noptions";
+  std::string key = std::string("l2ctl ") + L2CTL_VERSION + "\nnvrtc " + version_text(n.info.major, n.info.minor) +
+                    "\nsource " + hex64(fnv1a(kKernelsSource)) + hex64(fnv1a(kCacheHintsSource)) + "\noptions";
   for (const std::string& o : options) key += " " + o;
   const std::string file = cache_dir.empty() ? "" : cache_dir + "/kernels-" + target + "-" + hex64(fnv1a(key)) + ".bin";
   image.cache_file = file;
