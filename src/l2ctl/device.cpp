@@ -57,8 +57,8 @@ std::string device_count_error() {
     int runtime = 0;
     (void)cudaRuntimeGetVersion(&runtime);
     if (!driver_library_present()) return "no NVIDIA driver is installed (libcuda.so.1 not found; " + cuda + ")";
-    return "the NVIDIA driver is older than the CUDA " + std::to_string(runtime / 1000) + "." +
-           std::to_string(runtime % 1000 / 10) + " runtime l2ctl was built with; update the driver (" + cuda + ")";
+    return "the NVIDIA driver is older than the CUDA " + cuda_version_text(runtime) +
+           " runtime l2ctl was built with; update the driver (" + cuda + ")";
   }
   return cuda;
 }
