@@ -150,16 +150,12 @@ void launch_per_item(int device, std::uintptr_t stream, Kernel k, std::size_t le
 
 const void* as_ptr(std::uintptr_t p) { return reinterpret_cast<const void*>(p); }
 
-unsigned long long read_counter_and_free(unsigned long long* counter, cudaStream_t stream) {
-  unsigned long long host = 0;
-  cudaError_t code = cudaMemcpyAsync(&host, counter, sizeof host, cudaMemcpyDeviceToHost, stream);
-  if (code == cudaSuccess) code = cudaStreamSynchronize(stream);
-  (void)cudaFreeAsync(counter, stream);
-  L2CTL_CHECK(code, "reading a device counter");
-  return host;
-}
-
-unsigned long long* new_counter(cudaStream_t stream) {
+// A kernel that counts into a device word (its last parameter), launched and read back (waits on the stream).
+template <class... Args>
+unsigned long long run_counting(int device, std::uintptr_t handle, Kernel k, std::size_t work, Args... args) {
+  DeviceGuard guard(device);
+  const CUfunction kernel = function(device, k);
+  cudaStream_t stream = reinterpret_cast<cudaStream_t>(handle);
   unsigned long long* counter = nullptr;
   L2CTL_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&counter), sizeof *counter, stream), "8 bytes");
   cudaError_t code = cudaMemsetAsync(counter, 0, sizeof *counter, stream);
@@ -167,24 +163,19 @@ unsigned long long* new_counter(cudaStream_t stream) {
     (void)cudaFreeAsync(counter, stream);
     L2CTL_CHECK(code, "");
   }
-  return counter;
-}
-
-// A kernel that counts into a device word (its last parameter), launched and read back (waits on `stream`).
-template <class... Args>
-unsigned long long run_counting(int device, std::uintptr_t stream, Kernel k, std::size_t work, Args... args) {
-  DeviceGuard guard(device);
-  const CUfunction kernel = function(device, k);
-  cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  unsigned long long* counter = new_counter(s);
   try {
-    launch(kernel, k, grid_for(kernel, device, kThreads, work), kThreads, stream, no_details, args...,
+    launch(kernel, k, grid_for(kernel, device, kThreads, work), kThreads, handle, no_details, args...,
            static_cast<const void*>(counter));
   } catch (...) {
-    (void)cudaFreeAsync(counter, s);
+    (void)cudaFreeAsync(counter, stream);
     throw;
   }
-  return read_counter_and_free(counter, s);
+  unsigned long long host = 0;
+  code = cudaMemcpyAsync(&host, counter, sizeof host, cudaMemcpyDeviceToHost, stream);
+  if (code == cudaSuccess) code = cudaStreamSynchronize(stream);
+  (void)cudaFreeAsync(counter, stream);
+  L2CTL_CHECK(code, "reading a device counter");
+  return host;
 }
 
 bool aligned16(std::uintptr_t p) { return (p & 15u) == 0; }
