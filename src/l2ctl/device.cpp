@@ -28,12 +28,9 @@ DeviceGuard::~DeviceGuard() {
 
 int device_count() {
   int count = 0;
-  cudaError_t code = cudaGetDeviceCount(&count);
-  if (code != cudaSuccess) {
-    clear_last_error();
-    return 0;
-  }
-  return count;
+  if (cudaGetDeviceCount(&count) == cudaSuccess) return count;
+  clear_last_error();
+  return 0;
 }
 
 namespace {
@@ -117,12 +114,9 @@ void reset_persisting_lines(int device) {
 
 int driver_version() {
   int version = 0;
-  cudaError_t code = cudaDriverGetVersion(&version);
-  if (code != cudaSuccess) {
-    clear_last_error();
-    return 0;
-  }
-  return version;
+  if (cudaDriverGetVersion(&version) == cudaSuccess) return version;
+  clear_last_error();
+  return 0;
 }
 
 int runtime_version() {
