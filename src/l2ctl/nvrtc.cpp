@@ -27,23 +27,29 @@ namespace l2ctl {
 namespace {
 
 // NVRTC's C API, declared here (ABI: nvrtcResult is an int enum, nvrtcProgram a pointer) so that the build needs
-// no NVRTC header.
+// no NVRTC header: each function's field, symbol and type, in one list for the struct and the loader.
 using Program = void*;
+#define L2CTL_NVRTC_FUNCTIONS(X)                                                                             \
+  X(error_string, nvrtcGetErrorString, const char*(int))                                                    \
+  X(version, nvrtcVersion, int(int*, int*))                                                                 \
+  X(num_archs, nvrtcGetNumSupportedArchs, int(int*))                                                        \
+  X(archs, nvrtcGetSupportedArchs, int(int*))                                                               \
+  X(create, nvrtcCreateProgram,                                                                             \
+    int(Program*, const char*, const char*, int, const char* const*, const char* const*))                   \
+  X(destroy, nvrtcDestroyProgram, int(Program*))                                                            \
+  X(compile, nvrtcCompileProgram, int(Program, int, const char* const*))                                    \
+  X(log_size, nvrtcGetProgramLogSize, int(Program, std::size_t*))                                           \
+  X(log, nvrtcGetProgramLog, int(Program, char*))                                                           \
+  X(ptx_size, nvrtcGetPTXSize, int(Program, std::size_t*))                                                  \
+  X(ptx, nvrtcGetPTX, int(Program, char*))                                                                  \
+  X(cubin_size, nvrtcGetCUBINSize, int(Program, std::size_t*))                                              \
+  X(cubin, nvrtcGetCUBIN, int(Program, char*))
+
 struct Nvrtc {
   NvrtcLibrary info;
-  const char* (*error_string)(int) = nullptr;
-  int (*version)(int*, int*) = nullptr;
-  int (*num_archs)(int*) = nullptr;
-  int (*archs)(int*) = nullptr;
-  int (*create)(Program*, const char*, const char*, int, const char* const*, const char* const*) = nullptr;
-  int (*destroy)(Program*) = nullptr;
-  int (*compile)(Program, int, const char* const*) = nullptr;
-  int (*log_size)(Program, std::size_t*) = nullptr;
-  int (*log)(Program, char*) = nullptr;
-  int (*ptx_size)(Program, std::size_t*) = nullptr;
-  int (*ptx)(Program, char*) = nullptr;
-  int (*cubin_size)(Program, std::size_t*) = nullptr;
-  int (*cubin)(Program, char*) = nullptr;
+#define L2CTL_NVRTC_FIELD(field, symbol, ...) std::add_pointer_t<__VA_ARGS__> field = nullptr;
+  L2CTL_NVRTC_FUNCTIONS(L2CTL_NVRTC_FIELD)
+#undef L2CTL_NVRTC_FIELD
 };
 
 std::mutex g_load_mutex;
@@ -95,19 +101,9 @@ std::string try_load(const std::string& path, Nvrtc& out) {
     if (symbol == nullptr && missing == nullptr) missing = name;
     fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(symbol);
   };
-  resolve(n.error_string, "nvrtcGetErrorString");
-  resolve(n.version, "nvrtcVersion");
-  resolve(n.num_archs, "nvrtcGetNumSupportedArchs");
-  resolve(n.archs, "nvrtcGetSupportedArchs");
-  resolve(n.create, "nvrtcCreateProgram");
-  resolve(n.destroy, "nvrtcDestroyProgram");
-  resolve(n.compile, "nvrtcCompileProgram");
-  resolve(n.log_size, "nvrtcGetProgramLogSize");
-  resolve(n.log, "nvrtcGetProgramLog");
-  resolve(n.ptx_size, "nvrtcGetPTXSize");
-  resolve(n.ptx, "nvrtcGetPTX");
-  resolve(n.cubin_size, "nvrtcGetCUBINSize");
-  resolve(n.cubin, "nvrtcGetCUBIN");
+#define L2CTL_NVRTC_RESOLVE(field, symbol, ...) resolve(n.field, #symbol);
+  L2CTL_NVRTC_FUNCTIONS(L2CTL_NVRTC_RESOLVE)
+#undef L2CTL_NVRTC_RESOLVE
   std::string why;
   int count = 0;
   if (missing != nullptr)
