@@ -76,6 +76,20 @@ void bind_window_accessors(py::module_& m, const std::string& what, l2ctl::Windo
       py::arg(what.c_str()), "base"_a, "num_bytes"_a, "hit_ratio"_a, "hit_prop"_a, "miss_prop"_a, release());
 }
 
+// (context, primary context) of a stream or a pointer, found with the GIL released.
+template <l2ctl::Contexts (*find)(std::uintptr_t)>
+py::tuple contexts(std::uintptr_t handle) {
+  const l2ctl::Contexts c = unlocked([&] { return find(handle); });
+  return py::make_tuple(c.context, c.primary);
+}
+
+// Argument words as (parameter, offset, value) tuples.
+py::list words_list(const std::vector<l2ctl::ArgumentWord>& words) {
+  py::list out;
+  for (const auto& w : words) out.append(py::make_tuple(w.param, w.offset, w.value));
+  return out;
+}
+
 std::vector<l2ctl::WindowChange> window_changes(const std::vector<std::tuple<std::uintptr_t, WindowTuple>>& items,
                                                 l2ctl::WindowHolder holder) {
   std::vector<l2ctl::WindowChange> out;
@@ -214,20 +228,8 @@ PYBIND11_MODULE(_core, m) {
       .def("query", &l2ctl::Stream::query, release())
       .def("close", &l2ctl::Stream::close, release());
   m.def("stream_device", &l2ctl::stream_device, "stream"_a, release());
-  m.def(
-      "stream_context",
-      [](std::uintptr_t stream) {
-        l2ctl::Contexts c = unlocked([&] { return l2ctl::stream_context(stream); });
-        return py::make_tuple(c.context, c.primary);
-      },
-      "stream"_a);
-  m.def(
-      "pointer_context",
-      [](std::uintptr_t ptr) {
-        l2ctl::Contexts c = unlocked([&] { return l2ctl::pointer_context(ptr); });
-        return py::make_tuple(c.context, c.primary);
-      },
-      "ptr"_a);
+  m.def("stream_context", &contexts<l2ctl::stream_context>, "stream"_a);
+  m.def("pointer_context", &contexts<l2ctl::pointer_context>, "ptr"_a);
   m.def("stream_synchronize", &l2ctl::stream_synchronize, "stream"_a, release());
   bind_window_accessors(m, "stream", l2ctl::WindowHolder::stream);
 
@@ -303,12 +305,7 @@ PYBIND11_MODULE(_core, m) {
       "graph"_a);
   m.def(
       "kernel_node_words",
-      [](std::uintptr_t node) {
-        std::vector<l2ctl::ArgumentWord> words = unlocked([&] { return l2ctl::kernel_node_words(node); });
-        py::list out;
-        for (const auto& w : words) out.append(py::make_tuple(w.param, w.offset, w.value));
-        return out;
-      },
+      [](std::uintptr_t node) { return words_list(unlocked([&] { return l2ctl::kernel_node_words(node); })); },
       "node"_a);
   m.def("address_range", &l2ctl::address_range, "address"_a, release());
   bind_window_accessors(m, "node", l2ctl::WindowHolder::kernel_node);
@@ -369,11 +366,8 @@ PYBIND11_MODULE(_core, m) {
            [](l2ctl::LaunchRecorder& self) {
              std::vector<l2ctl::LaunchArguments> launches = unlocked([&] { return self.stop(); });
              py::list out;
-             for (const auto& l : launches) {
-               py::list words;
-               for (const auto& w : l.words) words.append(py::make_tuple(w.param, w.offset, w.value));
-               out.append(py::make_tuple(l.kernel, l.stream, l.device, words));
-             }
+             for (const auto& l : launches)
+               out.append(py::make_tuple(l.kernel, l.stream, l.device, words_list(l.words)));
              return out;
            })
       .def_property_readonly("dropped", &l2ctl::LaunchRecorder::dropped)

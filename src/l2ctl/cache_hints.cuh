@@ -85,21 +85,24 @@ __device__ void store(T* address, T value);
   L2CTL_HINTS_STORE##W(cs, T, PTX, C) L2CTL_HINTS_STORE##W(wt, T, PTX, C)
 #define L2CTL_HINTS_TYPE(W, T, PTX, C) L2CTL_HINTS_ALL_LOADS(W, T, PTX, C) L2CTL_HINTS_ALL_STORES(W, T, PTX, C)
 
-L2CTL_HINTS_TYPE(1, int, "s32", "r")
-L2CTL_HINTS_TYPE(1, unsigned int, "u32", "r")
-L2CTL_HINTS_TYPE(1, float, "f32", "f")
-L2CTL_HINTS_TYPE(2, int2, "s32", "r")
-L2CTL_HINTS_TYPE(2, uint2, "u32", "r")
-L2CTL_HINTS_TYPE(2, float2, "f32", "f")
-L2CTL_HINTS_TYPE(4, int4, "s32", "r")
-L2CTL_HINTS_TYPE(4, uint4, "u32", "r")
-L2CTL_HINTS_TYPE(4, float4, "f32", "f")
-L2CTL_HINTS_TYPE(1, long long, "s64", "l")
-L2CTL_HINTS_TYPE(1, unsigned long long, "u64", "l")
-L2CTL_HINTS_TYPE(1, double, "f64", "d")
-L2CTL_HINTS_TYPE(2, longlong2, "s64", "l")
-L2CTL_HINTS_TYPE(2, ulonglong2, "u64", "l")
-L2CTL_HINTS_TYPE(2, double2, "f64", "d")
+// Every type offered: (vector width, type, PTX type, asm constraint), for the hinted and the policy accesses.
+#define L2CTL_HINTS_EACH_TYPE(X)                                                                               \
+  X(1, int, "s32", "r")                                                                                        \
+  X(1, unsigned int, "u32", "r")                                                                               \
+  X(1, float, "f32", "f")                                                                                      \
+  X(2, int2, "s32", "r")                                                                                       \
+  X(2, uint2, "u32", "r")                                                                                      \
+  X(2, float2, "f32", "f")                                                                                     \
+  X(4, int4, "s32", "r")                                                                                       \
+  X(4, uint4, "u32", "r")                                                                                      \
+  X(4, float4, "f32", "f")                                                                                     \
+  X(1, long long, "s64", "l")                                                                                  \
+  X(1, unsigned long long, "u64", "l")                                                                         \
+  X(1, double, "f64", "d")                                                                                     \
+  X(2, longlong2, "s64", "l")                                                                                  \
+  X(2, ulonglong2, "u64", "l")                                                                                 \
+  X(2, double2, "f64", "d")
+L2CTL_HINTS_EACH_TYPE(L2CTL_HINTS_TYPE)
 
 #undef L2CTL_HINTS_TYPE
 #undef L2CTL_HINTS_ALL_STORES
@@ -192,22 +195,11 @@ __device__ void store_with_policy(T* address, T value, unsigned long long policy
 #define L2CTL_HINTS_PLOAD4(T, PTX, C) L2CTL_HINTS_PLAIN(T)
 #endif
 
-L2CTL_HINTS_PLOAD1(int, "s32", "r")
-L2CTL_HINTS_PLOAD1(unsigned int, "u32", "r")
-L2CTL_HINTS_PLOAD1(float, "f32", "f")
-L2CTL_HINTS_PLOAD2(int2, "s32", "r")
-L2CTL_HINTS_PLOAD2(uint2, "u32", "r")
-L2CTL_HINTS_PLOAD2(float2, "f32", "f")
-L2CTL_HINTS_PLOAD4(int4, "s32", "r")
-L2CTL_HINTS_PLOAD4(uint4, "u32", "r")
-L2CTL_HINTS_PLOAD4(float4, "f32", "f")
-L2CTL_HINTS_PLOAD1(long long, "s64", "l")
-L2CTL_HINTS_PLOAD1(unsigned long long, "u64", "l")
-L2CTL_HINTS_PLOAD1(double, "f64", "d")
-L2CTL_HINTS_PLOAD2(longlong2, "s64", "l")
-L2CTL_HINTS_PLOAD2(ulonglong2, "u64", "l")
-L2CTL_HINTS_PLOAD2(double2, "f64", "d")
+#define L2CTL_HINTS_PLOAD(W, T, PTX, C) L2CTL_HINTS_PLOAD##W(T, PTX, C)
+L2CTL_HINTS_EACH_TYPE(L2CTL_HINTS_PLOAD)
 
+#undef L2CTL_HINTS_EACH_TYPE
+#undef L2CTL_HINTS_PLOAD
 #undef L2CTL_HINTS_PLOAD1
 #undef L2CTL_HINTS_PLOAD2
 #undef L2CTL_HINTS_PLOAD4

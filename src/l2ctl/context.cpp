@@ -10,34 +10,15 @@
 namespace l2ctl {
 
 namespace {
-struct ContextCalls {
-  PFN_cuStreamGetCtx_v9020 stream_context = nullptr;
-  PFN_cuPointerGetAttribute_v4000 pointer_attribute = nullptr;
-  PFN_cuDevicePrimaryCtxRetain_v7000 retain_primary = nullptr;
-  PFN_cuDevicePrimaryCtxRelease_v11000 release_primary = nullptr;
-};
-
-const ContextCalls& calls() {
-  static const ContextCalls c = [] {
-    ContextCalls found;
-    found.stream_context = driver_entry<PFN_cuStreamGetCtx_v9020>("cuStreamGetCtx", 12000);
-    found.pointer_attribute = driver_entry<PFN_cuPointerGetAttribute_v4000>("cuPointerGetAttribute", 12000);
-    found.retain_primary = driver_entry<PFN_cuDevicePrimaryCtxRetain_v7000>("cuDevicePrimaryCtxRetain", 12000);
-    found.release_primary = driver_entry<PFN_cuDevicePrimaryCtxRelease_v11000>("cuDevicePrimaryCtxRelease", 12000);
-    return found;
-  }();
-  return c;
-}
-
 // The primary context of `device` (0 where the driver cannot tell): retained and released at once, since
 // l2ctl only compares it.
 std::uintptr_t primary_context(int device) {
-  const ContextCalls& c = calls();
+  const DriverCalls& d = driver();
   CUcontext primary = nullptr;
-  if (c.retain_primary == nullptr || c.release_primary == nullptr ||
-      c.retain_primary(&primary, static_cast<CUdevice>(device)) != CUDA_SUCCESS)
+  if (d.cuDevicePrimaryCtxRetain == nullptr || d.cuDevicePrimaryCtxRelease == nullptr ||
+      d.cuDevicePrimaryCtxRetain(&primary, static_cast<CUdevice>(device)) != CUDA_SUCCESS)
     return 0;
-  (void)c.release_primary(static_cast<CUdevice>(device));
+  (void)d.cuDevicePrimaryCtxRelease(static_cast<CUdevice>(device));
   return reinterpret_cast<std::uintptr_t>(primary);
 }
 }  // namespace
@@ -51,9 +32,8 @@ Contexts stream_context(std::uintptr_t stream) {
     return out;
   }
   CUcontext context = nullptr;
-  const ContextCalls& c = calls();
-  if (c.stream_context != nullptr &&
-      c.stream_context(reinterpret_cast<CUstream>(stream), &context) == CUDA_SUCCESS)
+  const auto get_context = driver().cuStreamGetCtx;
+  if (get_context != nullptr && get_context(reinterpret_cast<CUstream>(stream), &context) == CUDA_SUCCESS)
     out.context = reinterpret_cast<std::uintptr_t>(context);
   return out;
 }
@@ -68,9 +48,9 @@ Contexts pointer_context(std::uintptr_t ptr) {
     return out;
   }
   CUcontext context = nullptr;
-  const ContextCalls& c = calls();
-  if (c.pointer_attribute == nullptr ||
-      c.pointer_attribute(&context, CU_POINTER_ATTRIBUTE_CONTEXT, static_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS)
+  const auto get_attribute = driver().cuPointerGetAttribute;
+  if (get_attribute == nullptr ||
+      get_attribute(&context, CU_POINTER_ATTRIBUTE_CONTEXT, static_cast<CUdeviceptr>(ptr)) != CUDA_SUCCESS)
     return out;
   out.context = reinterpret_cast<std::uintptr_t>(context);
   out.primary = primary_context(attributes.device);

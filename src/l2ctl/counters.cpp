@@ -11,7 +11,6 @@
 #include <cupti_target.h>
 #include <dlfcn.h>
 
-#include <cstring>
 #include <mutex>
 #include <unordered_map>
 
@@ -23,37 +22,23 @@ namespace l2ctl {
 
 namespace {
 
-// Every CUPTI entry point l2ctl uses, resolved from the dlopen'ed library.
+// Every CUPTI entry point l2ctl uses, resolved from the dlopen'ed library (one list: the struct and cupti_load).
+#define L2CTL_CUPTI_FUNCTIONS(X)                                                                                  \
+  X(cuptiGetResultString) X(cuptiSubscribe) X(cuptiUnsubscribe) X(cuptiEnableDomain) X(cuptiEnableCallback)          \
+  X(cuptiProfilerInitialize) X(cuptiProfilerDeInitialize) X(cuptiProfilerGetCounterAvailability)                     \
+  X(cuptiDeviceGetChipName) X(cuptiProfilerHostInitialize) X(cuptiProfilerHostDeinitialize)                          \
+  X(cuptiProfilerHostConfigAddMetrics) X(cuptiProfilerHostGetConfigImageSize) X(cuptiProfilerHostGetConfigImage)     \
+  X(cuptiProfilerHostGetNumOfPasses) X(cuptiProfilerHostEvaluateToGpuValues) X(cuptiRangeProfilerEnable)             \
+  X(cuptiRangeProfilerDisable) X(cuptiRangeProfilerGetCounterDataSize)                                               \
+  X(cuptiRangeProfilerCounterDataImageInitialize) X(cuptiRangeProfilerSetConfig) X(cuptiRangeProfilerStart)          \
+  X(cuptiRangeProfilerStop) X(cuptiRangeProfilerDecodeData) X(cuptiRangeProfilerGetCounterDataInfo)                  \
+  X(cuptiRangeProfilerCounterDataGetRangeInfo)
+
 struct Cupti {
   void* handle = nullptr;
-#define L2CTL_CUPTI_FN(name) decltype(&::name) name = nullptr;
-  L2CTL_CUPTI_FN(cuptiGetResultString)
-  L2CTL_CUPTI_FN(cuptiSubscribe)
-  L2CTL_CUPTI_FN(cuptiUnsubscribe)
-  L2CTL_CUPTI_FN(cuptiEnableDomain)
-  L2CTL_CUPTI_FN(cuptiEnableCallback)
-  L2CTL_CUPTI_FN(cuptiProfilerInitialize)
-  L2CTL_CUPTI_FN(cuptiProfilerDeInitialize)
-  L2CTL_CUPTI_FN(cuptiProfilerGetCounterAvailability)
-  L2CTL_CUPTI_FN(cuptiDeviceGetChipName)
-  L2CTL_CUPTI_FN(cuptiProfilerHostInitialize)
-  L2CTL_CUPTI_FN(cuptiProfilerHostDeinitialize)
-  L2CTL_CUPTI_FN(cuptiProfilerHostConfigAddMetrics)
-  L2CTL_CUPTI_FN(cuptiProfilerHostGetConfigImageSize)
-  L2CTL_CUPTI_FN(cuptiProfilerHostGetConfigImage)
-  L2CTL_CUPTI_FN(cuptiProfilerHostGetNumOfPasses)
-  L2CTL_CUPTI_FN(cuptiProfilerHostEvaluateToGpuValues)
-  L2CTL_CUPTI_FN(cuptiRangeProfilerEnable)
-  L2CTL_CUPTI_FN(cuptiRangeProfilerDisable)
-  L2CTL_CUPTI_FN(cuptiRangeProfilerGetCounterDataSize)
-  L2CTL_CUPTI_FN(cuptiRangeProfilerCounterDataImageInitialize)
-  L2CTL_CUPTI_FN(cuptiRangeProfilerSetConfig)
-  L2CTL_CUPTI_FN(cuptiRangeProfilerStart)
-  L2CTL_CUPTI_FN(cuptiRangeProfilerStop)
-  L2CTL_CUPTI_FN(cuptiRangeProfilerDecodeData)
-  L2CTL_CUPTI_FN(cuptiRangeProfilerGetCounterDataInfo)
-  L2CTL_CUPTI_FN(cuptiRangeProfilerCounterDataGetRangeInfo)
-#undef L2CTL_CUPTI_FN
+#define L2CTL_CUPTI_FIELD(name) decltype(&::name) name = nullptr;
+  L2CTL_CUPTI_FUNCTIONS(L2CTL_CUPTI_FIELD)
+#undef L2CTL_CUPTI_FIELD
 };
 
 Cupti g_cupti;
@@ -104,32 +89,7 @@ void cupti_load(const std::string& path) {
   Cupti c;
   try {
 #define L2CTL_RESOLVE(name) resolve(lib, #name, reinterpret_cast<void**>(&c.name));
-    L2CTL_RESOLVE(cuptiGetResultString)
-    L2CTL_RESOLVE(cuptiSubscribe)
-    L2CTL_RESOLVE(cuptiUnsubscribe)
-    L2CTL_RESOLVE(cuptiEnableDomain)
-    L2CTL_RESOLVE(cuptiEnableCallback)
-    L2CTL_RESOLVE(cuptiProfilerInitialize)
-    L2CTL_RESOLVE(cuptiProfilerDeInitialize)
-    L2CTL_RESOLVE(cuptiProfilerGetCounterAvailability)
-    L2CTL_RESOLVE(cuptiDeviceGetChipName)
-    L2CTL_RESOLVE(cuptiProfilerHostInitialize)
-    L2CTL_RESOLVE(cuptiProfilerHostDeinitialize)
-    L2CTL_RESOLVE(cuptiProfilerHostConfigAddMetrics)
-    L2CTL_RESOLVE(cuptiProfilerHostGetConfigImageSize)
-    L2CTL_RESOLVE(cuptiProfilerHostGetConfigImage)
-    L2CTL_RESOLVE(cuptiProfilerHostGetNumOfPasses)
-    L2CTL_RESOLVE(cuptiProfilerHostEvaluateToGpuValues)
-    L2CTL_RESOLVE(cuptiRangeProfilerEnable)
-    L2CTL_RESOLVE(cuptiRangeProfilerDisable)
-    L2CTL_RESOLVE(cuptiRangeProfilerGetCounterDataSize)
-    L2CTL_RESOLVE(cuptiRangeProfilerCounterDataImageInitialize)
-    L2CTL_RESOLVE(cuptiRangeProfilerSetConfig)
-    L2CTL_RESOLVE(cuptiRangeProfilerStart)
-    L2CTL_RESOLVE(cuptiRangeProfilerStop)
-    L2CTL_RESOLVE(cuptiRangeProfilerDecodeData)
-    L2CTL_RESOLVE(cuptiRangeProfilerGetCounterDataInfo)
-    L2CTL_RESOLVE(cuptiRangeProfilerCounterDataGetRangeInfo)
+    L2CTL_CUPTI_FUNCTIONS(L2CTL_RESOLVE)
 #undef L2CTL_RESOLVE
   } catch (...) {
     dlclose(lib);
@@ -177,7 +137,7 @@ RangeProfiler::RangeProfiler(int device, std::vector<std::string> metrics, std::
   {
     DeviceGuard guard(device);
     L2CTL_CHECK(cudaFree(nullptr), "device " + std::to_string(device));  // makes the primary context current
-    const auto ctx_get_current = driver_entry<PFN_cuCtxGetCurrent_v4000>("cuCtxGetCurrent", 12000);
+    const auto ctx_get_current = driver().cuCtxGetCurrent;
     if (ctx_get_current == nullptr)
       throw CuptiError("cudaGetDriverEntryPointByVersion(cuCtxGetCurrent)", -1, "symbol not found");
     if (ctx_get_current(&s.context) != CUDA_SUCCESS || s.context == nullptr)
@@ -314,15 +274,13 @@ void RangeProfiler::start() {
     std::lock_guard<std::mutex> lock(s.launches.mutex);
     s.launches.names.clear();
   }
+  // Where another subscriber holds the callbacks, or the domain cannot be enabled, names fall back to range indices.
   if (s.subscriber == nullptr &&
       g_cupti.cuptiSubscribe(&s.subscriber, reinterpret_cast<CUpti_CallbackFunc>(on_driver_call), &s.launches) ==
-          CUPTI_SUCCESS) {
-    if (g_cupti.cuptiEnableDomain(1, s.subscriber, CUPTI_CB_DOMAIN_DRIVER_API) != CUPTI_SUCCESS) {
-      (void)g_cupti.cuptiUnsubscribe(s.subscriber);  // names fall back to range indices
-      s.subscriber = nullptr;
-    }
-  } else if (s.subscriber == nullptr) {
-    s.subscriber = nullptr;  // another subscriber holds the callbacks: names fall back to range indices
+          CUPTI_SUCCESS &&
+      g_cupti.cuptiEnableDomain(1, s.subscriber, CUPTI_CB_DOMAIN_DRIVER_API) != CUPTI_SUCCESS) {
+    (void)g_cupti.cuptiUnsubscribe(s.subscriber);
+    s.subscriber = nullptr;
   }
   s.launch_log_active = s.subscriber != nullptr;
   L2CTL_PARAMS(CUpti_RangeProfiler_Start_Params, start);
@@ -421,23 +379,6 @@ struct DriverLaunchExParams {
   void** extra;
 };
 
-struct ParamReader {
-  PFN_cuFuncGetParamInfo_v12040 func_param = nullptr;
-  PFN_cuKernelGetParamInfo_v12040 kernel_param = nullptr;
-  PFN_cuCtxGetDevice_v2000 ctx_device = nullptr;
-};
-
-const ParamReader& param_reader() {
-  static const ParamReader r = [] {
-    ParamReader d;
-    d.func_param = driver_entry<PFN_cuFuncGetParamInfo_v12040>("cuFuncGetParamInfo", 12040);
-    d.kernel_param = driver_entry<PFN_cuKernelGetParamInfo_v12040>("cuKernelGetParamInfo", 12040);
-    d.ctx_device = driver_entry<PFN_cuCtxGetDevice_v2000>("cuCtxGetDevice", 2000);
-    return d;
-  }();
-  return r;
-}
-
 // The recorder the callbacks write to (null: none), and the lock every callback holds while it does: CUPTI may
 // still deliver a callback after cuptiUnsubscribe returns, so a recorder stops by clearing this pointer under the
 // lock first; a late callback then finds nothing, never a recorder that was freed. One at a time: CUPTI allows
@@ -459,10 +400,11 @@ struct LaunchRecorder::State {
     auto found = layouts.find(fn);
     if (found != layouts.end()) return found->second;
     std::vector<std::pair<std::size_t, std::size_t>> params;
-    const ParamReader& r = param_reader();
+    const DriverCalls& d = driver();
     // cuLaunchKernel also takes a CUkernel in place of a CUfunction (the CUDA 12+ runtime launches so): when the
     // function query finds no parameter, the kernel query is asked.
-    for (auto* query : {r.func_param, reinterpret_cast<PFN_cuFuncGetParamInfo_v12040>(r.kernel_param)}) {
+    const auto kernel_query = reinterpret_cast<PFN_cuFuncGetParamInfo_v12040>(d.cuKernelGetParamInfo);
+    for (auto* query : {d.cuFuncGetParamInfo, kernel_query}) {
       for (std::size_t i = 0; query != nullptr; ++i) {  // the count is stored nowhere: ask until there is none
         std::size_t offset = 0, size = 0;
         if (query(fn, i, &offset, &size) != CUDA_SUCCESS) break;
@@ -477,8 +419,8 @@ struct LaunchRecorder::State {
     for (const auto& [ctx, dev] : devices)
       if (ctx == context) return dev;
     CUdevice dev = -1;
-    const ParamReader& r = param_reader();
-    if (r.ctx_device == nullptr || r.ctx_device(&dev) != CUDA_SUCCESS) dev = -1;  // the launch's, current now
+    const auto get_device = driver().cuCtxGetDevice;
+    if (get_device == nullptr || get_device(&dev) != CUDA_SUCCESS) dev = -1;  // the launch's, current now
     devices.emplace_back(context, static_cast<int>(dev));
     return static_cast<int>(dev);
   }
@@ -495,15 +437,8 @@ struct LaunchRecorder::State {
       // A kernel without parameters (or whose layout the driver cannot tell) is kept with no words, so that
       // every step counts the same launches.
       const auto& layout = this->layout(fn);
-      for (unsigned i = 0; i < layout.size(); ++i) {
-        if (params[i] == nullptr) break;
-        const auto* bytes = static_cast<const unsigned char*>(params[i]);
-        for (std::size_t at = 0; at + 8 <= layout[i].second; at += 8) {  // pointers sit at 8-byte offsets
-          std::uint64_t value = 0;
-          std::memcpy(&value, bytes + at, 8);
-          if (value != 0) launch.words.push_back({i, static_cast<unsigned>(at), value});
-        }
-      }
+      for (unsigned i = 0; i < layout.size() && params[i] != nullptr; ++i)
+        append_words(launch.words, i, params[i], layout[i].second);
     } else if (extra != nullptr) {  // one packed buffer: CU_LAUNCH_PARAM_BUFFER_POINTER, its size, END
       const unsigned char* buffer = nullptr;
       std::size_t size = 0;
@@ -512,11 +447,7 @@ struct LaunchRecorder::State {
         if (extra[k] == CU_LAUNCH_PARAM_BUFFER_SIZE) size = *static_cast<const std::size_t*>(extra[k + 1]);
       }
       if (buffer == nullptr) return false;
-      for (std::size_t at = 0; at + 8 <= size; at += 8) {
-        std::uint64_t value = 0;
-        std::memcpy(&value, buffer + at, 8);
-        if (value != 0) launch.words.push_back({0, static_cast<unsigned>(at), value});
-      }
+      append_words(launch.words, 0, buffer, size);
     } else {
       return false;
     }
@@ -561,8 +492,7 @@ void CUPTIAPI on_launch(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbi
 
 LaunchRecorder::LaunchRecorder(std::size_t max_launches) : state_(std::make_unique<State>()) {
   if (!cupti_loaded()) throw CuptiError("LaunchRecorder", -1, "libcupti is not loaded (call cupti_load first)");
-  const ParamReader& r = param_reader();
-  if (r.func_param == nullptr)
+  if (driver().cuFuncGetParamInfo == nullptr)
     throw NotSupported("reading a launch's arguments (cuFuncGetParamInfo) needs a driver of CUDA 12.4 or newer "
                        "(r550+); this driver is CUDA " + cuda_version_text(driver_version()));
   state_->max_launches = max_launches;

@@ -28,12 +28,9 @@ DeviceGuard::~DeviceGuard() {
 
 int device_count() {
   int count = 0;
-  cudaError_t code = cudaGetDeviceCount(&count);
-  if (code != cudaSuccess) {
-    clear_last_error();
-    return 0;
-  }
-  return count;
+  if (cudaGetDeviceCount(&count) == cudaSuccess) return count;
+  clear_last_error();
+  return 0;
 }
 
 namespace {
@@ -57,8 +54,8 @@ std::string device_count_error() {
     int runtime = 0;
     (void)cudaRuntimeGetVersion(&runtime);
     if (!driver_library_present()) return "no NVIDIA driver is installed (libcuda.so.1 not found; " + cuda + ")";
-    return "the NVIDIA driver is older than the CUDA " + std::to_string(runtime / 1000) + "." +
-           std::to_string(runtime % 1000 / 10) + " runtime l2ctl was built with; update the driver (" + cuda + ")";
+    return "the NVIDIA driver is older than the CUDA " + cuda_version_text(runtime) +
+           " runtime l2ctl was built with; update the driver (" + cuda + ")";
   }
   return cuda;
 }
@@ -117,12 +114,9 @@ void reset_persisting_lines(int device) {
 
 int driver_version() {
   int version = 0;
-  cudaError_t code = cudaDriverGetVersion(&version);
-  if (code != cudaSuccess) {
-    clear_last_error();
-    return 0;
-  }
-  return version;
+  if (cudaDriverGetVersion(&version) == cudaSuccess) return version;
+  clear_last_error();
+  return 0;
 }
 
 int runtime_version() {

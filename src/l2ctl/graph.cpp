@@ -15,41 +15,20 @@ cudaGraph_t as_graph(std::uintptr_t h) { return reinterpret_cast<cudaGraph_t>(h)
 std::string on_node(std::uintptr_t h) { return "node " + hex(h); }
 std::string on_graph(std::uintptr_t h) { return "graph " + hex(h); }
 
-// The driver calls that describe any kernel node, found once through the runtime (import needs no driver).
-// Why the driver: the runtime describes a node only through its own registered host stubs, so for nodes
-// that another library's runtime (PyTorch's libcudart) or the driver API (Triton) created, it gives no
-// name and no launch shape; the driver knows every node's CUfunction or CUkernel.
-struct NodeDescriber {
-  PFN_cuGraphKernelNodeGetParams_v12000 params = nullptr;
-  PFN_cuFuncGetName_v12030 function_name = nullptr;
-  PFN_cuKernelGetName_v12030 kernel_name = nullptr;
-};
-
-const NodeDescriber& node_describer() {
-  static const NodeDescriber describer = [] {
-    NodeDescriber d;
-    d.params = driver_entry<PFN_cuGraphKernelNodeGetParams_v12000>("cuGraphKernelNodeGetParams", 12000);
-    d.function_name = driver_entry<PFN_cuFuncGetName_v12030>("cuFuncGetName", 12030);
-    d.kernel_name = driver_entry<PFN_cuKernelGetName_v12030>("cuKernelGetName", 12030);
-    return d;
-  }();
-  return describer;
-}
-
 // Name and launch shape through the driver; false where the driver cannot tell (too old a driver).
 bool describe_with_driver(cudaGraphNode_t node, KernelNode& k) {
-  const NodeDescriber& d = node_describer();
-  if (d.params == nullptr) return false;
+  const DriverCalls& d = driver();
+  if (d.cuGraphKernelNodeGetParams == nullptr) return false;
   CUDA_KERNEL_NODE_PARAMS_v2 params{};
-  if (d.params(reinterpret_cast<CUgraphNode>(node), &params) != CUDA_SUCCESS) return false;
+  if (d.cuGraphKernelNodeGetParams(reinterpret_cast<CUgraphNode>(node), &params) != CUDA_SUCCESS) return false;
   k.grid[0] = params.gridDimX; k.grid[1] = params.gridDimY; k.grid[2] = params.gridDimZ;
   k.block[0] = params.blockDimX; k.block[1] = params.blockDimY; k.block[2] = params.blockDimZ;
   const char* name = nullptr;
-  if (params.func != nullptr && d.function_name != nullptr && d.function_name(&name, params.func) == CUDA_SUCCESS &&
+  if (params.func != nullptr && d.cuFuncGetName != nullptr && d.cuFuncGetName(&name, params.func) == CUDA_SUCCESS &&
       name != nullptr)
     k.function = name;
-  else if (params.kern != nullptr && d.kernel_name != nullptr && d.kernel_name(&name, params.kern) == CUDA_SUCCESS &&
-           name != nullptr)
+  else if (params.kern != nullptr && d.cuKernelGetName != nullptr &&
+           d.cuKernelGetName(&name, params.kern) == CUDA_SUCCESS && name != nullptr)
     k.function = name;
   return true;
 }

@@ -5,7 +5,6 @@
 #include <string>
 #include <vector>
 
-
 namespace l2ctl {
 
 // A cudaGraph_t, owned (destroyed with the object) or borrowed from another library.

@@ -21,6 +21,10 @@ struct ArgumentWord {
 // driver is older than CUDA 12.4.
 std::vector<ArgumentWord> kernel_node_words(std::uintptr_t node);
 
+// Appends the nonzero 8-byte words of one parameter's `size` bytes. A parameter's value starts aligned to its own
+// alignment; pointers inside structs (torch's TensorInfo) sit at 8-byte offsets from it.
+void append_words(std::vector<ArgumentWord>& words, unsigned param, const void* bytes, std::size_t size);
+
 // (base, size) of the device allocation that holds `address` (cuMemGetAddressRange); (0, 0) when it is in
 // none (host memory, a value that is no pointer).
 std::pair<std::uintptr_t, std::size_t> address_range(std::uintptr_t address);

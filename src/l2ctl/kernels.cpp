@@ -60,36 +60,11 @@ const char* const kNames[kernel_count] = {
     "sparse_vector_kernel",                  "sparse_vector_kernel_streaming",
     "stream_analysis_kernel",                "stream_analysis_kernel_streaming"};
 
-// Found once through the runtime, as the rest of l2ctl's driver calls: import needs no driver.
-struct LibraryCalls {
-  PFN_cuLibraryLoadData_v12000 load = nullptr;
-  PFN_cuLibraryUnload_v12000 unload = nullptr;
-  PFN_cuLibraryGetModule_v12000 module = nullptr;
-  PFN_cuLibraryGetKernel_v12000 kernel = nullptr;
-  PFN_cuLaunchKernel_v4000 launch = nullptr;
-  PFN_cuOccupancyMaxActiveBlocksPerMultiprocessor_v6050 occupancy = nullptr;
-};
-
-const LibraryCalls& calls() {
-  static const LibraryCalls c = [] {
-    LibraryCalls d;
-    d.load = driver_entry<PFN_cuLibraryLoadData_v12000>("cuLibraryLoadData", 12000);
-    d.unload = driver_entry<PFN_cuLibraryUnload_v12000>("cuLibraryUnload", 12000);
-    d.module = driver_entry<PFN_cuLibraryGetModule_v12000>("cuLibraryGetModule", 12000);
-    d.kernel = driver_entry<PFN_cuLibraryGetKernel_v12000>("cuLibraryGetKernel", 12000);
-    d.launch = driver_entry<PFN_cuLaunchKernel_v4000>("cuLaunchKernel", 4000);
-    d.occupancy = driver_entry<PFN_cuOccupancyMaxActiveBlocksPerMultiprocessor_v6050>(
-        "cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050);
-    return d;
-  }();
-  return c;
-}
-
 // A loaded library, unloaded unless released to the table of loaded devices.
 struct LibraryGuard {
   CUlibrary library = nullptr;
   ~LibraryGuard() {
-    if (library != nullptr) (void)calls().unload(library);
+    if (library != nullptr) (void)driver().cuLibraryUnload(library);
   }
 };
 
@@ -119,7 +94,8 @@ CUstream as_stream(std::uintptr_t h) { return reinterpret_cast<CUstream>(h); }
 
 int sm_count(int device) {
   int count = 0;
-  L2CTL_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device), "device " + std::to_string(device));
+  L2CTL_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device),
+              "device " + std::to_string(device));
   return count;
 }
 
@@ -128,7 +104,8 @@ int sm_count(int device) {
 unsigned grid_for(CUfunction kernel, int device, unsigned threads, std::size_t work_items, unsigned blocks_per_sm = 0) {
   int per_sm = static_cast<int>(blocks_per_sm);
   if (per_sm == 0) {
-    const CUresult code = calls().occupancy(&per_sm, kernel, static_cast<int>(threads), 0);
+    const CUresult code =
+        driver().cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, static_cast<int>(threads), 0);
     if (code != CUDA_SUCCESS)
       check(code, "cuOccupancyMaxActiveBlocksPerMultiprocessor", "threads " + std::to_string(threads));
     per_sm = std::max(per_sm, 1);
@@ -144,22 +121,41 @@ template <class Details, class... Args>
 void launch(CUfunction kernel, Kernel k, unsigned blocks, unsigned threads, std::uintptr_t stream, Details details,
             Args... args) {
   void* params[] = {static_cast<void*>(&args)...};
-  const CUresult code = calls().launch(kernel, blocks, 1, 1, threads, 1, 1, 0, as_stream(stream), params, nullptr);
-  if (code != CUDA_SUCCESS) throw CudaError(std::string("launch of ") + kNames[k], static_cast<cudaError_t>(code), details());
+  const CUresult code =
+      driver().cuLaunchKernel(kernel, blocks, 1, 1, threads, 1, 1, 0, as_stream(stream), params, nullptr);
+  if (code != CUDA_SUCCESS)
+    throw CudaError(std::string("launch of ") + kNames[k], static_cast<cudaError_t>(code), details());
+}
+
+std::string no_details() { return std::string(); }
+
+// A grid-stride kernel over `len` 32-bit words moved 16 bytes at a time (the ceiling kernels); returns its blocks.
+template <class... Args>
+unsigned launch_words(int device, std::uintptr_t stream, Kernel k, std::size_t len, Args... args) {
+  DeviceGuard guard(device);
+  const CUfunction kernel = function(device, k);
+  const unsigned blocks = grid_for(kernel, device, kThreads, len / 4 + 1);
+  launch(kernel, k, blocks, kThreads, stream, [&] { return std::to_string(len) + " words"; }, args...);
+  return blocks;
+}
+
+// One thread per item (the cache-streaming scenarios); `items` names them in an error's details.
+template <class... Args>
+void launch_per_item(int device, std::uintptr_t stream, Kernel k, std::size_t len, const char* items, Args... args) {
+  DeviceGuard guard(device);
+  const std::size_t blocks = (len + kThreads - 1) / kThreads;
+  launch(function(device, k), k, static_cast<unsigned>(std::max<std::size_t>(blocks, 1)), kThreads, stream,
+         [&] { return std::to_string(len) + items; }, args...);
 }
 
 const void* as_ptr(std::uintptr_t p) { return reinterpret_cast<const void*>(p); }
 
-unsigned long long read_counter_and_free(unsigned long long* counter, cudaStream_t stream) {
-  unsigned long long host = 0;
-  cudaError_t code = cudaMemcpyAsync(&host, counter, sizeof host, cudaMemcpyDeviceToHost, stream);
-  if (code == cudaSuccess) code = cudaStreamSynchronize(stream);
-  (void)cudaFreeAsync(counter, stream);
-  L2CTL_CHECK(code, "reading a device counter");
-  return host;
-}
-
-unsigned long long* new_counter(cudaStream_t stream) {
+// A kernel that counts into a device word (its last parameter), launched and read back (waits on the stream).
+template <class... Args>
+unsigned long long run_counting(int device, std::uintptr_t handle, Kernel k, std::size_t work, Args... args) {
+  DeviceGuard guard(device);
+  const CUfunction kernel = function(device, k);
+  cudaStream_t stream = reinterpret_cast<cudaStream_t>(handle);
   unsigned long long* counter = nullptr;
   L2CTL_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&counter), sizeof *counter, stream), "8 bytes");
   cudaError_t code = cudaMemsetAsync(counter, 0, sizeof *counter, stream);
@@ -167,24 +163,19 @@ unsigned long long* new_counter(cudaStream_t stream) {
     (void)cudaFreeAsync(counter, stream);
     L2CTL_CHECK(code, "");
   }
-  return counter;
-}
-
-// A kernel that counts into a device word (its last parameter), launched and read back (waits on `stream`).
-template <class... Args>
-unsigned long long run_counting(int device, std::uintptr_t stream, Kernel k, std::size_t work, Args... args) {
-  DeviceGuard guard(device);
-  const CUfunction kernel = function(device, k);
-  cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  unsigned long long* counter = new_counter(s);
   try {
-    launch(kernel, k, grid_for(kernel, device, kThreads, work), kThreads, stream, [] { return std::string(); },
-           args..., static_cast<const void*>(counter));
+    launch(kernel, k, grid_for(kernel, device, kThreads, work), kThreads, handle, no_details, args...,
+           static_cast<const void*>(counter));
   } catch (...) {
-    (void)cudaFreeAsync(counter, s);
+    (void)cudaFreeAsync(counter, stream);
     throw;
   }
-  return read_counter_and_free(counter, s);
+  unsigned long long host = 0;
+  code = cudaMemcpyAsync(&host, counter, sizeof host, cudaMemcpyDeviceToHost, stream);
+  if (code == cudaSuccess) code = cudaStreamSynchronize(stream);
+  (void)cudaFreeAsync(counter, stream);
+  L2CTL_CHECK(code, "reading a device counter");
+  return host;
 }
 
 bool aligned16(std::uintptr_t p) { return (p & 15u) == 0; }
@@ -200,32 +191,36 @@ KernelImage load_kernels(int device, const std::vector<std::string>& nvrtc, cons
   DeviceGuard guard(device);
   const DeviceProperties props = device_properties(device);
   KernelImage image = kernel_image(props.major * 10 + props.minor, false, nvrtc, cache_dir);
-  const LibraryCalls& c = calls();
-  if (c.load == nullptr || c.unload == nullptr || c.module == nullptr || c.kernel == nullptr || c.launch == nullptr ||
-      c.occupancy == nullptr)
-    throw NotSupported("l2ctl's kernels need a driver of CUDA 12.0 or newer (r525+, for cuLibraryLoadData); this driver "
-                       "is CUDA " + cuda_version_text(driver_version()));
+  const DriverCalls& d = driver();
+  if (d.cuLibraryLoadData == nullptr || d.cuLibraryUnload == nullptr || d.cuLibraryGetModule == nullptr ||
+      d.cuLibraryGetKernel == nullptr || d.cuLaunchKernel == nullptr ||
+      d.cuOccupancyMaxActiveBlocksPerMultiprocessor == nullptr)
+    throw NotSupported("l2ctl's kernels need a driver of CUDA 12.0 or newer (r525+, for cuLibraryLoadData); this "
+                       "driver is CUDA " + cuda_version_text(driver_version()));
   // Loading is no stream operation: allowed while a stream is being captured (this thread's or another's).
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   L2CTL_CHECK(cudaThreadExchangeStreamCaptureMode(&mode), "");
   LibraryGuard library;
   CUmodule module = nullptr;
-  CUresult code = c.load(&library.library, image.data.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
-  if (code == CUDA_SUCCESS) code = c.module(&module, library.library);  // into this context now: a JIT error shows here
+  CUresult code = d.cuLibraryLoadData(&library.library, image.data.data(), nullptr, nullptr, 0, nullptr, nullptr, 0);
+  // Into this context now: a JIT error shows here.
+  if (code == CUDA_SUCCESS) code = d.cuLibraryGetModule(&module, library.library);
   (void)cudaThreadExchangeStreamCaptureMode(&mode);
-  const std::string what = (image.cubin ? "sm_" : "compute_") + std::to_string(image.arch) + (image.cubin ? " CUBIN" : " PTX");
-  if (code == CUDA_ERROR_UNSUPPORTED_PTX_VERSION)
-    throw KernelsUnavailable("l2ctl's kernels are " + what + " from NVRTC " + std::to_string(image.nvrtc_major) + "." +
-                             std::to_string(image.nvrtc_minor) + ", which needs a driver of CUDA " +
-                             std::to_string(image.nvrtc_major) + "." + std::to_string(image.nvrtc_minor) +
-                             " or newer; this driver is CUDA " + cuda_version_text(driver_version()) +
+  const std::string what =
+      (image.cubin ? "sm_" : "compute_") + std::to_string(image.arch) + (image.cubin ? " CUBIN" : " PTX");
+  if (code == CUDA_ERROR_UNSUPPORTED_PTX_VERSION) {
+    const std::string nvrtc_version = cuda_version_text(image.nvrtc_major * 1000 + image.nvrtc_minor * 10);
+    throw KernelsUnavailable("l2ctl's kernels are " + what + " from NVRTC " + nvrtc_version +
+                             ", which needs a driver of CUDA " + nvrtc_version + " or newer; this driver is CUDA " +
+                             cuda_version_text(driver_version()) +
                              ": update the driver, or point L2CTL_NVRTC at an NVRTC no newer than it");
+  }
   check(code, "cuLibraryLoadData", "device " + std::to_string(device) + ", " + what + ", " +
                                        std::to_string(image.data.size()) + " bytes");
   Loaded loaded;
   for (int k = 0; k < kernel_count; ++k) {
     CUkernel kernel = nullptr;
-    check(c.kernel(&kernel, library.library, kNames[k]), "cuLibraryGetKernel", kNames[k]);
+    check(d.cuLibraryGetKernel(&kernel, library.library, kNames[k]), "cuLibraryGetKernel", kNames[k]);
     loaded.kernels[k] = reinterpret_cast<CUfunction>(kernel);
   }
   image.data.clear();
@@ -246,8 +241,8 @@ LaunchShape reset_data(int device, std::uintptr_t stream, std::uintptr_t out, st
   if (variant == ResetVariant::seed) {
     shape.blocks = 32;
     shape.threads = 1024;
-    launch(function(device, reset_seed), reset_seed, 32, 1024, stream, [] { return std::string(); }, as_ptr(out),
-           out_len, as_ptr(lut), lut_len);
+    launch(function(device, reset_seed), reset_seed, 32, 1024, stream, no_details, as_ptr(out), out_len, as_ptr(lut),
+           lut_len);
     return shape;
   }
   const bool scalar = variant == ResetVariant::scalar;
@@ -279,10 +274,7 @@ unsigned long long reset_data_verify(int device, std::uintptr_t stream, std::uin
 
 void write_index(int device, std::uintptr_t stream, std::uintptr_t buf, std::size_t len) {
   if (!aligned16(buf)) throw std::invalid_argument("write_index needs a 16-byte aligned buffer");
-  DeviceGuard guard(device);
-  const CUfunction kernel = function(device, write_index_k);
-  launch(kernel, write_index_k, grid_for(kernel, device, kThreads, len / 4 + 1), kThreads, stream,
-         [&] { return std::to_string(len) + " words"; }, as_ptr(buf), len);
+  launch_words(device, stream, write_index_k, len, as_ptr(buf), len);
 }
 
 unsigned long long count_index_mismatches(int device, std::uintptr_t stream, std::uintptr_t buf, std::size_t len) {
@@ -291,11 +283,7 @@ unsigned long long count_index_mismatches(int device, std::uintptr_t stream, std
 
 void copy_words(int device, std::uintptr_t stream, std::uintptr_t dst, std::uintptr_t src, std::size_t len) {
   if (!aligned16(dst) || !aligned16(src)) throw std::invalid_argument("copy_words needs 16-byte aligned buffers");
-  DeviceGuard guard(device);
-  const CUfunction kernel = function(device, copy_k);
-  launch(kernel, copy_k, grid_for(kernel, device, kThreads, len / 4 + 1), kThreads, stream,
-         [&] { return std::to_string(len) + " words"; }, as_ptr(dst), as_ptr(src), len / 4, as_ptr(dst), as_ptr(src),
-         len);
+  launch_words(device, stream, copy_k, len, as_ptr(dst), as_ptr(src), len / 4, as_ptr(dst), as_ptr(src), len);
 }
 
 unsigned long long count_mismatches(int device, std::uintptr_t stream, std::uintptr_t a, std::uintptr_t b,
@@ -310,12 +298,7 @@ unsigned max_read_partials(int device) {
 
 unsigned read_sum(int device, std::uintptr_t stream, std::uintptr_t buf, std::size_t len, std::uintptr_t partials) {
   if (!aligned16(buf)) throw std::invalid_argument("read_sum needs a 16-byte aligned buffer");
-  DeviceGuard guard(device);
-  const CUfunction kernel = function(device, read_sum_k);
-  const unsigned blocks = grid_for(kernel, device, kThreads, len / 4 + 1);
-  launch(kernel, read_sum_k, blocks, kThreads, stream, [&] { return std::to_string(len) + " words"; }, as_ptr(buf),
-         len / 4, as_ptr(buf), len, as_ptr(partials));
-  return blocks;
+  return launch_words(device, stream, read_sum_k, len, as_ptr(buf), len / 4, as_ptr(buf), len, as_ptr(partials));
 }
 
 unsigned stride_read(int device, std::uintptr_t stream, std::uintptr_t buf, std::size_t threads,
@@ -339,24 +322,18 @@ void sparse_vector(int device, std::uintptr_t stream, std::uintptr_t values, std
                    std::uintptr_t dense, std::size_t dense_len, std::uintptr_t result, std::size_t len,
                    bool streaming) {
   if (dense_len == 0 || dense_len > 0xffffffffu) throw std::invalid_argument("dense length out of range");
-  DeviceGuard guard(device);
-  const std::size_t blocks = (len + kThreads - 1) / kThreads;
-  const Kernel k = streaming ? sparse_vector_streaming_k : sparse_vector_k;
-  launch(function(device, k), k, static_cast<unsigned>(std::max<std::size_t>(blocks, 1)), kThreads, stream,
-         [&] { return std::to_string(len) + " elements"; }, as_ptr(values), as_ptr(indices), as_ptr(dense),
-         static_cast<unsigned>(dense_len), as_ptr(result), len);
+  launch_per_item(device, stream, streaming ? sparse_vector_streaming_k : sparse_vector_k, len, " elements",
+                  as_ptr(values), as_ptr(indices), as_ptr(dense), static_cast<unsigned>(dense_len), as_ptr(result),
+                  len);
 }
 
 void stream_analysis(int device, std::uintptr_t stream, std::uintptr_t data, std::uintptr_t categories,
                      std::uintptr_t weights, std::size_t weights_len, std::uintptr_t results, std::size_t len,
                      bool streaming) {
   if (weights_len == 0 || weights_len > 0xffffffffu) throw std::invalid_argument("weights length out of range");
-  DeviceGuard guard(device);
-  const std::size_t blocks = (len + kThreads - 1) / kThreads;
-  const Kernel k = streaming ? stream_analysis_streaming_k : stream_analysis_k;
-  launch(function(device, k), k, static_cast<unsigned>(std::max<std::size_t>(blocks, 1)), kThreads, stream,
-         [&] { return std::to_string(len) + " outputs"; }, as_ptr(data), as_ptr(categories), as_ptr(weights),
-         static_cast<unsigned>(weights_len), as_ptr(results), len);
+  launch_per_item(device, stream, streaming ? stream_analysis_streaming_k : stream_analysis_k, len, " outputs",
+                  as_ptr(data), as_ptr(categories), as_ptr(weights), static_cast<unsigned>(weights_len),
+                  as_ptr(results), len);
 }
 
 }  // namespace l2ctl

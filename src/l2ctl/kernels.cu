@@ -41,6 +41,19 @@ __device__ unsigned long long block_sum(unsigned long long v) {
   return v;
 }
 
+// Adds a block's nonzero `v` to `*total` (thread 0, once per block).
+__device__ __forceinline__ void add_block_total(unsigned long long v, unsigned long long* total) {
+  v = block_sum(v);
+  if (threadIdx.x == 0 && v != 0) atomicAdd(total, v);
+}
+
+// A load of data read once: ld.global.cs (evict first) for the streaming form of a scenario, else plain.
+template <bool Streaming, class T>
+__device__ __forceinline__ T read_once(const T* address) {
+  if constexpr (Streaming) return hints::load<load_op::cs>(address);
+  else return *address;
+}
+
 // ---- reset data --------------------------------------------------------------------------------
 
 enum class LutLoad { plain, evict_last, annotated };
@@ -147,8 +160,7 @@ extern "C" __global__ void reset_data_verify_kernel(const int* __restrict__ out,
   unsigned long long bad = 0;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     bad += out[i] != lut[i % m];
-  bad = block_sum(bad);
-  if (threadIdx.x == 0 && bad != 0) atomicAdd(mismatches, bad);
+  add_block_total(bad, mismatches);
 }
 
 // ---- ceilings ----------------------------------------------------------------------------------
@@ -173,8 +185,7 @@ extern "C" __global__ void count_index_mismatch_kernel(const unsigned* __restric
   unsigned long long bad = 0;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     bad += buf[i] != static_cast<unsigned>(i);
-  bad = block_sum(bad);
-  if (threadIdx.x == 0 && bad != 0) atomicAdd(mismatches, bad);
+  add_block_total(bad, mismatches);
 }
 
 extern "C" __global__ void __launch_bounds__(L2CTL_BLOCK_THREADS) copy_kernel(uint4* __restrict__ dst, const uint4* __restrict__ src,
@@ -194,8 +205,7 @@ extern "C" __global__ void count_mismatch_kernel(const unsigned* __restrict__ a,
   unsigned long long bad = 0;
   for (size_t i = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     bad += a[i] != b[i];
-  bad = block_sum(bad);
-  if (threadIdx.x == 0 && bad != 0) atomicAdd(mismatches, bad);
+  add_block_total(bad, mismatches);
 }
 
 extern "C" __global__ void __launch_bounds__(L2CTL_BLOCK_THREADS) read_sum_kernel(const uint4* __restrict__ buf4, size_t nvec,
@@ -241,15 +251,8 @@ __device__ __forceinline__ void sparse_vector_body(const float* __restrict__ val
                                      size_t n) {
   const size_t t = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (t >= n) return;
-  float value;
-  int index;
-  if constexpr (Streaming) {
-    value = hints::load<load_op::cs>(values + t);
-    index = hints::load<load_op::cs>(indices + t);
-  } else {
-    value = values[t];
-    index = indices[t];
-  }
+  const float value = read_once<Streaming>(values + t);
+  const int index = read_once<Streaming>(indices + t);
   const float hot = dense[static_cast<unsigned>(index) % dense_len];
   result[t] = value * hot + sinf(value * 0.1f);
 }
@@ -264,43 +267,29 @@ __device__ __forceinline__ void stream_analysis_body(const float* __restrict__ d
 #pragma unroll
   for (int i = 0; i < 8; ++i) {  // 8 consecutive elements per thread, as in the source document
     const size_t k = t * 8 + i;
-    float x;
-    int c;
-    if constexpr (Streaming) {
-      x = hints::load<load_op::cs>(data + k);
-      c = hints::load<load_op::cs>(categories + k);
-    } else {
-      x = data[k];
-      c = categories[k];
-    }
+    const float x = read_once<Streaming>(data + k);
+    const int c = read_once<Streaming>(categories + k);
     const float w = weights[static_cast<unsigned>(c) % weights_len];
     sum += x * w + cosf(x * 0.01f);
   }
   results[t] = sum;
 }
 
-// The plain and the ld.global.cs forms of each scenario.
-extern "C" __global__ void sparse_vector_kernel(const float* __restrict__ values, const int* __restrict__ indices,
-                                                const float* __restrict__ dense, unsigned dense_len,
-                                                float* __restrict__ result, size_t n) {
-  sparse_vector_body<false>(values, indices, dense, dense_len, result, n);
-}
-extern "C" __global__ void sparse_vector_kernel_streaming(const float* __restrict__ values,
-                                                          const int* __restrict__ indices,
-                                                          const float* __restrict__ dense, unsigned dense_len,
-                                                          float* __restrict__ result, size_t n) {
-  sparse_vector_body<true>(values, indices, dense, dense_len, result, n);
-}
-extern "C" __global__ void stream_analysis_kernel(const float* __restrict__ data, const int* __restrict__ categories,
-                                                  const float* __restrict__ weights, unsigned weights_len,
-                                                  float* __restrict__ results, size_t n) {
-  stream_analysis_body<false>(data, categories, weights, weights_len, results, n);
-}
-extern "C" __global__ void stream_analysis_kernel_streaming(const float* __restrict__ data,
-                                                            const int* __restrict__ categories,
-                                                            const float* __restrict__ weights, unsigned weights_len,
-                                                            float* __restrict__ results, size_t n) {
-  stream_analysis_body<true>(data, categories, weights, weights_len, results, n);
-}
+// The plain and the ld.global.cs forms of each scenario, which share one signature: the data read once, its
+// indices, the hot table and its length, the output, the count.
+#define L2CTL_SCENARIO_KERNELS(NAME, BODY)                                                                     \
+  extern "C" __global__ void NAME(const float* __restrict__ data, const int* __restrict__ index,               \
+                                  const float* __restrict__ hot, unsigned hot_len, float* __restrict__ out,    \
+                                  size_t n) {                                                                  \
+    BODY<false>(data, index, hot, hot_len, out, n);                                                            \
+  }                                                                                                            \
+  extern "C" __global__ void NAME##_streaming(const float* __restrict__ data, const int* __restrict__ index,   \
+                                              const float* __restrict__ hot, unsigned hot_len,                 \
+                                              float* __restrict__ out, size_t n) {                             \
+    BODY<true>(data, index, hot, hot_len, out, n);                                                             \
+  }
+L2CTL_SCENARIO_KERNELS(sparse_vector_kernel, sparse_vector_body)
+L2CTL_SCENARIO_KERNELS(stream_analysis_kernel, stream_analysis_body)
+#undef L2CTL_SCENARIO_KERNELS
 
 }  // namespace l2ctl

@@ -33,13 +33,6 @@ void DeviceMemory::free() {
   L2CTL_CHECK(cudaFree(p), "pointer " + hex(p) + ", " + std::to_string(bytes_) + " bytes");
 }
 
-namespace {
-PFN_cuMemGetAddressRange_v3020 address_range_fn() {
-  static const auto fn = driver_entry<PFN_cuMemGetAddressRange_v3020>("cuMemGetAddressRange", 12000);
-  return fn;
-}
-}  // namespace
-
 PointerInfo pointer_info(std::uintptr_t ptr) {
   cudaPointerAttributes attributes{};
   L2CTL_CHECK(cudaPointerGetAttributes(&attributes, reinterpret_cast<const void*>(ptr)), "pointer " + hex(ptr));
@@ -48,7 +41,7 @@ PointerInfo pointer_info(std::uintptr_t ptr) {
   info.device = attributes.device;
   const bool on_device = attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
   if (on_device && attributes.device >= 0) {
-    if (const auto fn = address_range_fn()) {
+    if (const auto fn = driver().cuMemGetAddressRange) {
       DeviceGuard guard(attributes.device);
       CUdeviceptr base = 0;
       std::size_t size = 0;

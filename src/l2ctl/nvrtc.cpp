@@ -27,23 +27,29 @@ namespace l2ctl {
 namespace {
 
 // NVRTC's C API, declared here (ABI: nvrtcResult is an int enum, nvrtcProgram a pointer) so that the build needs
-// no NVRTC header.
+// no NVRTC header: each function's field, symbol and type, in one list for the struct and the loader.
 using Program = void*;
+#define L2CTL_NVRTC_FUNCTIONS(X)                                                                             \
+  X(error_string, nvrtcGetErrorString, const char*(int))                                                    \
+  X(version, nvrtcVersion, int(int*, int*))                                                                 \
+  X(num_archs, nvrtcGetNumSupportedArchs, int(int*))                                                        \
+  X(archs, nvrtcGetSupportedArchs, int(int*))                                                               \
+  X(create, nvrtcCreateProgram,                                                                             \
+    int(Program*, const char*, const char*, int, const char* const*, const char* const*))                   \
+  X(destroy, nvrtcDestroyProgram, int(Program*))                                                            \
+  X(compile, nvrtcCompileProgram, int(Program, int, const char* const*))                                    \
+  X(log_size, nvrtcGetProgramLogSize, int(Program, std::size_t*))                                           \
+  X(log, nvrtcGetProgramLog, int(Program, char*))                                                           \
+  X(ptx_size, nvrtcGetPTXSize, int(Program, std::size_t*))                                                  \
+  X(ptx, nvrtcGetPTX, int(Program, char*))                                                                  \
+  X(cubin_size, nvrtcGetCUBINSize, int(Program, std::size_t*))                                              \
+  X(cubin, nvrtcGetCUBIN, int(Program, char*))
+
 struct Nvrtc {
   NvrtcLibrary info;
-  const char* (*error_string)(int) = nullptr;
-  int (*version)(int*, int*) = nullptr;
-  int (*num_archs)(int*) = nullptr;
-  int (*archs)(int*) = nullptr;
-  int (*create)(Program*, const char*, const char*, int, const char* const*, const char* const*) = nullptr;
-  int (*destroy)(Program*) = nullptr;
-  int (*compile)(Program, int, const char* const*) = nullptr;
-  int (*log_size)(Program, std::size_t*) = nullptr;
-  int (*log)(Program, char*) = nullptr;
-  int (*ptx_size)(Program, std::size_t*) = nullptr;
-  int (*ptx)(Program, char*) = nullptr;
-  int (*cubin_size)(Program, std::size_t*) = nullptr;
-  int (*cubin)(Program, char*) = nullptr;
+#define L2CTL_NVRTC_FIELD(field, symbol, ...) std::add_pointer_t<__VA_ARGS__> field = nullptr;
+  L2CTL_NVRTC_FUNCTIONS(L2CTL_NVRTC_FIELD)
+#undef L2CTL_NVRTC_FIELD
 };
 
 std::mutex g_load_mutex;
@@ -59,18 +65,19 @@ std::string directory_of(const std::string& path) {
   return slash == std::string::npos ? std::string() : path.substr(0, slash);
 }
 
+// "13.0" for NVRTC 13.0.
+std::string version_text(int major, int minor) { return cuda_version_text(major * 1000 + minor * 10); }
+
 // Why `lib` (NVRTC major.minor) is refused, or "" when it is accepted: code from a newer NVRTC needs a driver
 // of at least its version, and one older than the build has not been tested with l2ctl's source.
 std::string refusal(int major, int minor) {
   const int built = CUDART_VERSION / 1000;
   if (major == built) return "";
-  if (major < built)
-    return "NVRTC " + std::to_string(major) + "." + std::to_string(minor) + " is older than CUDA " +
-           std::to_string(built) + ", which l2ctl was built for";
+  const std::string nvrtc = "NVRTC " + version_text(major, minor);
+  if (major < built) return nvrtc + " is older than CUDA " + std::to_string(built) + ", which l2ctl was built for";
   const int driver = driver_version();
   if (driver >= major * 1000) return "";
-  return "NVRTC " + std::to_string(major) + "." + std::to_string(minor) + " needs a driver of CUDA " +
-         std::to_string(major) + ".0 or newer; this driver is " +
+  return nvrtc + " needs a driver of CUDA " + std::to_string(major) + ".0 or newer; this driver is " +
          (driver ? "CUDA " + cuda_version_text(driver) : std::string("absent"));
 }
 
@@ -94,19 +101,9 @@ std::string try_load(const std::string& path, Nvrtc& out) {
     if (symbol == nullptr && missing == nullptr) missing = name;
     fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(symbol);
   };
-  resolve(n.error_string, "nvrtcGetErrorString");
-  resolve(n.version, "nvrtcVersion");
-  resolve(n.num_archs, "nvrtcGetNumSupportedArchs");
-  resolve(n.archs, "nvrtcGetSupportedArchs");
-  resolve(n.create, "nvrtcCreateProgram");
-  resolve(n.destroy, "nvrtcDestroyProgram");
-  resolve(n.compile, "nvrtcCompileProgram");
-  resolve(n.log_size, "nvrtcGetProgramLogSize");
-  resolve(n.log, "nvrtcGetProgramLog");
-  resolve(n.ptx_size, "nvrtcGetPTXSize");
-  resolve(n.ptx, "nvrtcGetPTX");
-  resolve(n.cubin_size, "nvrtcGetCUBINSize");
-  resolve(n.cubin, "nvrtcGetCUBIN");
+#define L2CTL_NVRTC_RESOLVE(field, symbol, ...) resolve(n.field, #symbol);
+  L2CTL_NVRTC_FUNCTIONS(L2CTL_NVRTC_RESOLVE)
+#undef L2CTL_NVRTC_RESOLVE
   std::string why;
   int count = 0;
   if (missing != nullptr)
@@ -125,8 +122,7 @@ std::string try_load(const std::string& path, Nvrtc& out) {
   // NVRTC opens libnvrtc-builtins.so.<major>.<minor> by name when it first compiles: the copy beside this one
   // (a pip wheel's, not on the loader's path) is loaded first, so that name resolves to it.
   const std::string dir = directory_of(path);
-  const std::string builtins = dir + "/libnvrtc-builtins.so." + std::to_string(n.info.major) + "." +
-                               std::to_string(n.info.minor);
+  const std::string builtins = dir + "/libnvrtc-builtins.so." + version_text(n.info.major, n.info.minor);
   if (!dir.empty() && exists(builtins)) (void)dlopen(builtins.c_str(), RTLD_NOW | RTLD_LOCAL);
   out = n;
   return "";
@@ -240,8 +236,8 @@ std::string compile(const Nvrtc& n, const std::vector<std::string>& options, boo
       log.resize(size - 1);
     }
     n.destroy(&program);
-    std::string text = "NVRTC " + std::to_string(n.info.major) + "." + std::to_string(n.info.minor) + " (" +
-                       n.info.path + ") could not compile l2ctl's kernels:";
+    std::string text = "NVRTC " + version_text(n.info.major, n.info.minor) + " (" + n.info.path +
+                       ") could not compile l2ctl's kernels:";
     for (const std::string& o : options) text += " " + o;
     throw KernelsUnavailable(text + ": " + n.error_string(code) + (log.empty() ? "" : "\n" + log));
   }
@@ -271,9 +267,8 @@ KernelImage kernel_image(int arch, bool ptx, const std::vector<std::string>& can
   const std::vector<std::string> options = {"-std=c++17", "-lineinfo",
                                             "-DL2CTL_BLOCK_THREADS=" + std::to_string(kBlockThreads),
                                             "--gpu-architecture=" + target};
-  std::string key = std::string("l2ctl ") + L2CTL_VERSION + "\nnvrtc " + std::to_string(n.info.major) + "." +
-                    std::to_string(n.info.minor) + "\nsource " + hex64(fnv1a(kKernelsSource)) +
-                    hex64(fnv1a(kCacheHintsSource)) + "\noptions";
+  std::string key = std::string("l2ctl ") + L2CTL_VERSION + "\nnvrtc " + version_text(n.info.major, n.info.minor) +
+                    "\nsource " + hex64(fnv1a(kKernelsSource)) + hex64(fnv1a(kCacheHintsSource)) + "\noptions";
   for (const std::string& o : options) key += " " + o;
   const std::string file = cache_dir.empty() ? "" : cache_dir + "/kernels-" + target + "-" + hex64(fnv1a(key)) + ".bin";
   image.cache_file = file;
