@@ -48,8 +48,6 @@ class L2State:
     windows: _Windows
     node_windows: _Windows
     _streams: dict[int, Any]
-    _graphs: dict[int, Any]
-    _node_graph: dict[int, int]
 
     # FakeBackend's lookups and lock (defined there).
     _device: Callable[..., FakeDevice]
@@ -153,8 +151,7 @@ class L2State:
             call, what, device = _SET_STREAM_WINDOW, "stream", st.device
         else:
             self.calls.append(_SET_CALLS[1])
-            self._node(handle, _SET_NODE_WINDOW)
-            call, what, device = _SET_NODE_WINDOW, "kernel node", self._graphs[self._node_graph[handle]].device
+            call, what, device = _SET_NODE_WINDOW, "kernel node", self._node(handle, _SET_NODE_WINDOW).device
         base, num_bytes, hit_ratio, hit_prop, miss_prop = w
         ratio = _float32(hit_ratio)
         if (not 0.0 <= ratio <= 1.0 or num_bytes > self.devices[device].access_policy_max_window_size
