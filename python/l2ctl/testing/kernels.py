@@ -22,8 +22,8 @@ import numpy as np
 
 from ..kernels import dram_bytes_per_request, sectors_per_request
 from .devices import FakeDevice
-from .memory import (CHUNK_WORDS, FillRun, Index, IndexRun, Memory, Misaligned, Pattern, PatternRun, Run,
-                     count_differences, index_runs)
+from .memory import (CHUNK_WORDS, Fill, Index, Memory, Misaligned, Pattern, Run, count_differences, counts_up,
+                     index_runs)
 from .model import Traffic
 
 __all__ = ["KernelLaunch", "Kernels", "THREADS", "RESET_KERNELS", "read_sum_partials", "stride_partials"]
@@ -110,12 +110,13 @@ def read_sum_partials(runs: list[Run], n: int, blocks: int) -> Array:
         m0, m1 = a, min(b, main)
         if m0 < m1:
             sub = run if (m0 == a and m1 == b) else run.sub(m0 - a, m1 - a)
-            if isinstance(sub, (FillRun, IndexRun)):
+            words = sub.content
+            if isinstance(words, Fill) or counts_up(words):
                 (c1, s1), (c0, s0) = _residue_stats(m1, period, lo, group), _residue_stats(m0, period, lo, group)
-                if isinstance(sub, FillRun):
-                    partials += (c1 - c0).astype(U64) * U64(sub.value)
+                if isinstance(words, Fill):
+                    partials += (c1 - c0).astype(U64) * U64(words.word)
                 else:  # value at word w is (first - m0) + w
-                    partials += (c1 - c0).astype(U64) * U64((sub.first - m0) % (1 << 64)) + (s1 - s0).astype(U64)
+                    partials += (c1 - c0).astype(U64) * U64((words.first - m0) % (1 << 64)) + (s1 - s0).astype(U64)
             else:
                 for k in range(0, sub.count, CHUNK_WORDS):
                     k1 = min(sub.count, k + CHUNK_WORDS)
@@ -147,11 +148,12 @@ def stride_partials(runs: list[Run], threads: int, stride: int, block_threads: i
         lo = np.maximum(bs * block_threads, t_lo)
         hi = np.minimum((bs + 1) * block_threads, t_hi)
         cnt = hi - lo
-        if isinstance(run, FillRun):
-            partials[b0:b1] += cnt.astype(U64) * U64(run.value)
-        elif isinstance(run, IndexRun):  # value(t) = first + t * stride - a
+        words = run.content
+        if isinstance(words, Fill):
+            partials[b0:b1] += cnt.astype(U64) * U64(words.word)
+        elif counts_up(words):  # value(t) = first + t * stride - a
             tsum = ((lo + hi - 1) * cnt // 2).astype(U64)
-            offset = U64((run.first - a) % (1 << 64))
+            offset = U64((words.first - a) % (1 << 64))
             partials[b0:b1] += cnt.astype(U64) * offset + tsum * U64(stride)
         else:
             step = max(block_threads, (CHUNK_WORDS // block_threads) * block_threads)
@@ -260,8 +262,8 @@ class Kernels:
 
         def run() -> int:
             _require_aligned(4, out, lut)
-            words = mem.read_words(lut, lut_len)
-            return count_differences(mem.word_runs(out, out_len), [PatternRun(out_len, words, 0)] if out_len else [])
+            repeated = Pattern(mem.read(lut, 4 * lut_len))
+            return count_differences(mem.word_runs(out, out_len), [Run(out_len, repeated)] if out_len else [])
 
         return KernelLaunch("reset_data_verify_kernel", (blocks, 1, 1), (THREADS, 1, 1), traffic, run,
                             synchronous=True)
