@@ -946,7 +946,7 @@ class FakeBackend(L2State):
     def graph_kernel_nodes(self, graph: int) -> list[tuple[int, str, tuple[int, int, int], tuple[int, int, int]]]:
         with self._locked:
             g = self._graph(graph, "cudaGraphGetNodes(graph, nullptr, &count)")
-            return [(n.handle, n.launch.name, n.launch.grid, n.launch.block) for n in g.nodes
+            return [(n.handle, n.launch.name, (n.launch.blocks, 1, 1), (n.launch.threads, 1, 1)) for n in g.nodes
                     if n.kind == "kernel" and n.launch is not None]
 
     def kernel_node_words(self, node: int) -> list[tuple[int, int, int]]:
