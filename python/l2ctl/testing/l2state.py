@@ -16,6 +16,7 @@ from typing import Any, Callable, ContextManager, Optional, Sequence
 
 import numpy as np
 
+from .._backend import WindowChange, WindowTuple
 from .._errors import CudaError
 from .devices import FakeDevice
 from .errors import cuda_error
@@ -23,7 +24,6 @@ from .model import DeviceModel
 
 __all__ = ["L2State", "WindowTuple", "EMPTY_WINDOW"]
 
-WindowTuple = tuple[int, int, float, int, int]
 EMPTY_WINDOW: WindowTuple = (0, 0, 0.0, 0, 0)
 _Applied = tuple[int, int, list[WindowTuple]]  # apply_state's result: limit before, limit after, previous windows
 _Windows = dict[int, WindowTuple]
@@ -168,7 +168,7 @@ class L2State:
     def apply_window(self, device: int, kind: int, handles: Sequence[int], base: int, num_bytes: int,
                      hit_ratio: float, hit_prop: int, miss_prop: int, read_previous: bool, limit: int,
                      at_least: bool, reset_lines: bool,
-                     journal: Optional[list[Any]] = None) -> tuple[int, int, list[WindowTuple]]:
+                     journal: Optional[list[Any]] = None) -> _Applied:
         """One window on every handle (kind 0: streams, 1: kernel nodes), with apply_state's limit and reset;
         the result is appended to ``journal`` as the device changes (see the module's docstring)."""
         w: WindowTuple = (base, num_bytes, hit_ratio, hit_prop, miss_prop)
@@ -179,8 +179,8 @@ class L2State:
         return L2State.apply_state(self, device, limit, at_least, changes if kind == 0 else [],
                                    changes if kind != 0 else [], reset_lines, read_previous, journal)
 
-    def apply_state(self, device: int, limit: int, at_least: bool, stream_windows: Sequence[tuple[int, WindowTuple]],
-                    node_windows: Sequence[tuple[int, WindowTuple]], reset_lines: bool, read_previous: bool,
+    def apply_state(self, device: int, limit: int, at_least: bool, stream_windows: Sequence[WindowChange],
+                    node_windows: Sequence[WindowChange], reset_lines: bool, read_previous: bool,
                     journal: Optional[list[Any]] = None) -> _Applied:
         """The limit when ``limit`` >= 0 (``at_least``: only raised), the windows (streams, then kernel
         nodes), each read first when ``read_previous``, then a reset of persisting lines. Returns (limit
