@@ -100,15 +100,10 @@ class FakeRangeProfiler:
         self._all_passes = False
         self._seen = 0  # launches in the current (or last) pass
         self._ranges: list[list[tuple[str, dict[str, float]]]] = []  # per pass: (kernel name, metric values)
-        self._released = False
+        self.released = False  # once released (or collected), the machine's hook gives way to the next profiler
         backend.attach_profiler(self)
 
     # ---- what the backend calls -------------------------------------------------------------------
-    @property
-    def released(self) -> bool:
-        """Released (or collected): the machine's hook gives way to the next profiler."""
-        return self._released
-
     @property
     def kernel_replay(self) -> bool:
         return not self.user_replay
@@ -172,8 +167,8 @@ class FakeRangeProfiler:
             return [(name, [value(i, j) for j in range(len(self.metrics))]) for i, (name, _) in enumerate(last)]
 
     def release(self) -> None:
-        if not self._released:  # the backend's weak reference to it then gives way to the next profiler's
-            self._released, self.running = True, False
+        if not self.released:  # the backend's weak reference to it then gives way to the next profiler's
+            self.released, self.running = True, False
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown, or an __init__ that failed
