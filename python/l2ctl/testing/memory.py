@@ -16,7 +16,8 @@ source's segments into the destination. A 100 GiB allocation is one segment and 
 
 Kernels see memory as *word runs* (``word_runs``): consecutive 32-bit words, a ``Run`` of a content that
 starts at a word, so reductions can use closed forms per run where its content has one (a fill, words that
-count up, a pattern of whole words: ``count_differences``) and materialize chunks only where none applies. Contents are immutable: arrays inside them are read-only and shared.
+count up, a pattern of whole words: ``count_differences``) and materialize chunks only where none applies.
+Contents are immutable: arrays inside them are read-only and shared.
 """
 
 from __future__ import annotations
@@ -221,7 +222,8 @@ def _pattern_equal(a: Pattern, b: Pattern) -> bool:
     aw, bw = cast(Array, a.words), cast(Array, b.words)
     if len(aw) != len(bw) or a.word_phase != b.word_phase:
         return False
-    if aw is bw or (aw.__array_interface__["data"][0] == bw.__array_interface__["data"][0] and aw.strides == bw.strides):
+    same_memory = aw.__array_interface__["data"][0] == bw.__array_interface__["data"][0] and aw.strides == bw.strides
+    if aw is bw or same_memory:
         return True  # the same (immutable) memory
     return bool(np.array_equal(aw, bw))
 
