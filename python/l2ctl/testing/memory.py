@@ -143,7 +143,7 @@ class Pattern(Content):
 
     @property
     def word_phase(self) -> Optional[int]:
-        """Word k is words[(word_phase + k) % len(words)], where the pattern is one of words (else None)."""
+        """Word k is words[(word_phase + k) % len(words)] where the pattern is whole words and starts at one."""
         return self.phase // 4 if self.words is not None and self.phase % 4 == 0 else None
 
     def slice(self, offset: int) -> Content:
