@@ -79,6 +79,7 @@ class _Node:
     kind: str  # "kernel", or another node kind ("memset", "memcpy", "event", "graph")
     launch: Optional[KernelLaunch] = None
     action: Optional[Callable[[_Stream], None]] = None
+    device: int = 0  # a kernel node's: where its window is checked
 
 
 @dataclass
@@ -415,7 +416,6 @@ class FakeBackend(L2State):
         self._defaults: dict[tuple[int, int], _Stream] = {}
         self._graphs: dict[int, _Graph] = {}
         self._nodes: dict[int, _Node] = {}
-        self._node_graph: dict[int, int] = {}
         self._captures: dict[int, _Capture] = {}
         self._cupti_loaded = False
         self._profilers: dict[int, "weakref.ReferenceType[FakeRangeProfiler]"] = {}
@@ -645,7 +645,6 @@ class FakeBackend(L2State):
         if g is not None:  # the graph goes last, so that a release cut short is made whole when it runs again
             for node in g.nodes:
                 self._nodes.pop(node.handle, None)
-                self._node_graph.pop(node.handle, None)
                 self.node_windows.pop(node.handle, None)
             del self._graphs[handle]
 
@@ -701,7 +700,7 @@ class FakeBackend(L2State):
         if capture is not None:
             if launch.synchronous:
                 raise self._capture_violation(stream, "cudaStreamSynchronize(stream)")
-            node = _Node(_handle(), "kernel", launch=launch)
+            node = _Node(_handle(), "kernel", launch=launch, device=device)
             self.node_windows[node.handle] = self.windows.get(st.handle) or EMPTY_WINDOW
             capture.nodes.append(node)
             return launch.result
@@ -929,11 +928,9 @@ class FakeBackend(L2State):
             handle = _handle()
             graph = _Graph(st.device, list(capture.nodes))
             nodes = {**self._nodes, **captured}
-            node_graph = {**self._node_graph, **dict.fromkeys(captured, handle)}
             self._graphs[handle] = graph  # the change in one step, the insert that may allocate first (l2state.py)
             del self._captures[stream]
             self._nodes = nodes
-            self._node_graph = node_graph
             return handle
 
     def is_capturing(self, stream: int) -> bool:
@@ -949,7 +946,7 @@ class FakeBackend(L2State):
     def graph_kernel_nodes(self, graph: int) -> list[tuple[int, str, tuple[int, int, int], tuple[int, int, int]]]:
         with self._locked:
             g = self._graph(graph, "cudaGraphGetNodes(graph, nullptr, &count)")
-            return [(n.handle, n.launch.name, n.launch.grid, n.launch.block) for n in g.nodes
+            return [(n.handle, n.launch.name, (n.launch.blocks, 1, 1), (n.launch.threads, 1, 1)) for n in g.nodes
                     if n.kind == "kernel" and n.launch is not None]
 
     def kernel_node_words(self, node: int) -> list[tuple[int, int, int]]:

@@ -22,8 +22,8 @@ import numpy as np
 
 from ..kernels import dram_bytes_per_request, sectors_per_request
 from .devices import FakeDevice
-from .memory import (CHUNK_WORDS, FillRun, Index, IndexRun, Memory, Misaligned, Pattern, PatternRun, Run,
-                     count_differences, index_runs)
+from .memory import (CHUNK_WORDS, Fill, Index, Memory, Misaligned, Pattern, Run, count_differences, counts_up,
+                     index_runs)
 from .model import Traffic
 
 __all__ = ["KernelLaunch", "Kernels", "THREADS", "RESET_KERNELS", "read_sum_partials", "stride_partials"]
@@ -46,16 +46,20 @@ RESET_KERNELS: dict[int, tuple[str, str, str]] = {
 
 @dataclass
 class KernelLaunch:
-    """One kernel launch, ready to run (now, or at every replay of the graph node it became)."""
+    """One kernel launch, ready to run (now, or at every replay of the graph node it became): ``blocks`` of
+    ``threads``, named as its traffic."""
 
-    name: str
-    grid: tuple[int, int, int]
-    block: tuple[int, int, int]
     traffic: Traffic
     run: Callable[[], Any]
+    blocks: int
+    threads: int = THREADS
     result: Any = None
     synchronous: bool = False  # reads a result back and waits (cannot be captured)
     args: tuple[int, ...] = ()  # the pointer arguments it is given, in order (what the driver shows of a node)
+
+    @property
+    def name(self) -> str:
+        return self.traffic.name
 
 
 def _require_aligned(alignment: int, *ptrs: int) -> None:
@@ -110,12 +114,13 @@ def read_sum_partials(runs: list[Run], n: int, blocks: int) -> Array:
         m0, m1 = a, min(b, main)
         if m0 < m1:
             sub = run if (m0 == a and m1 == b) else run.sub(m0 - a, m1 - a)
-            if isinstance(sub, (FillRun, IndexRun)):
+            words = sub.content
+            if isinstance(words, Fill) or counts_up(words):
                 (c1, s1), (c0, s0) = _residue_stats(m1, period, lo, group), _residue_stats(m0, period, lo, group)
-                if isinstance(sub, FillRun):
-                    partials += (c1 - c0).astype(U64) * U64(sub.value)
+                if isinstance(words, Fill):
+                    partials += (c1 - c0).astype(U64) * U64(words.word)
                 else:  # value at word w is (first - m0) + w
-                    partials += (c1 - c0).astype(U64) * U64((sub.first - m0) % (1 << 64)) + (s1 - s0).astype(U64)
+                    partials += (c1 - c0).astype(U64) * U64((words.first - m0) % (1 << 64)) + (s1 - s0).astype(U64)
             else:
                 for k in range(0, sub.count, CHUNK_WORDS):
                     k1 = min(sub.count, k + CHUNK_WORDS)
@@ -147,11 +152,12 @@ def stride_partials(runs: list[Run], threads: int, stride: int, block_threads: i
         lo = np.maximum(bs * block_threads, t_lo)
         hi = np.minimum((bs + 1) * block_threads, t_hi)
         cnt = hi - lo
-        if isinstance(run, FillRun):
-            partials[b0:b1] += cnt.astype(U64) * U64(run.value)
-        elif isinstance(run, IndexRun):  # value(t) = first + t * stride - a
+        words = run.content
+        if isinstance(words, Fill):
+            partials[b0:b1] += cnt.astype(U64) * U64(words.word)
+        elif counts_up(words):  # value(t) = first + t * stride - a
             tsum = ((lo + hi - 1) * cnt // 2).astype(U64)
-            offset = U64((run.first - a) % (1 << 64))
+            offset = U64((words.first - a) % (1 << 64))
             partials[b0:b1] += cnt.astype(U64) * offset + tsum * U64(stride)
         else:
             step = max(block_threads, (CHUNK_WORDS // block_threads) * block_threads)
@@ -191,7 +197,7 @@ class Kernels:
     def max_read_partials(self) -> int:
         return self.grid_for((1 << 63) // 2)
 
-    def _float_kernel(self, name: str, traffic: Traffic, inputs: tuple[tuple[int, int], ...], out: int, n: int,
+    def _float_kernel(self, traffic: Traffic, inputs: tuple[tuple[int, int], ...], out: int, n: int,
                       compute: Callable[[], Array]) -> KernelLaunch:
         """A kernel writing ``compute()``, n float32 words, to ``out``; the result is remembered with the
         segments (immutable contents) its input ranges (ptr, nbytes) consist of, and reused while they last."""
@@ -206,13 +212,13 @@ class Kernels:
             for ptr, nbytes in inputs:
                 alloc, off = mem.resolve(ptr, nbytes)
                 key.append((ptr, nbytes, tuple(alloc.pieces(off, off + nbytes))))
-            hit = self._memo.get(name)
+            hit = self._memo.get(traffic.name)
             if hit is None or hit[0] != key:
-                hit = self._memo[name] = (key, compute())
+                hit = self._memo[traffic.name] = (key, compute())
                 hit[1].flags.writeable = False
             mem.write_array(out, hit[1], copy=False)
 
-        return KernelLaunch(name, (max(1, -(-n // THREADS)), 1, 1), (THREADS, 1, 1), traffic, run)
+        return KernelLaunch(traffic, run, max(1, -(-n // THREADS)))
 
     # reset data -------------------------------------------------------------------------------------
     def reset_data(self, out: int, out_len: int, lut: int, lut_len: int, variant: int,
@@ -246,8 +252,7 @@ class Kernels:
             _require_aligned(4, out, lut)
             self.memory.write(out, nbytes, Pattern(self.memory.read(lut, 4 * lut_len), 0))  # the LUT repeated
 
-        return KernelLaunch(name, (blocks, 1, 1), (threads, 1, 1), traffic, run,
-                            (blocks, threads, vector_out, vector_lut), args=(out, lut))
+        return KernelLaunch(traffic, run, blocks, threads, (blocks, threads, vector_out, vector_lut), args=(out, lut))
 
     def reset_data_verify(self, out: int, out_len: int, lut: int, lut_len: int) -> KernelLaunch:
         if lut_len == 0:
@@ -260,19 +265,17 @@ class Kernels:
 
         def run() -> int:
             _require_aligned(4, out, lut)
-            words = mem.read_words(lut, lut_len)
-            return count_differences(mem.word_runs(out, out_len), [PatternRun(out_len, words, 0)] if out_len else [])
+            repeated = Pattern(mem.read(lut, 4 * lut_len))
+            return count_differences(mem.word_runs(out, out_len), [Run(out_len, repeated)] if out_len else [])
 
-        return KernelLaunch("reset_data_verify_kernel", (blocks, 1, 1), (THREADS, 1, 1), traffic, run,
-                            synchronous=True)
+        return KernelLaunch(traffic, run, blocks, synchronous=True)
 
     # ceilings ---------------------------------------------------------------------------------------
     def write_index(self, buf: int, n: int) -> KernelLaunch:
         if buf % 16:
             raise ValueError("write_index needs a 16-byte aligned buffer")
         traffic = Traffic("write_index_kernel", stream_write=4 * n, work_bytes=4 * n)
-        return KernelLaunch("write_index_kernel", (self.grid_for(n // 4 + 1), 1, 1), (THREADS, 1, 1), traffic,
-                            lambda: self.memory.write(buf, 4 * n, Index(0)))
+        return KernelLaunch(traffic, lambda: self.memory.write(buf, 4 * n, Index(0)), self.grid_for(n // 4 + 1))
 
     def count_index_mismatches(self, buf: int, n: int) -> KernelLaunch:
         traffic = Traffic("count_index_mismatch_kernel", profile="reduce", stream_read=4 * n, work_bytes=4 * n,
@@ -282,16 +285,14 @@ class Kernels:
             _require_aligned(4, buf)
             return count_differences(self.memory.word_runs(buf, n), list(index_runs(0, n)))
 
-        return KernelLaunch("count_index_mismatch_kernel", (self.grid_for(n), 1, 1), (THREADS, 1, 1), traffic,
-                            run, synchronous=True)
+        return KernelLaunch(traffic, run, self.grid_for(n), synchronous=True)
 
     def copy_words(self, dst: int, src: int, n: int) -> KernelLaunch:
         if dst % 16 or src % 16:
             raise ValueError("copy_words needs 16-byte aligned buffers")
         traffic = Traffic("copy_kernel", stream_read=4 * n, stream_write=4 * n, work_bytes=4 * n,
                           load_sectors=n / 8, load_requests=n / 128)
-        return KernelLaunch("copy_kernel", (self.grid_for(n // 4 + 1), 1, 1), (THREADS, 1, 1), traffic,
-                            lambda: self.memory.copy(dst, src, 4 * n))
+        return KernelLaunch(traffic, lambda: self.memory.copy(dst, src, 4 * n), self.grid_for(n // 4 + 1))
 
     def count_mismatches(self, a: int, b: int, n: int) -> KernelLaunch:
         traffic = Traffic("count_mismatch_kernel", profile="reduce", stream_read=8 * n, work_bytes=8 * n,
@@ -301,8 +302,7 @@ class Kernels:
             _require_aligned(4, a, b)
             return count_differences(self.memory.word_runs(a, n), self.memory.word_runs(b, n))
 
-        return KernelLaunch("count_mismatch_kernel", (self.grid_for(n), 1, 1), (THREADS, 1, 1), traffic, run,
-                            synchronous=True)
+        return KernelLaunch(traffic, run, self.grid_for(n), synchronous=True)
 
     def read_sum(self, buf: int, n: int, partials: int) -> KernelLaunch:
         if buf % 16:
@@ -317,7 +317,7 @@ class Kernels:
             mem.resolve(partials, 8 * blocks)
             mem.write_array(partials, read_sum_partials(mem.word_runs(buf, n), n, blocks), copy=False)
 
-        return KernelLaunch("read_sum_kernel", (blocks, 1, 1), (THREADS, 1, 1), traffic, run, blocks)
+        return KernelLaunch(traffic, run, blocks, result=blocks)
 
     def stride_read(self, buf: int, threads: int, stride_words: int, partials: int,
                     block_threads: int = 256) -> KernelLaunch:
@@ -345,7 +345,7 @@ class Kernels:
             sums = stride_partials(mem.word_runs(buf, words), threads, stride_words, block_threads)
             mem.write_array(partials, sums, copy=False)
 
-        return KernelLaunch("stride_read_kernel", (blocks, 1, 1), (block_threads, 1, 1), traffic, run, blocks)
+        return KernelLaunch(traffic, run, blocks, block_threads, blocks)
 
     def sum_u64(self, values: int, count: int) -> KernelLaunch:
         traffic = Traffic("sum_u64_kernel", profile="reduce", stream_read=8 * count, work_bytes=8 * count,
@@ -361,8 +361,7 @@ class Kernels:
                 total = U64(total + chunk.sum(dtype=U64))
             return int(total)
 
-        return KernelLaunch("sum_u64_kernel", (self.grid_for(count), 1, 1), (THREADS, 1, 1), traffic, run,
-                            synchronous=True)
+        return KernelLaunch(traffic, run, self.grid_for(count), synchronous=True)
 
     # cache-streaming scenarios ----------------------------------------------------------------------
     def sparse_vector(self, values: int, indices: int, dense: int, dense_len: int, result: int, n: int,
@@ -388,7 +387,7 @@ class Kernels:
             return out
 
         inputs = ((values, 4 * n), (indices, 4 * n), (dense, 4 * dense_len))
-        return self._float_kernel("sparse_vector_kernel", traffic, inputs, result, n, compute)
+        return self._float_kernel(traffic, inputs, result, n, compute)
 
     def stream_analysis(self, data: int, categories: int, weights: int, weights_len: int, results: int, n: int,
                         streaming: bool) -> KernelLaunch:
@@ -420,11 +419,11 @@ class Kernels:
             return out
 
         inputs = ((data, 32 * n), (categories, 32 * n), (weights, 4 * weights_len))
-        return self._float_kernel("stream_analysis_kernel", traffic, inputs, results, n, compute)
+        return self._float_kernel(traffic, inputs, results, n, compute)
 
     # stand-ins ----------------------------------------------------------------------------------------
     def fake_kernel(self) -> KernelLaunch:
-        return KernelLaunch("fake_kernel", (1, 1, 1), (32, 1, 1), Traffic("fake_kernel"), lambda: None)
+        return KernelLaunch(Traffic("fake_kernel"), lambda: None, 1, 32)
 
     def modeled(self, name: str, streamed_bytes: float, hot: Optional[tuple[int, int]], hot_reads: float,
                 compute_ms: float, read_fraction: float, args: tuple[int, ...] = ()) -> KernelLaunch:
@@ -444,5 +443,5 @@ class Kernels:
 
         blocks = self.grid_for(max(1, int(streamed_bytes) // 16))
         given = args if args else (() if hot is None else (hot[0],))
-        return KernelLaunch(name, (blocks, 1, 1), (THREADS, 1, 1), traffic, run, args=tuple(int(a) for a in given))
+        return KernelLaunch(traffic, run, blocks, args=tuple(int(a) for a in given))
 

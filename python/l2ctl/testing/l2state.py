@@ -12,10 +12,11 @@ the step makes is the journal's, before the device changes, so an allocation fai
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, ContextManager, Optional, Sequence
+from typing import Any, Callable, ContextManager, Optional, Sequence
 
 import numpy as np
 
+from .._backend import WindowChange, WindowTuple
 from .._errors import CudaError
 from .devices import FakeDevice
 from .errors import cuda_error
@@ -23,12 +24,12 @@ from .model import DeviceModel
 
 __all__ = ["L2State", "WindowTuple", "EMPTY_WINDOW"]
 
-WindowTuple = tuple[int, int, float, int, int]
 EMPTY_WINDOW: WindowTuple = (0, 0, 0.0, 0, 0)
 _Applied = tuple[int, int, list[WindowTuple]]  # apply_state's result: limit before, limit after, previous windows
 _Windows = dict[int, WindowTuple]
 _SET_STREAM_WINDOW = "cudaStreamSetAttribute(stream, cudaStreamAttributeAccessPolicyWindow, &value)"
 _SET_NODE_WINDOW = "cudaGraphKernelNodeSetAttribute(node, cudaKernelNodeAttributeAccessPolicyWindow, &value)"
+_SET_CALLS = ("cudaStreamSetAttribute", "cudaGraphKernelNodeSetAttribute")  # by kind: streams, kernel nodes
 
 
 @functools.lru_cache(maxsize=4096)
@@ -47,22 +48,15 @@ class L2State:
     windows: _Windows
     node_windows: _Windows
     _streams: dict[int, Any]
-    _graphs: dict[int, Any]
-    _node_graph: dict[int, int]
 
-    if TYPE_CHECKING:  # FakeBackend's lock and lookups, as the type checker sees them (defined there)
-        @property
-        def _locked(self) -> ContextManager[Any]:
-            raise NotImplementedError
+    # FakeBackend's lookups and lock (defined there).
+    _device: Callable[..., FakeDevice]
+    _stream: Callable[[int, str], Any]
+    _node: Callable[[int, str], Any]
 
-        def _device(self, index: int, call: str = "cudaSetDevice(device)") -> FakeDevice:
-            raise NotImplementedError
-
-        def _stream(self, handle: int, call: str) -> Any:
-            raise NotImplementedError
-
-        def _node(self, handle: int, call: str) -> Any:
-            raise NotImplementedError
+    @property
+    def _locked(self) -> ContextManager[Any]:
+        raise NotImplementedError
 
     def get_persisting_limit(self, device: int) -> int:
         with self._locked:
@@ -105,111 +99,97 @@ class L2State:
 
     def get_stream_window(self, stream: int) -> WindowTuple:
         with self._locked:
-            self._stream(stream, "cudaStreamGetAttribute(stream, cudaStreamAttributeAccessPolicyWindow, &value)")
-            self.calls.append("cudaStreamGetAttribute")
-            return self.windows.get(stream, EMPTY_WINDOW)
+            return self._read_window(0, stream, self.windows)
 
-    def _window_ratio(self, call: str, device: FakeDevice, w: WindowTuple, what: str, handle: int) -> float:
-        """The window's hit ratio as CUDA holds it (float32); cudaErrorInvalidValue for a window CUDA refuses."""
-        _, num_bytes, hit_ratio, hit_prop, miss_prop = w
-        ratio = _float32(hit_ratio)
-        if (not 0.0 <= ratio <= 1.0 or num_bytes > device.access_policy_max_window_size or num_bytes < 0
-                or hit_prop not in (0, 1, 2) or miss_prop not in (0, 1)):
-            raise cuda_error(call, "cudaErrorInvalidValue",
-                             f"{what} 0x{handle:x}, num_bytes {num_bytes}, hitRatio {hit_ratio}, hitProp {hit_prop}, "
-                             f"missProp {miss_prop}")
-        return ratio
+    def get_node_window(self, node: int) -> WindowTuple:
+        with self._locked:
+            return self._read_window(1, node, self.node_windows)
+
+    def _read_window(self, kind: int, handle: int, windows: _Windows) -> WindowTuple:
+        """The window of a stream (kind 0; a special one is made on first use) or a kernel node (1) in
+        ``windows``; CUDA's error for a handle it does not know."""
+        if kind == 0:
+            if handle not in self._streams:
+                self._stream(handle, "cudaStreamGetAttribute(stream, cudaStreamAttributeAccessPolicyWindow, &value)")
+            self.calls.append("cudaStreamGetAttribute")
+        else:
+            self.calls.append("cudaGraphKernelNodeGetAttribute")
+            if handle not in windows:
+                self._node(handle, "cudaGraphKernelNodeGetAttribute(node, cudaKernelNodeAttributeAccessPolicyWindow, "
+                                   "&value)")
+        return windows.get(handle, EMPTY_WINDOW)
 
     def set_stream_window(self, stream: int, base: int, num_bytes: int, hit_ratio: float, hit_prop: int,
                           miss_prop: int) -> None:
-        self._stream_batch(stream, (base, num_bytes, hit_ratio, hit_prop, miss_prop), False, None)
-
-    def _stream_batch(self, stream: int, w: WindowTuple, read_previous: bool, journal: Optional[list[Any]]) -> _Applied:
-        """One window on one stream, read first when ``read_previous``: the commonest call (a lean scope's entry
-        and exit). A failure leaves the window as it was, as in C++."""
-        with self._locked:
-            windows = self.windows
-            previous = [self._read_stream_window(stream, windows)] if read_previous else []
-            windows = self._put_stream_window(dict(windows), stream, w)
-            result = (-1, -1, previous)
-            self._commit(journal, result, 0, None, False, windows)
-            return result
-
-    def _read_stream_window(self, stream: int, windows: _Windows) -> WindowTuple:
-        if stream not in self._streams:  # a special stream (made on first use), or an unknown one (raises)
-            self._stream(stream, "cudaStreamGetAttribute(stream, cudaStreamAttributeAccessPolicyWindow)")
-        self.calls.append("cudaStreamGetAttribute")
-        return windows.get(stream, EMPTY_WINDOW)
-
-    def _put_stream_window(self, windows: _Windows, stream: int, w: WindowTuple) -> _Windows:
-        """``windows`` (a copy, changed in place) with the stream's window set as CUDA sets it; CUDA's error for a
-        window or stream it refuses."""
-        st = self._streams.get(stream) or self._stream(stream, _SET_STREAM_WINDOW)
-        self.calls.append("cudaStreamSetAttribute")
-        if st.context:  # the runtime works in the primary context: a stream of another one is not its handle
-            raise cuda_error(_SET_STREAM_WINDOW, "cudaErrorInvalidResourceHandle",
-                             f"stream 0x{stream:x} belongs to context 0x{st.context:x}")
-        ratio = self._window_ratio(_SET_STREAM_WINDOW, self.devices[st.device], w, "stream", stream)
-        base, num_bytes, _, hit_prop, miss_prop = w
-        if num_bytes == 0:
-            windows.pop(stream, None)
-        else:
-            windows[stream] = (int(base), int(num_bytes), ratio, int(hit_prop), int(miss_prop))
-        return windows
-
-    def get_node_window(self, node: int) -> WindowTuple:
-        call = "cudaGraphKernelNodeGetAttribute(node, cudaKernelNodeAttributeAccessPolicyWindow, &value)"
-        with self._locked:
-            self.calls.append("cudaGraphKernelNodeGetAttribute")
-            self._node(node, call)
-            return self.node_windows.get(node, EMPTY_WINDOW)
+        self._window_batch(0, stream, (base, num_bytes, hit_ratio, hit_prop, miss_prop), False, None)
 
     def set_node_window(self, node: int, base: int, num_bytes: int, hit_ratio: float, hit_prop: int,
                         miss_prop: int) -> None:
-        with self._locked:
-            nodes = self._put_node_window(dict(self.node_windows), node, (base, num_bytes, hit_ratio, hit_prop,
-                                                                           miss_prop))
-            self._commit(None, None, 0, None, False, None, nodes)
+        self._window_batch(1, node, (base, num_bytes, hit_ratio, hit_prop, miss_prop), False, None)
 
-    def _put_node_window(self, nodes: _Windows, node: int, w: WindowTuple) -> _Windows:
-        self.calls.append("cudaGraphKernelNodeSetAttribute")
-        self._node(node, _SET_NODE_WINDOW)
-        device = self.devices[self._graphs[self._node_graph[node]].device]
-        ratio = self._window_ratio(_SET_NODE_WINDOW, device, w, "kernel node", node)
-        base, num_bytes, _, hit_prop, miss_prop = w
-        nodes[node] = (int(base), int(num_bytes), ratio, int(hit_prop), int(miss_prop))
-        return nodes
+    def _window_batch(self, kind: int, handle: int, w: WindowTuple, read_previous: bool,
+                      journal: Optional[list[Any]]) -> _Applied:
+        """One window on one stream (kind 0) or kernel node (1), read first when ``read_previous``: the commonest
+        call (a lean scope's entry and exit). A failure leaves the window as it was, as in C++."""
+        with self._locked:
+            tables = [self.windows, self.node_windows]
+            previous = [self._read_window(kind, handle, tables[kind])] if read_previous else []
+            tables[kind] = self._put_window(kind, dict(tables[kind]), handle, w)
+            result = (-1, -1, previous)
+            self._commit(journal, result, 0, None, False, *tables)
+            return result
+
+    def _put_window(self, kind: int, windows: _Windows, handle: int, w: WindowTuple) -> _Windows:
+        """``windows`` (a copy, changed in place) with the window of a stream (kind 0) or kernel node (1) set as
+        CUDA sets it; CUDA's error for a window or handle it refuses."""
+        if kind == 0:
+            st = self._streams.get(handle) or self._stream(handle, _SET_STREAM_WINDOW)
+            self.calls.append(_SET_CALLS[0])
+            if st.context:  # the runtime works in the primary context: a stream of another one is not its handle
+                raise cuda_error(_SET_STREAM_WINDOW, "cudaErrorInvalidResourceHandle",
+                                 f"stream 0x{handle:x} belongs to context 0x{st.context:x}")
+            call, what, device = _SET_STREAM_WINDOW, "stream", st.device
+        else:
+            self.calls.append(_SET_CALLS[1])
+            call, what, device = _SET_NODE_WINDOW, "kernel node", self._node(handle, _SET_NODE_WINDOW).device
+        base, num_bytes, hit_ratio, hit_prop, miss_prop = w
+        ratio = _float32(hit_ratio)
+        if (not 0.0 <= ratio <= 1.0 or num_bytes > self.devices[device].access_policy_max_window_size
+                or num_bytes < 0 or hit_prop not in (0, 1, 2) or miss_prop not in (0, 1)):
+            raise cuda_error(call, "cudaErrorInvalidValue",
+                             f"{what} 0x{handle:x}, num_bytes {num_bytes}, hitRatio {hit_ratio}, hitProp {hit_prop}, "
+                             f"missProp {miss_prop}")
+        if num_bytes == 0 and kind == 0:  # a stream's empty window is no window; a node keeps its attribute
+            windows.pop(handle, None)
+        else:
+            windows[handle] = (int(base), int(num_bytes), ratio, int(hit_prop), int(miss_prop))
+        return windows
 
     def apply_window(self, device: int, kind: int, handles: Sequence[int], base: int, num_bytes: int,
                      hit_ratio: float, hit_prop: int, miss_prop: int, read_previous: bool, limit: int,
                      at_least: bool, reset_lines: bool,
-                     journal: Optional[list[Any]] = None) -> tuple[int, int, list[WindowTuple]]:
+                     journal: Optional[list[Any]] = None) -> _Applied:
         """One window on every handle (kind 0: streams, 1: kernel nodes), with apply_state's limit and reset;
         the result is appended to ``journal`` as the device changes (see the module's docstring)."""
         w: WindowTuple = (base, num_bytes, hit_ratio, hit_prop, miss_prop)
         if kind == 0 and limit < 0 and not reset_lines and len(handles) == 1:
-            return self._stream_batch(handles[0], w, read_previous, journal)
+            return self._window_batch(0, handles[0], w, read_previous, journal)
         changes = [(h, w) for h in handles]
-        return self._apply_state(device, limit, at_least, changes if kind == 0 else [], changes if kind != 0 else [],
-                                 reset_lines, read_previous, journal)
+        # L2State's own apply_state, not a wrapper a test may have put on the instance
+        return L2State.apply_state(self, device, limit, at_least, changes if kind == 0 else [],
+                                   changes if kind != 0 else [], reset_lines, read_previous, journal)
 
-    def apply_state(self, device: int, limit: int, at_least: bool, stream_windows: Sequence[tuple[int, WindowTuple]],
-                    node_windows: Sequence[tuple[int, WindowTuple]], reset_lines: bool, read_previous: bool,
+    def apply_state(self, device: int, limit: int, at_least: bool, stream_windows: Sequence[WindowChange],
+                    node_windows: Sequence[WindowChange], reset_lines: bool, read_previous: bool,
                     journal: Optional[list[Any]] = None) -> _Applied:
         """The limit when ``limit`` >= 0 (``at_least``: only raised), the windows (streams, then kernel
         nodes), each read first when ``read_previous``, then a reset of persisting lines. Returns (limit
         before, limit after, previous windows), appended to ``journal`` as the device changes. A failing call
         puts back the limit and the windows whose previous value was read, then raises (src/l2ctl/state.hpp):
         here it makes only the change that leaves."""
-        return self._apply_state(device, limit, at_least, stream_windows, node_windows, reset_lines, read_previous,
-                                 journal)
-
-    def _apply_state(self, device: int, limit: int, at_least: bool, stream_windows: Sequence[tuple[int, WindowTuple]],
-                     node_windows: Sequence[tuple[int, WindowTuple]], reset_lines: bool, read_previous: bool,
-                     journal: Optional[list[Any]]) -> _Applied:
         with self._locked:
             d = self._device(device)
-            windows, nodes = self.windows, self.node_windows
+            tables = [self.windows, self.node_windows]
             previous: list[WindowTuple] = []
             before = after = -1
             set_calls: list[str] = []  # the set calls made, each put back by a call of the same name on a failure
@@ -218,35 +198,26 @@ class L2State:
                     before = after = self._read_limit(device, d)
                     if (before < limit) if at_least else (before != limit):
                         after = self._granted_limit(device, d, limit)
-                if stream_windows:
-                    windows = dict(windows)
-                    for handle, w in stream_windows:  # the common case, without the public calls' lock and checks
+                for kind, changes in enumerate((stream_windows, node_windows)):
+                    if changes:
+                        tables[kind] = dict(tables[kind])
+                    for handle, w in changes:  # the common case, without the public calls' lock and checks
                         if read_previous:
-                            previous.append(self._read_stream_window(handle, windows))
-                        self._put_stream_window(windows, handle, w)
-                        set_calls.append("cudaStreamSetAttribute")
-                if node_windows:
-                    nodes = dict(nodes)
-                    for handle, w in node_windows:
-                        if read_previous:
-                            self.calls.append("cudaGraphKernelNodeGetAttribute")
-                            if handle not in nodes:
-                                self._node(handle, "cudaGraphKernelNodeGetAttribute(node, ...)")
-                            previous.append(nodes.get(handle, EMPTY_WINDOW))
-                        self._put_node_window(nodes, handle, w)
-                        set_calls.append("cudaGraphKernelNodeSetAttribute")
+                            previous.append(self._read_window(kind, handle, tables[kind]))
+                        self._put_window(kind, tables[kind], handle, w)
+                        set_calls.append(_SET_CALLS[kind])
                 if reset_lines:
                     self.calls.append("cudaCtxResetPersistingL2Cache")
             except CudaError:
                 if read_previous:  # every window set is put back
                     self.calls += set_calls
-                    windows, nodes = self.windows, self.node_windows
+                    tables = [self.windows, self.node_windows]
                 if after != before:
                     self.calls.append("cudaDeviceSetLimit")
-                self._commit(None, None, device, None, False, windows, nodes)
+                self._commit(None, None, device, None, False, *tables)
                 raise
             result = (before, after, previous)
-            self._commit(journal, result, device, after if after != before else None, reset_lines, windows, nodes)
+            self._commit(journal, result, device, after if after != before else None, reset_lines, *tables)
             return result
 
     def _commit(self, journal: Optional[list[Any]], result: Any, device: int, limit: Optional[int] = None,

@@ -14,25 +14,22 @@ Every allocation is a sorted list of segments ``[start, end) -> content`` coveri
 Writes split and replace segments; reads materialize only the requested range; copies re-base the
 source's segments into the destination. A 100 GiB allocation is one segment and takes no host memory.
 
-Kernels see memory as *word runs* (``word_runs``): consecutive 32-bit words described by a ``Run``
-(``FillRun``, ``IndexRun``, ``PatternRun``, ``ArrayRun``, or ``LazyRun`` for content not aligned to the
-words), so reductions can use closed forms per run (``count_differences``) and materialize chunks only
-where no closed form applies. Contents are immutable: arrays inside them are read-only and shared.
+Kernels see memory as *word runs* (``word_runs``): consecutive 32-bit words, a ``Run`` of a content that
+starts at a word, so reductions can use closed forms per run where its content has one (a fill, words that
+count up, a pattern of whole words: ``count_differences``) and materialize chunks only where none applies.
+Contents are immutable: arrays inside them are read-only and shared.
 """
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, cast
+from typing import Any, Iterator, Optional, TypeGuard, cast
 
 import numpy as np
 
-__all__ = [
-    "Content", "Fill", "Bytes", "Pattern", "Index", "Run", "FillRun", "IndexRun", "PatternRun", "ArrayRun",
-    "LazyRun", "Allocation", "Memory", "MemoryFault", "Misaligned", "OutOfMemory", "count_differences",
-    "index_runs", "CHUNK_WORDS",
-]
+__all__ = ["Content", "Fill", "Bytes", "Pattern", "Index", "Run", "Allocation", "Memory", "MemoryFault", "Misaligned",
+           "OutOfMemory", "count_differences", "counts_up", "index_runs", "CHUNK_WORDS"]
 
 U8 = np.uint8
 U32 = np.uint32
@@ -68,11 +65,11 @@ def _cyclic(data: Array, start: int, n: int) -> Array:
     return np.tile(data, -(-(s + n) // len(data)))[s:s + n]
 
 
-# ---- contents (bytes) ----------------------------------------------------------------------------
+# ---- contents ------------------------------------------------------------------------------------
 
 
 class Content:
-    """What a segment holds, from its first byte (immutable)."""
+    """What a segment holds, from its first byte (immutable); as 32-bit words, from a word starting there."""
 
     def slice(self, offset: int) -> "Content":
         """The same content seen from ``offset`` bytes later."""
@@ -82,14 +79,27 @@ class Content:
         """Bytes [offset, offset + n) as a uint8 array (possibly a read-only view)."""
         raise NotImplementedError
 
-    def run(self, offset: int, nwords: int) -> Iterator["Run"]:
-        """``nwords`` words from byte ``offset`` as word runs (closed forms where aligned)."""
-        yield LazyRun(nwords, self, offset)
+    def values(self, k0: int, k1: int) -> Array:
+        """Words [k0, k1) as uint32."""
+        return np.ascontiguousarray(self.materialize(4 * k0, 4 * (k1 - k0))).view(U32)
+
+    def gather(self, idx: Array) -> Array:
+        """Words at the (int64) positions ``idx``, a chunk of them materialized at a time."""
+        out = np.empty(len(idx), dtype=U32)
+        for start in range(0, len(idx), CHUNK_WORDS):
+            part = idx[start:start + CHUNK_WORDS]
+            lo, hi = int(part.min()), int(part.max()) + 1
+            out[start:start + len(part)] = self.values(lo, hi)[part - lo]
+        return out
 
 
 @dataclass(frozen=True, eq=False)
 class Fill(Content):
     byte: int
+
+    @property
+    def word(self) -> int:
+        return self.byte * 0x01010101
 
     def slice(self, offset: int) -> Content:
         return self
@@ -97,8 +107,8 @@ class Fill(Content):
     def materialize(self, offset: int, n: int) -> Array:
         return np.full(n, self.byte, dtype=U8)
 
-    def run(self, offset: int, nwords: int) -> Iterator["Run"]:
-        yield FillRun(nwords, self.byte * 0x01010101)
+    def gather(self, idx: Array) -> Array:
+        return np.full(len(idx), self.word, dtype=U32)
 
 
 @dataclass(frozen=True, eq=False)
@@ -112,10 +122,6 @@ class Bytes(Content):
     def materialize(self, offset: int, n: int) -> Array:
         a = self.start + offset
         return self.data[a:a + n]
-
-    def run(self, offset: int, nwords: int) -> Iterator["Run"]:
-        a = self.start + offset
-        yield ArrayRun(nwords, self.data[a:a + 4 * nwords].view(U32))
 
 
 class Pattern(Content):
@@ -135,19 +141,23 @@ class Pattern(Content):
             self._words = _frozen(self.data.view(U32))
         return self._words
 
+    @property
+    def word_phase(self) -> Optional[int]:
+        """Word k is words[(word_phase + k) % len(words)] where the pattern is whole words and starts at one."""
+        return self.phase // 4 if self.words is not None and self.phase % 4 == 0 else None
+
     def slice(self, offset: int) -> Content:
         return Pattern(self.data, self.phase + offset, self._words)
 
     def materialize(self, offset: int, n: int) -> Array:
         return _cyclic(self.data, self.phase + offset, n)
 
-    def run(self, offset: int, nwords: int) -> Iterator["Run"]:
-        words = self.words
-        p = self.phase + offset
-        if words is None or p % 4:
-            yield LazyRun(nwords, self, offset)
-            return
-        yield PatternRun(nwords, words, (p % len(self.data)) // 4)
+    def gather(self, idx: Array) -> Array:
+        phase = self.word_phase
+        if phase is None:
+            return super().gather(idx)
+        words = cast(Array, self.words)
+        return cast(Array, words[(idx + phase) % len(words)])
 
 
 @dataclass(frozen=True, eq=False)
@@ -167,12 +177,10 @@ class Index(Content):
         words = ((self.first + np.arange(w0, w1, dtype=np.uint64)) & 0xFFFFFFFF).astype(U32)
         return words.view(U8)[p0 % 4:p0 % 4 + n]
 
-    def run(self, offset: int, nwords: int) -> Iterator["Run"]:
-        p = self.bphase + offset
-        if p % 4:
-            yield LazyRun(nwords, self, offset)
-            return
-        yield from index_runs((self.first + p // 4) % WRAP, nwords)
+    def gather(self, idx: Array) -> Array:
+        if self.bphase:
+            return super().gather(idx)
+        return (idx.astype(np.int64) + self.first).astype(U32)
 
 
 # ---- word runs -----------------------------------------------------------------------------------
@@ -180,142 +188,68 @@ class Index(Content):
 
 @dataclass(eq=False)
 class Run:
-    """``count`` consecutive 32-bit words."""
+    """``count`` consecutive 32-bit words: those of ``content``. An ``Index`` run whose words start at a word
+    (``bphase`` 0) never wraps (first + count <= 2^32; see index_runs)."""
 
     count: int
+    content: Content
 
     def values(self, k0: int, k1: int) -> Array:
         """Words [k0, k1) of the run as uint32."""
-        raise NotImplementedError
+        return self.content.values(k0, k1)
 
     def gather(self, idx: Array) -> Array:
         """Words at the (int64) positions ``idx`` of the run."""
-        return self.values(0, self.count)[idx]
+        return self.content.gather(idx)
 
     def sub(self, k0: int, k1: int) -> "Run":
         """Words [k0, k1) as a run of their own."""
-        raise NotImplementedError
+        return Run(k1 - k0, self.content.slice(4 * k0))
 
 
-@dataclass(eq=False)
-class FillRun(Run):
-    value: int
-
-    def values(self, k0: int, k1: int) -> Array:
-        return np.full(k1 - k0, self.value, dtype=U32)
-
-    def gather(self, idx: Array) -> Array:
-        return np.full(len(idx), self.value, dtype=U32)
-
-    def sub(self, k0: int, k1: int) -> Run:
-        return FillRun(k1 - k0, self.value)
-
-
-@dataclass(eq=False)
-class IndexRun(Run):
-    """Word k is first + k; never wraps (first + count <= 2^32; see index_runs)."""
-
-    first: int
-
-    def values(self, k0: int, k1: int) -> Array:
-        return (np.arange(k0, k1, dtype=np.int64) + self.first).astype(U32)
-
-    def gather(self, idx: Array) -> Array:
-        return (idx.astype(np.int64) + self.first).astype(U32)
-
-    def sub(self, k0: int, k1: int) -> Run:
-        return IndexRun(k1 - k0, self.first + k0)
-
-
-def index_runs(first: int, count: int) -> Iterator[IndexRun]:
+def index_runs(first: int, count: int) -> Iterator[Run]:
     """first, first + 1, ... (mod 2^32) for count words, split where the values wrap."""
     first %= WRAP
     while count > 0:
         n = min(count, WRAP - first)
-        yield IndexRun(n, first)
+        yield Run(n, Index(first))
         count -= n
         first = 0
 
 
-@dataclass(eq=False)
-class PatternRun(Run):
-    """Word k is words[(phase + k) % len(words)]."""
-
-    words: Array
-    phase: int
-
-    def __post_init__(self) -> None:
-        self.phase %= len(self.words)
-
-    def values(self, k0: int, k1: int) -> Array:
-        return _cyclic(self.words, self.phase + k0, k1 - k0)
-
-    def gather(self, idx: Array) -> Array:
-        return cast(Array, self.words[(idx + self.phase) % len(self.words)])
-
-    def sub(self, k0: int, k1: int) -> Run:
-        return PatternRun(k1 - k0, self.words, self.phase + k0)
-
-
-@dataclass(eq=False)
-class ArrayRun(Run):
-    data: Array
-
-    def values(self, k0: int, k1: int) -> Array:
-        return self.data[k0:k1]
-
-    def gather(self, idx: Array) -> Array:
-        return self.data[idx]
-
-    def sub(self, k0: int, k1: int) -> Run:
-        return ArrayRun(k1 - k0, self.data[k0:k1])
-
-
-@dataclass(eq=False)
-class LazyRun(Run):
-    """Words of a content not aligned to them, materialized on demand."""
-
-    content: Content
-    offset: int
-
-    def values(self, k0: int, k1: int) -> Array:
-        return np.ascontiguousarray(self.content.materialize(self.offset + 4 * k0, 4 * (k1 - k0))).view(U32)
-
-    def gather(self, idx: Array) -> Array:
-        out = np.empty(len(idx), dtype=U32)
-        for start in range(0, len(idx), CHUNK_WORDS):
-            part = idx[start:start + CHUNK_WORDS]
-            lo, hi = int(part.min()), int(part.max()) + 1
-            out[start:start + len(part)] = self.values(lo, hi)[part - lo]
-        return out
-
-    def sub(self, k0: int, k1: int) -> Run:
-        return LazyRun(k1 - k0, self.content, self.offset + 4 * k0)
-
-
-def _pattern_equal(a: PatternRun, b: PatternRun) -> bool:
-    if len(a.words) != len(b.words) or a.phase != b.phase:
+def _pattern_equal(a: Pattern, b: Pattern) -> bool:
+    """Whether two patterns (of words, at their word phases) give the same words."""
+    aw, bw = cast(Array, a.words), cast(Array, b.words)
+    if len(aw) != len(bw) or a.word_phase != b.word_phase:
         return False
-    if a.words is b.words or (a.words.__array_interface__["data"][0] == b.words.__array_interface__["data"][0]
-                              and a.words.strides == b.words.strides):
+    same_memory = aw.__array_interface__["data"][0] == bw.__array_interface__["data"][0] and aw.strides == bw.strides
+    if aw is bw or same_memory:
         return True  # the same (immutable) memory
-    return bool(np.array_equal(a.words, b.words))
+    return bool(np.array_equal(aw, bw))
+
+
+def counts_up(c: Content) -> TypeGuard[Index]:
+    """An Index whose words start at a word: a closed form (see Run)."""
+    return isinstance(c, Index) and c.bphase == 0
 
 
 def _occurrences(run: Run, value: int) -> Optional[int]:
     """How many words of ``run`` equal ``value``, where a closed form exists."""
-    if isinstance(run, FillRun):
-        return run.count if run.value == value else 0
-    if isinstance(run, IndexRun):
-        return 1 if run.first <= value < run.first + run.count else 0
-    if isinstance(run, PatternRun):
-        size = len(run.words)
-        hits = np.flatnonzero(run.words == np.uint32(value))
+    c = run.content
+    if isinstance(c, Fill):
+        return run.count if c.word == value else 0
+    if counts_up(c):
+        return 1 if c.first <= value < c.first + run.count else 0
+    phase = c.word_phase if isinstance(c, Pattern) else None
+    if phase is not None:
+        words = cast(Array, cast(Pattern, c).words)
+        size = len(words)
+        hits = np.flatnonzero(words == np.uint32(value))
         full, rest = divmod(run.count, size)
         total = full * len(hits)
         if rest:  # positions phase .. phase + rest - 1, cyclically
-            end = run.phase + rest
-            total += int(np.count_nonzero((hits >= run.phase) & (hits < min(end, size))))
+            end = phase + rest
+            total += int(np.count_nonzero((hits >= phase) & (hits < min(end, size))))
             if end > size:
                 total += int(np.count_nonzero(hits < end - size))
         return total
@@ -324,16 +258,17 @@ def _occurrences(run: Run, value: int) -> Optional[int]:
 
 def _differences(a: Run, b: Run) -> int:
     """Words where two runs of equal length differ."""
-    n = a.count
-    if isinstance(a, FillRun) and isinstance(b, FillRun):
-        return 0 if a.value == b.value else n
-    if isinstance(a, IndexRun) and isinstance(b, IndexRun):
-        return 0 if a.first == b.first else n  # a constant, non-zero difference otherwise
-    if isinstance(a, PatternRun) and isinstance(b, PatternRun) and _pattern_equal(a, b):
+    n, ca, cb = a.count, a.content, b.content
+    if isinstance(ca, Fill) and isinstance(cb, Fill):
+        return 0 if ca.word == cb.word else n
+    if counts_up(ca) and counts_up(cb):
+        return 0 if ca.first == cb.first else n  # a constant, non-zero difference otherwise
+    if (isinstance(ca, Pattern) and isinstance(cb, Pattern) and ca.word_phase is not None
+            and cb.word_phase is not None and _pattern_equal(ca, cb)):
         return 0
     for fill, other in ((a, b), (b, a)):
-        if isinstance(fill, FillRun):
-            same = _occurrences(other, fill.value)
+        if isinstance(fill.content, Fill):
+            same = _occurrences(other, fill.content.word)
             if same is not None:
                 return n - same
     bad = 0
@@ -528,10 +463,12 @@ class Memory:
             first, last = -(-a // 4), b // 4
             if first >= last:
                 continue
-            runs.extend(ArrayRun(1, self.read(ptr + 4 * w, 4).view(U32)) for w in range(k, first))  # straddling
-            runs.extend(c.run(4 * first - a, last - first))
+            runs.extend(Run(1, Bytes(self.read(ptr + 4 * w, 4))) for w in range(k, first))  # straddling
+            words = c.slice(4 * first - a)
+            runs.extend(index_runs(words.first, last - first) if counts_up(words)
+                        else [Run(last - first, words)])
             k = last
-        runs.extend(ArrayRun(1, self.read(ptr + 4 * w, 4).view(U32)) for w in range(k, nwords))
+        runs.extend(Run(1, Bytes(self.read(ptr + 4 * w, 4))) for w in range(k, nwords))
         return runs
 
     def segment_count(self) -> int:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
 from typing import Any, ContextManager, Protocol
 
 from .errors import cupti_error
@@ -71,12 +70,6 @@ class ProfiledMachine(Protocol):
     def lock(self) -> ContextManager[None]: ...
 
 
-@dataclass
-class _Range:
-    name: str
-    values: dict[str, float]
-
-
 class FakeRangeProfiler:
     """Implements ``l2ctl._core.RangeProfiler`` on the simulator (made by ``FakeBackend.RangeProfiler``)."""
 
@@ -106,16 +99,11 @@ class FakeRangeProfiler:
         self._pass_index = 0
         self._all_passes = False
         self._seen = 0  # launches in the current (or last) pass
-        self._ranges: list[list[_Range]] = []  # per pass
-        self._released = False
+        self._ranges: list[list[tuple[str, dict[str, float]]]] = []  # per pass: (kernel name, metric values)
+        self.released = False  # once released (or collected), the machine's hook gives way to the next profiler
         backend.attach_profiler(self)
 
     # ---- what the backend calls -------------------------------------------------------------------
-    @property
-    def released(self) -> bool:
-        """Released (or collected): the machine's hook gives way to the next profiler."""
-        return self._released
-
     @property
     def kernel_replay(self) -> bool:
         return not self.user_replay
@@ -125,7 +113,7 @@ class FakeRangeProfiler:
         self._seen += 1
         current = self._ranges[-1]
         if len(current) < self.max_ranges:
-            current.append(_Range(name, values))
+            current.append((name, values))
 
     # ---- the RangeProfiler interface ----------------------------------------------------------------
     @property
@@ -174,13 +162,13 @@ class FakeRangeProfiler:
 
             def value(i: int, j: int) -> float:  # metric j of range i, from pass j mod passes where it has range i
                 source = passes[j % len(passes)]
-                return float((source[i] if i < len(source) else last[i]).values[self.metrics[j]])
+                return float((source[i] if i < len(source) else last[i])[1][self.metrics[j]])
 
-            return [(r.name, [value(i, j) for j in range(len(self.metrics))]) for i, r in enumerate(last)]
+            return [(name, [value(i, j) for j in range(len(self.metrics))]) for i, (name, _) in enumerate(last)]
 
     def release(self) -> None:
-        if not self._released:  # the backend's weak reference to it then gives way to the next profiler's
-            self._released, self.running = True, False
+        if not self.released:  # the backend's weak reference to it then gives way to the next profiler's
+            self.released, self.running = True, False
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):  # interpreter shutdown, or an __init__ that failed
@@ -189,7 +177,6 @@ class FakeRangeProfiler:
     def __repr__(self) -> str:
         return (f"<FakeRangeProfiler device {self.device}, {len(self.metrics)} metrics, {self._passes} passes, "
                 f"{'user' if self.user_replay else 'kernel'} replay>")
-
 
 
 class RecordingMachine(Protocol):

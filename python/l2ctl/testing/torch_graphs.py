@@ -157,8 +157,8 @@ class FakeGraphTrees:
         finally:
             self.set_stream(previous, device)
 
-    def recorded(self, device: int) -> list[object]:
-        found: list[object] = []
+    def recorded(self, device: int) -> list[Any]:
+        found: list[Any] = []  # FakeRecordings
         pending = list(self.roots.get(device, []))
         while pending:
             node = pending.pop()
@@ -188,11 +188,9 @@ class FakeGraphTrees:
     def reset(self) -> None:
         """torch.compiler.reset() (the graph trees' shutdown): every recording drops its graph and the trees
         forget them; a graph nobody else holds is freed then, its template destroyed."""
-        pending = [node for roots in self.roots.values() for node in roots]
-        while pending:
-            node = pending.pop()
-            node.graph = None
-            pending.extend(child for children in node.children.values() for child in children)
+        for device in self.roots:
+            for node in self.recorded(device):
+                node.graph = None
         self.roots.clear()
 
     def close(self) -> None:
