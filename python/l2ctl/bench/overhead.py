@@ -313,11 +313,11 @@ def _check_variant(name: str, op: Callable[[], Any], scope: Optional[tuple[Calla
         return
     make, target, ratio, limit = scope
     with make():
+        window = None if ratio is None else expected._replace(hit_ratio=ratio)
         if isinstance(target, graphs.Graph):
-            check(all(k.window == expected._replace(hit_ratio=ratio) for k in target.kernel_nodes()),
-                  f"{name}: the node windows")
-        elif ratio is not None:
-            check(get_window(target) == expected._replace(hit_ratio=ratio), f"{name}: the window on the stream")
+            check(all(k.window == window for k in target.kernel_nodes()), f"{name}: the node windows")
+        elif window is not None:
+            check(get_window(target) == window, f"{name}: the window on the stream")
         if limit is not None:
             check(get_set_aside(index) == limit, f"{name}: the limit")
 
