@@ -111,8 +111,7 @@ def _ratios(values: Sequence[float]) -> list[float]:
 
 def _run(kind: str, workload: Any, stream: StreamLike, buf: BufferLike, points: Sequence[tuple[int, Optional[float]]],
          warmup: int, repeat: int, progress: bool) -> SweepResult:
-    ref = resolve_stream(stream)
-    device = stream_device(ref)
+    device = stream_device(resolve_stream(stream))
     bar = Progress(len(points) + 1, f"sweep {kind}", progress)
     baseline = measure_point(workload, stream, buf, 0, None, warmup=warmup, repeat=repeat, label="baseline")
     bar.step("baseline")

@@ -165,8 +165,6 @@ class Report:
 
 
 def _json_default(value: Any) -> Any:
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.floating):
-        return float(value)
+    if isinstance(value, (np.integer, np.floating)):
+        return value.item()
     raise TypeError(f"cannot serialise {type(value).__name__}")

@@ -93,10 +93,6 @@ def items(text: str, what: str, example: str) -> list[str]:
     return parts
 
 
-def _twice(times: int) -> str:
-    return "twice" if times == 2 else f"{times} times"
-
-
 def measured_once(values: Sequence[Item], parts: Sequence[str], what: str,
                   show: Optional[Callable[[Item], str]] = None) -> list[Item]:
     """``values`` (parsed from ``parts``) in order, each once; a repeat is said on stderr (a table with a row or
@@ -107,7 +103,8 @@ def measured_once(values: Sequence[Item], parts: Sequence[str], what: str,
         texts.setdefault(value, []).append(part)
     for value, same in texts.items():
         if len(same) > 1:
-            said = (f"{same[0]} is named {_twice(len(same))}" if show is None
+            times = "twice" if len(same) == 2 else f"{len(same)} times"
+            said = (f"{same[0]} is named {times}" if show is None
                     else f"{', '.join(same)} are one {what} ({show(value)})")
             note(f"l2ctl: {said}: measured once")
     return list(texts)

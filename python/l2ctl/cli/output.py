@@ -92,10 +92,9 @@ def _writing(path: str, write: Callable[[TextIO], Any]) -> None:
 
 def write_report(report: Report, json_path: Optional[str], csv_path: Optional[str]) -> None:
     """The report as JSON and/or CSV, where asked."""
-    if json_path:
-        _writing(json_path, report.write_json)
-    if csv_path:
-        _writing(csv_path, report.write_csv)
+    for path, write in ((json_path, report.write_json), (csv_path, report.write_csv)):
+        if path:
+            _writing(path, write)
 
 
 def write_table(json_path: Optional[str], csv_path: Optional[str], document: dict[str, Any],
