@@ -44,14 +44,10 @@ def measure_point(workload: Any, stream: StreamLike, buf: BufferLike, set_aside:
                                     lambda: time_gpu(enqueue, stream, warmup=warmup, repeat=repeat))
         verify = verifier_of(workload)
         verified = verify is not None and bool(verify(stream))
-        if verify is not None:
-            check(verified, f"{label}: set-aside {granted}, hit ratio {hit_ratio}")
-    config = describe(workload)
-    config.update({"set_aside_requested": set_aside, "set_aside_granted": granted, "hit_ratio": applied,
-                   "window_bytes": resolve_buffer(buf).nbytes if hit_ratio is not None else 0})
-    rec = Record.from_timing("sweep", label, config, timing, {})
-    rec.verified = verified
-    return rec
+        check(verified or verify is None, f"{label}: set-aside {granted}, hit ratio {hit_ratio}")
+    config = {**describe(workload), "set_aside_requested": set_aside, "set_aside_granted": granted,
+              "hit_ratio": applied, "window_bytes": resolve_buffer(buf).nbytes if hit_ratio is not None else 0}
+    return Record.from_timing("sweep", label, config, timing, {}, verified)
 
 
 def set_aside_grid(device: object = None, *, include_zero: bool = True) -> list[int]:
