@@ -18,8 +18,9 @@ from .output import done, fmt_bytes, header, measure, note
 from .parsing import Command, Group
 
 __all__ = ["cmd_bench_reset", "cmd_bench_stride", "cmd_bench_cs", "cmd_bench_graph", "cmd_bench_concurrent",
-           "cmd_bench_overhead", "cmd_bench_workloads", "cmd_bench_collectives", "COLLECTIVES", "frameworks_missing", "WORKLOADS", "RESET_DATA", "STRIDE",
-           "CACHE_STREAMING", "GRAPH", "CONCURRENT", "OVERHEAD", "BENCHMARKS", "BENCH"]
+           "cmd_bench_overhead", "cmd_bench_workloads", "cmd_bench_collectives", "COLLECTIVES", "frameworks_missing",
+           "WORKLOADS", "RESET_DATA", "STRIDE", "CACHE_STREAMING", "GRAPH", "CONCURRENT", "OVERHEAD", "BENCHMARKS",
+           "BENCH"]
 
 
 def _measured(args: argparse.Namespace, run: Callable[..., Report], *given: Any, **options: Any) -> Report:

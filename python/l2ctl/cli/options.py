@@ -26,9 +26,8 @@ from .output import STDOUT, fmt_bytes, note
 __all__ = ["Option", "COLUMN_NAMES", "VARIANT_NAMES", "parse_size", "items", "simulated_gpus", "lut_size", "lut_sizes",
            "collective_sizes", "count", "repeat_count", "warmup_count", "strides", "columns", "variant",
            "gallery_names", "GALLERY_NAMES", "device_index", "output_path", "plot_path", "DEVICE", "REPEAT", "WARMUP",
-           "ROUNDS",
-           "JSON", "CSV", "PLOT", "QUIET", "SIMULATE", "EVERYWHERE", "COMMON", "LUT_SIZES", "LUT_BYTES", "OUT_BYTES",
-           "VARIANT", "SET_ASIDE"]
+           "ROUNDS", "JSON", "CSV", "PLOT", "QUIET", "SIMULATE", "EVERYWHERE", "COMMON", "LUT_SIZES", "LUT_BYTES",
+           "OUT_BYTES", "VARIANT", "SET_ASIDE"]
 
 MAX_BYTES = 1 << 62  # far above any device's memory; keeps a typo from overflowing the C++ side
 COLUMN_NAMES = tuple(name for name, _ in RESET_COLUMNS)

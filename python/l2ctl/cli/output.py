@@ -16,9 +16,7 @@ from ..bench import Report
 from .exitcodes import EXIT_OK
 
 __all__ = ["MiB", "NO_GPU_HINT", "STDOUT", "OutputError", "data_to_stdout", "fmt_bytes", "simulated_line", "header",
-           "note", "write_report", "write_table",
-           "save_plot", "plot_problem",
-           "numbered_path", "measure", "done"]
+           "note", "write_report", "write_table", "save_plot", "plot_problem", "numbered_path", "measure", "done"]
 
 MiB = 1 << 20
 #: Said wherever a command finds no GPU: a new user's next step.
