@@ -144,12 +144,11 @@ def bench_workloads(stream: StreamLike = None, names: Optional[Sequence[str]] = 
                     "tuned_copy_slowdown": tuned.tax.copy_slowdown,
                     "tune_confirmed_speedup": tuned.speedup, "tune_reason": tuned.reason,
                     "grid_best": None if tuned.grid_best is None else {
-                        **tuned.grid_best.point._asdict(), "speedup": tuned.grid_best.speedup,
-                        "ci": list(tuned.grid_best.ci), "copy_slowdown": tuned.grid_best_tax.copy_slowdown},
+                        **tuned.grid_best.as_dict(), "copy_slowdown": tuned.grid_best_tax.copy_slowdown},
                     "tune_seconds": tuned.seconds, "candidates": len(candidates),
                     "tune_seconds_per_candidate": tuned.seconds / len(candidates), "setup_seconds": setup_s,
-                    "tune_points": [{**p.point._asdict(), "speedup": p.speedup, "ci": list(p.ci), "stage": p.stage}
-                                    for c in tuned.candidates.values() for p in c.points],
+                    "tune_points": [{**p.as_dict(), "stage": p.stage} for c in tuned.candidates.values()
+                                    for p in c.points],
                     "described": w.describe(),  # a compiled row: whether torch graphed it (graphs_recorded)
                 })
                 for rec in tuned.table:

@@ -281,10 +281,8 @@ def from_module(module: SupportsNamedTensors, optimizer: Optional[object] = None
         except (TypeError, ValueError):
             skipped[name] = "not on a GPU: host memory or not a tensor l2ctl can read"
             continue
-        if ref.device is not None and ref.device != dev:
-            skipped[name] = f"on another device: device {ref.device}"
-            continue
-        why = _size_reason(ref.nbytes, rule)
+        why = (f"on another device: device {ref.device}" if ref.device is not None and ref.device != dev
+               else _size_reason(ref.nbytes, rule))
         if why is not None:
             skipped[name] = why
             continue

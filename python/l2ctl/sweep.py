@@ -44,14 +44,10 @@ def measure_point(workload: Any, stream: StreamLike, buf: BufferLike, set_aside:
                                     lambda: time_gpu(enqueue, stream, warmup=warmup, repeat=repeat))
         verify = verifier_of(workload)
         verified = verify is not None and bool(verify(stream))
-        if verify is not None:
-            check(verified, f"{label}: set-aside {granted}, hit ratio {hit_ratio}")
-    config = describe(workload)
-    config.update({"set_aside_requested": set_aside, "set_aside_granted": granted, "hit_ratio": applied,
-                   "window_bytes": resolve_buffer(buf).nbytes if hit_ratio is not None else 0})
-    rec = Record.from_timing("sweep", label, config, timing, {})
-    rec.verified = verified
-    return rec
+        check(verified or verify is None, f"{label}: set-aside {granted}, hit ratio {hit_ratio}")
+    config = {**describe(workload), "set_aside_requested": set_aside, "set_aside_granted": granted,
+              "hit_ratio": applied, "window_bytes": resolve_buffer(buf).nbytes if hit_ratio is not None else 0}
+    return Record.from_timing("sweep", label, config, timing, {}, verified)
 
 
 def set_aside_grid(device: object = None, *, include_zero: bool = True) -> list[int]:
@@ -111,8 +107,7 @@ def _ratios(values: Sequence[float]) -> list[float]:
 
 def _run(kind: str, workload: Any, stream: StreamLike, buf: BufferLike, points: Sequence[tuple[int, Optional[float]]],
          warmup: int, repeat: int, progress: bool) -> SweepResult:
-    ref = resolve_stream(stream)
-    device = stream_device(ref)
+    device = stream_device(resolve_stream(stream))
     bar = Progress(len(points) + 1, f"sweep {kind}", progress)
     baseline = measure_point(workload, stream, buf, 0, None, warmup=warmup, repeat=repeat, label="baseline")
     bar.step("baseline")

@@ -49,7 +49,7 @@ from .bench import Progress, Record, Report, environment
 from .bench.records import simulated_label
 from .candidates import ModelCandidates, SupportsNamedTensors, from_graph, from_module, from_steps, is_module
 from .bench.paired import Arm, check_confidence, compare
-from .bench.tax import Tax, measure_tax
+from .bench.tax import NO_TAX, Tax, measure_tax
 from .bench.timing import check_repeats
 from .sweep import set_aside_grid
 from .workloads import Workload, describe, enqueue_of
@@ -115,6 +115,10 @@ class PointResult:
     stage: str
     verified: bool
 
+    def as_dict(self) -> dict[str, Any]:
+        """The point as a report holds it: its configuration, speedup and interval."""
+        return {**self.point._asdict(), "speedup": self.speedup, "ci": list(self.ci)}
+
 
 @dataclass
 class CandidateResult:
@@ -176,11 +180,6 @@ class TunedPolicy:
     def hit_ratio(self) -> float:
         """The chosen hit ratio (0.0 for "no persistence")."""
         return float(self.policy.hit_ratio) if self.persists and self.policy.hit_ratio is not None else 0.0
-
-    @property
-    def noise(self) -> float:
-        """Half the width of the confirmation's interval, relative: how precisely the speedup is known."""
-        return (self.ci[1] - self.ci[0]) / 2
 
     def persist(self, target: Target, **kwargs: Any) -> Persist:
         """``l2ctl.persist(target, <the chosen buffer>, policy=self, **kwargs)`` (a stream or a graph, as tune's):
@@ -245,8 +244,8 @@ class TunedPolicy:
             "baseline_ms": self.baseline_ms, "best_ms": self.best_ms, "speedup": self.speedup, "ci": list(self.ci),
             "confidence": self.confidence, "seconds": self.seconds, "auto_set_aside_cap": self.cap,
             "tax": self.tax.as_dict(), "grid_best_tax": self.grid_best_tax.as_dict(),
-            "grid_best": _point_dict(self.grid_best),
-            "candidates": {name: {"window_bytes": c.window_bytes, "best": _point_dict(c.best)}
+            "grid_best": None if self.grid_best is None else self.grid_best.as_dict(),
+            "candidates": {name: {"window_bytes": c.window_bytes, "best": None if c.best is None else c.best.as_dict()}
                            for name, c in self.candidates.items()},
             "considered": None if self.considered is None else {
                 "rule": self.considered.rule.describe(), "total": self.considered.total,
@@ -281,10 +280,6 @@ def _ranks() -> int:
 
 def _mib(nbytes: int) -> str:
     return f"{nbytes / MiB:.2f} MiB"
-
-
-def _point_dict(p: Optional[PointResult]) -> Optional[dict[str, Any]]:
-    return None if p is None else {**p.point._asdict(), "speedup": p.speedup, "ci": list(p.ci)}
 
 
 def _raw_pair(value: object) -> bool:
@@ -360,7 +355,7 @@ def _tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, str
           repeat: int, warmup: int, confidence: float, min_gain: float, tax_gain: float, seed: int, progress: bool,
           records: bool) -> TunedPolicy:
     start = time.monotonic()
-    enqueue_of(workload)
+    enqueue = enqueue_of(workload)
     model = None if not is_module(candidates) else cast(SupportsNamedTensors, candidates)
     discover = isinstance(candidates, str) and candidates == "discover"
     if discover and hasattr(type(target), "_l2ctl_target") and not isinstance(target, (Graph, TorchCaptures)):
@@ -390,7 +385,6 @@ def _tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, str
         raise ValueError(f"the stream is on device {stream_device(resolve_stream(stream))}, the graph on device {device}")
     info = require_persistence(device)
     if records:  # torch's warm-up and recording, templates kept (tune's caller holds the block), no window
-        enqueue = enqueue_of(workload)
         for _ in range(RECORDING_CALLS):
             enqueue(stream)
         cast(TorchCaptures, target)._refuse_unreached(device, ())  # the points vary the window
@@ -404,7 +398,6 @@ def _tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, str
         if target_ref is None:
             considered = from_graph(target)
         else:  # the step runs eagerly: its launches recorded over a few steps (each in a fresh scope of nothing)
-            enqueue = enqueue_of(workload)
             considered = from_steps(lambda: enqueue(stream), device)
         if not considered.tried:
             found = "no CUDA graph of the step was recorded inside torch_captures()" \
@@ -512,7 +505,7 @@ def _tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, str
             reason = (f"the choice ({chosen.point.describe()}, {chosen.speedup:.3f}x in the search) did not reproduce: "
                       f"{confirmed.speedup:.3f}x, {confidence:.0%} CI {confirmed.ci[0]:.3f}-{confirmed.ci[1]:.3f}")
     bar.close()
-    tax = measure_tax(stream, int(policy.set_aside) if policy.enabled and isinstance(policy.set_aside, int) else 0)
+    tax = measure_tax(stream, policy.set_aside if policy.enabled and isinstance(policy.set_aside, int) else 0)
     grid_tax = measure_tax(stream, grid_best.point.set_aside if grid_best is not None else 0)
     return TunedPolicy(policy, chosen_name, buffer, baseline_ms, best_ms, ci, confidence, results, grid_best, tax, grid_tax,
                        reason, table, time.monotonic() - start, cap, environment(device), considered)
@@ -521,9 +514,8 @@ def _tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, str
 def _nothing_to_try(reason: str, device: int, start: float, confidence: float,
                     considered: Optional[ModelCandidates]) -> TunedPolicy:
     """"no persistence" without a measurement: nothing could be tried, for ``reason``."""
-    free = Tax(0, 1.0, (1.0, 1.0), 0, 0.0, 0.0)  # what measure_tax says of no set-aside
-    return TunedPolicy(Policy(enabled=False), None, _NO_BUFFER, 0.0, 0.0, (1.0, 1.0), confidence, {}, None, free,
-                       free, reason, [], time.monotonic() - start, auto_set_aside_cap(device), environment(device),
+    return TunedPolicy(Policy(enabled=False), None, _NO_BUFFER, 0.0, 0.0, (1.0, 1.0), confidence, {}, None, NO_TAX,
+                       NO_TAX, reason, [], time.monotonic() - start, auto_set_aside_cap(device), environment(device),
                        considered)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import ExitStack
 from typing import Callable
 
 import numpy as np
@@ -45,34 +46,30 @@ def bench_cache_streaming(
     x = data.astype(np.float64).reshape(n, 8)
     ref_stream = (x * weights[cats.reshape(n, 8)] + np.cos(x * 0.01)).sum(axis=1)
     with Progress(4, "cache-streaming", progress) as bar, owned_stream(stream, index) as s, \
-            clean_state(s, set_aside=0):
-        bufs = [DeviceBuffer.from_numpy(a, index, s) for a in (values, indices, dense, data, cats, weights)]
-        outs = {k: DeviceBuffer(4 * n, index, dtype=np.float32) for k in ("sn", "sc", "an", "ac")}
+            clean_state(s, set_aside=0), ExitStack() as held:
+        bufs = [held.enter_context(DeviceBuffer.from_numpy(a, index, s))
+                for a in (values, indices, dense, data, cats, weights)]
+        outs = {k: held.enter_context(DeviceBuffer(4 * n, index, dtype=np.float32)) for k in ("sn", "sc", "an", "ac")}
         # scenario -> (kernel, inputs, bytes moved, float64 reference)
         scenarios: dict[str, tuple[Callable[..., None], list[DeviceBuffer], int, np.ndarray]] = {
             "sparse_vector": (kernels.sparse_vector, bufs[:3], n * 12, ref_sparse),
             "stream_analysis": (kernels.stream_analysis, bufs[3:], n * 8 * 8 + n * 4, ref_stream)}
-        try:
-            results = {}
-            for scenario, key, streaming in (("sparse_vector", "sn", False), ("sparse_vector", "sc", True),
-                                             ("stream_analysis", "an", False), ("stream_analysis", "ac", True)):
-                kernel, inputs, moved, ref = scenarios[scenario]
-                o, how = outs[key], "cs" if streaming else "normal"
-                o.fill_bytes(0xFF, s)  # NaN poison
-                timing = time_gpu(lambda st: kernel(*inputs, o, st, streaming=streaming), s, warmup=warmup,
-                                  repeat=repeat)
-                got = results[key] = o.to_numpy(s)
-                err = float(np.max(np.abs(got - ref) / np.maximum(1.0, np.abs(ref))))
-                check(bool(np.all(np.isfinite(got))) and err < 1e-5, f"{scenario} {key} max error {err:g}")
-                config = {"n": n, "scenario": scenario, "streaming_loads": streaming}
-                records.append(Record.from_timing("cache-streaming", f"{scenario}/{how}", config, timing, {
-                    "max_rel_error_vs_float64": err, "gbps": moved / timing.median_ms / 1e6}))
-                bar.step(f"{scenario} {how}")
-            check(np.array_equal(results["sn"], results["sc"]), "sparse_vector normal and .cs outputs differ")
-            check(np.array_equal(results["an"], results["ac"]), "stream_analysis normal and .cs outputs differ")
-        finally:
-            for b in list(bufs) + list(outs.values()):
-                b.free()
+        results = {}
+        for scenario, key, streaming in (("sparse_vector", "sn", False), ("sparse_vector", "sc", True),
+                                         ("stream_analysis", "an", False), ("stream_analysis", "ac", True)):
+            kernel, inputs, moved, ref = scenarios[scenario]
+            o, how = outs[key], "cs" if streaming else "normal"
+            o.fill_bytes(0xFF, s)  # NaN poison
+            timing = time_gpu(lambda st: kernel(*inputs, o, st, streaming=streaming), s, warmup=warmup, repeat=repeat)
+            got = results[key] = o.to_numpy(s)
+            err = float(np.max(np.abs(got - ref) / np.maximum(1.0, np.abs(ref))))
+            check(bool(np.all(np.isfinite(got))) and err < 1e-5, f"{scenario} {key} max error {err:g}")
+            config = {"n": n, "scenario": scenario, "streaming_loads": streaming}
+            records.append(Record.from_timing("cache-streaming", f"{scenario}/{how}", config, timing, {
+                "max_rel_error_vs_float64": err, "gbps": moved / timing.median_ms / 1e6}))
+            bar.step(f"{scenario} {how}")
+        check(np.array_equal(results["sn"], results["sc"]), "sparse_vector normal and .cs outputs differ")
+        check(np.array_equal(results["an"], results["ac"]), "stream_analysis normal and .cs outputs differ")
     ms = {r.variant: r.median_ms for r in records}
     return Report("cache-streaming", environment(index), records, summary={
         f"{sc}_speedup_cs": ms[f"{sc}/normal"] / ms[f"{sc}/cs"] for sc in ("sparse_vector", "stream_analysis")})

@@ -59,7 +59,7 @@ def bench_graph(
                 kernels.reset_data(out, lut, s)
         with g:
             out.fill_bytes(0xFF, s)
-            plain = time_gpu(lambda st: g.launch(st), s, warmup=warmup, repeat=repeat)
+            plain = time_gpu(g.launch, s, warmup=warmup, repeat=repeat)
             check(kernels.verify_reset_data(out, lut, s) == 0, "graph replay without window")
             config: dict[str, Any] = {"lut_bytes": lut_bytes, "out_bytes": out_bytes,
                                       "kernels_per_graph": kernels_per_graph}
@@ -77,10 +77,8 @@ def bench_graph(
                         check(all(k.window == p.window for k in g.kernel_nodes()), "node windows read back")
                         if how == "update":
                             check(stale.update(g.handle), "cudaGraphExecUpdate refused a graph whose topology is unchanged")
-                            windowed = time_gpu(lambda st: stale.launch(resolve_stream(st).handle), s,
-                                                warmup=warmup, repeat=repeat)
-                        else:
-                            windowed = time_gpu(lambda st: g.launch(st), s, warmup=warmup, repeat=repeat)
+                        replay = (lambda st: stale.launch(resolve_stream(st).handle)) if how == "update" else g.launch
+                        windowed = time_gpu(replay, s, warmup=warmup, repeat=repeat)
                         check(kernels.verify_reset_data(out, lut, s) == 0, f"graph replay with window ({how})")
                         assert p.window is not None
                         granted, ratio = p.set_aside, p.window.hit_ratio

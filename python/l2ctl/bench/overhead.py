@@ -16,6 +16,7 @@ from __future__ import annotations
 import statistics
 import time
 from contextlib import ExitStack
+from functools import partial
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -67,13 +68,6 @@ OVERHEAD_VARIANTS: dict[str, str] = {
     "cpp_default_calls": "a default scope's driver calls timed in C++: the lean ones + cudaCtxResetPersistingL2Cache",
     "cpp_graph_32_calls": "a 32-node graph scope's driver calls timed in C++: per node, get + 2 sets of its window",
     "cpp_set_limit_pair": "cudaDeviceSetLimit(up), then (back), timed in C++",
-}
-#: The lean scope's forms: (its arguments after the stream and buffer, the hit ratio its window carries).
-LEAN_FORMS: dict[str, tuple[tuple[Any, ...], dict[str, Any], float]] = {
-    "persist_lean": ((0.75,), {}, 0.75), "persist_lean_1_0": ((1.0,), {}, 1.0), "persist_lean_int_1": ((1,), {}, 1.0),
-    "persist_lean_np_float32": ((np.float32(0.75),), {}, 0.75), "persist_lean_keyword": ((), {"hit_ratio": 0.75}, 0.75),
-    "persist_lean_policy": ((), {"policy": Policy(set_aside=None, hit_ratio=0.75)}, 0.75),
-    "persist_lean_limit": ((0.75,), {}, 0.75), "persist_lean_reused": ((0.75,), {}, 0.75),  # (limit: set at the run)
 }
 #: The variants timed in C++ in one call per round (src/driver_timing.cpp), not through a Python loop.
 DRIVER_VARIANTS = ("cpp_lean_calls", "cpp_default_calls", "cpp_graph_32_calls", "cpp_set_limit_pair")
@@ -156,36 +150,30 @@ def bench_overhead(
         out = stack.enter_context(DeviceBuffer(MiB, index))
         limit_before = get_set_aside(index)
         up = min(props.persisting_l2_cache_max_size, limit_before + granule)
-        graphs_by_size = {}
+        graphs_made = []
         for nodes in (1, 32):
             with graphs.capture(s) as g:
                 for _ in range(nodes):
                     kernels.write_index(out, s)
-            graphs_by_size[nodes] = stack.enter_context(g)
+            graphs_made.append(stack.enter_context(g))
         expected = AccessPolicyWindow.for_buffer(buf, 0.75)
         policy = Policy(set_aside=up, hit_ratio=0.75)
+        lean_policy = Policy(set_aside=None, hit_ratio=0.75)
+        g1, g32 = graphs_made
+        # The lean scopes that differ only in their values, persist(target, buffer, ratio, set_aside=limit,
+        # reset_on_exit=False): name -> (target, buffer, ratio, limit), each value made beforehand, as a program
+        # holds it (the argument forms of issue 36's table, and graphs of 1 and 32 kernel nodes).
+        lean: dict[str, tuple[Any, Any, Any, Optional[int]]] = {
+            "persist_lean": (s, buf, 0.75, None), "persist_lean_1_0": (s, buf, 1.0, None),
+            "persist_lean_int_1": (s, buf, 1, None), "persist_lean_np_float32": (s, buf, np.float32(0.75), None),
+            "persist_lean_limit": (s, buf, 0.75, limit_before), "persist_graph_1": (g1, buf, 0.75, None),
+            "persist_graph_32": (g32, buf, 0.75, None)}
+        reusable = persist(s, buf, 0.75, set_aside=None, reset_on_exit=False)
 
         # Each operation is one call of a function that does what a user writes (a with-block on a scope
         # made in place), like the raw variants below: no extra layer in the timed loop.
-        g1, g32 = graphs_by_size[1], graphs_by_size[32]
-
-        def persist_lean() -> None:
-            with persist(s, buf, 0.75, set_aside=None, reset_on_exit=False):
-                pass
-
-        # The lean scope in each form (the arguments made beforehand, as a program holds them).
-        ratio_f32, lean_policy = LEAN_FORMS["persist_lean_np_float32"][0][0], LEAN_FORMS["persist_lean_policy"][1]["policy"]
-
-        def persist_lean_1_0() -> None:
-            with persist(s, buf, 1.0, set_aside=None, reset_on_exit=False):
-                pass
-
-        def persist_lean_int_1() -> None:
-            with persist(s, buf, 1, set_aside=None, reset_on_exit=False):
-                pass
-
-        def persist_lean_np_float32() -> None:
-            with persist(s, buf, ratio_f32, set_aside=None, reset_on_exit=False):
+        def persist_lean_reused() -> None:
+            with reusable:
                 pass
 
         def persist_lean_keyword() -> None:
@@ -194,16 +182,6 @@ def bench_overhead(
 
         def persist_lean_policy() -> None:
             with persist(s, buf, policy=lean_policy, reset_on_exit=False):
-                pass
-
-        def persist_lean_limit() -> None:
-            with persist(s, buf, 0.75, set_aside=limit_before, reset_on_exit=False):
-                pass
-
-        reusable = persist(s, buf, 0.75, set_aside=None, reset_on_exit=False)
-
-        def persist_lean_reused() -> None:
-            with reusable:
                 pass
 
         def persist_default() -> None:
@@ -218,14 +196,6 @@ def bench_overhead(
             with persist(s, buf, policy=policy):
                 pass
 
-        def persist_graph_1() -> None:
-            with persist(g1, buf, 0.75, set_aside=None, reset_on_exit=False):
-                pass
-
-        def persist_graph_32() -> None:
-            with persist(g32, buf, 0.75, set_aside=None, reset_on_exit=False):
-                pass
-
         def set_aside_scope() -> None:
             with set_aside(up, index):
                 pass
@@ -235,25 +205,31 @@ def bench_overhead(
             clear_window(s)
 
         ops: dict[str, Callable[[], Any]] = {op.__name__: op for op in (
-            persist_lean, persist_lean_reused, persist_default, persist_exact, persist_policy, persist_graph_1,
-            persist_graph_32, set_aside_scope, set_clear_window, persist_lean_1_0, persist_lean_int_1,
-            persist_lean_np_float32, persist_lean_keyword, persist_lean_policy, persist_lean_limit)}
+            persist_lean_reused, persist_lean_keyword, persist_lean_policy, persist_default, persist_exact,
+            persist_policy, set_aside_scope, set_clear_window)}
+        ops.update({name: _lean(*values) for name, values in lean.items()})
         ops["reset_persisting_lines"] = lambda: reset_persisting_lines(index)
+        # What a scope applies inside, checked once before it is timed: name -> (the scope, where its window
+        # goes, the window's hit ratio, the limit inside; None: not checked).
+        scopes: dict[str, tuple[Callable[[], Any], Any, Optional[float], Optional[int]]] = {
+            name: (partial(persist, target, b, ratio, set_aside=limit, reset_on_exit=False), target, float(ratio),
+                   limit_before) for name, (target, b, ratio, limit) in lean.items()}
+        scopes.update({
+            "persist_lean_reused": (lambda: reusable, s, 0.75, limit_before),
+            "persist_lean_keyword": (lambda: persist(s, buf, hit_ratio=0.75, set_aside=None, reset_on_exit=False), s,
+                                     0.75, limit_before),
+            "persist_lean_policy": (lambda: persist(s, buf, policy=lean_policy, reset_on_exit=False), s, 0.75,
+                                    limit_before),
+            "persist_default": (lambda: persist(s, buf, 0.75), s, 0.75, None),
+            "persist_exact": (lambda: persist(s, buf, 0.75, set_aside=up), s, 0.75, up),
+            "persist_policy": (lambda: persist(s, buf, policy=policy), s, 0.75, up),
+            "set_aside_scope": (lambda: set_aside(up, index), None, None, up)})
         simulated = bool(_backend.simulated())  # the raw CUDA calls and torch's objects need the real GPU
         ops.update({} if simulated else _raw_bindings(s.handle, buf, index, up, limit_before) or {})
         torch_objects = None if simulated else _torch_objects(index)
         if torch_objects is not None:
-            t_stream, t_tensor = torch_objects
-
-            def persist_lean_torch() -> None:
-                with persist(t_stream, t_tensor, 0.75, set_aside=None, reset_on_exit=False):
-                    pass
-
-            def persist_lean_torch_1_0() -> None:
-                with persist(t_stream, t_tensor, 1.0, set_aside=None, reset_on_exit=False):
-                    pass
-
-            ops["persist_lean_torch"], ops["persist_lean_torch_1_0"] = persist_lean_torch, persist_lean_torch_1_0
+            ops["persist_lean_torch"] = _lean(*torch_objects, 0.75, None)
+            ops["persist_lean_torch_1_0"] = _lean(*torch_objects, 1.0, None)
         driver_timing = None if simulated else getattr(_core, "_driver_timing", None)
         nodes32 = [k.node for k in g32.kernel_nodes()]
 
@@ -278,7 +254,8 @@ def bench_overhead(
                 skip(name, "the GPU is simulated" if simulated else "cuda-python is not installed"
                      if name.startswith("raw_") else "torch with a CUDA device is not installed")
                 continue
-            _check_variant(name, ops[name], s, buf, expected, graphs_by_size, index, limit_before, up)
+            _check_variant(name, ops[name], scopes.get(name), expected, index)
+            _check_left_clean(name, s, graphs_made, index, limit_before)
             measured.append(name)
         # Rounds go round-robin over the variants, so that a burst of load on the host falls on all of them
         # alike and the medians stay comparable side by side.
@@ -287,13 +264,13 @@ def bench_overhead(
             for name in measured:
                 ops[name]()  # warm
                 samples[name].append(_per_op_us(ops[name], iterations))
-                _check_left_clean(name, s, graphs_by_size, index, limit_before)
+                _check_left_clean(name, s, graphs_made, index, limit_before)
             if driver_measured:  # the same round, beside the scopes
                 driver_round(1)  # warm
                 timed = driver_round(iterations)
                 for name in driver_measured:
                     samples[name].append(timed[name])
-                _check_left_clean("cpp_*", s, graphs_by_size, index, limit_before)
+                _check_left_clean("cpp_*", s, graphs_made, index, limit_before)
         for name in measured + driver_measured:
             median = statistics.median(samples[name])
             records.append(Record("overhead", name, {"operation": OVERHEAD_VARIANTS[name], "iterations": iterations,
@@ -316,41 +293,38 @@ def _torch_objects(index: int) -> Optional[tuple[Any, Any]]:
     return torch.cuda.Stream(device=index), torch.empty(MiB, dtype=torch.int32, device=f"cuda:{index}")
 
 
-def _check_variant(name: str, op: Callable[[], Any], s: Stream, buf: DeviceBuffer, expected: AccessPolicyWindow,
-                   graphs_by_size: dict[int, graphs.Graph], index: int, limit_before: int, up: int) -> None:
-    """Once, outside the timed loops: the operation really applies what it claims inside the scope."""
-    if name in LEAN_FORMS:
-        args, keywords, hit_ratio = LEAN_FORMS[name]
-        settings: dict[str, Any] = {"set_aside": None, "reset_on_exit": False, **keywords}
-        if "policy" in keywords:
-            del settings["set_aside"]
-        elif name == "persist_lean_limit":
-            settings["set_aside"] = limit_before
-        with persist(s, buf, *args, **settings):
-            check(get_window(s) == expected._replace(hit_ratio=hit_ratio), f"{name}: the window on the stream")
-            check(get_set_aside(index) == limit_before, f"{name}: the limit")
-    elif name in ("persist_default", "persist_exact", "persist_policy"):
-        scope = persist(s, buf, 0.75, set_aside=up if name == "persist_exact" else "auto") \
-            if name != "persist_policy" else persist(s, buf, policy=Policy(set_aside=up, hit_ratio=0.75))
-        with scope:
-            check(get_window(s) == expected, f"{name}: the window on the stream")
-            if name in ("persist_exact", "persist_policy"):
-                check(get_set_aside(index) == up, f"{name}: the limit")
-    elif name.startswith("persist_graph_"):
-        g = graphs_by_size[int(name.rsplit("_", 1)[1])]
-        with persist(g, buf, 0.75, set_aside=None, reset_on_exit=False):
-            check(all(k.window == expected for k in g.kernel_nodes()), f"{name}: the node windows")
-    elif name == "set_aside_scope":
-        with set_aside(up, index):
-            check(get_set_aside(index) == up, f"{name}: the limit")
-    else:
+def _lean(target: Any, buffer: Any, ratio: Any, limit: Optional[int]) -> Callable[[], None]:
+    """A lean scope's timed operation: ``persist(target, buffer, ratio, set_aside=limit, reset_on_exit=False)``
+    entered and left."""
+
+    def op() -> None:
+        with persist(target, buffer, ratio, set_aside=limit, reset_on_exit=False):
+            pass
+
+    return op
+
+
+def _check_variant(name: str, op: Callable[[], Any], scope: Optional[tuple[Callable[[], Any], Any, Optional[float],
+                   Optional[int]]], expected: AccessPolicyWindow, index: int) -> None:
+    """Once, outside the timed loops: the operation really applies what it claims inside the scope (``scope``:
+    the scope, where its window goes, the window's hit ratio and the limit inside); without one, it runs."""
+    if scope is None:
         op()
-    _check_left_clean(name, s, graphs_by_size, index, limit_before)
+        return
+    make, target, ratio, limit = scope
+    with make():
+        window = None if ratio is None else expected._replace(hit_ratio=ratio)
+        if isinstance(target, graphs.Graph):
+            check(all(k.window == window for k in target.kernel_nodes()), f"{name}: the node windows")
+        elif window is not None:
+            check(get_window(target) == window, f"{name}: the window on the stream")
+        if limit is not None:
+            check(get_set_aside(index) == limit, f"{name}: the limit")
 
 
-def _check_left_clean(name: str, s: Stream, graphs_by_size: dict[int, graphs.Graph], index: int,
+def _check_left_clean(name: str, s: Stream, graphs_made: Sequence[graphs.Graph], index: int,
                       limit_before: int) -> None:
     check(get_window(s).empty, f"{name}: the stream's window afterwards")
     check(get_set_aside(index) == limit_before, f"{name}: the limit afterwards")
-    for g in graphs_by_size.values():
+    for g in graphs_made:
         check(all(k.window.empty for k in g.kernel_nodes()), f"{name}: the node windows afterwards")

@@ -82,12 +82,10 @@ class Comparison:
         timing = Timing(tuple(float(t) for t in self.times_ms.ravel()))
         config = {**self.arm.config, "set_aside_requested": self.arm.set_aside, "set_aside_granted": self.granted,
                   **(extra or {})}
-        rec = Record.from_timing(benchmark, self.arm.label, config, timing, {
+        return Record.from_timing(benchmark, self.arm.label, config, timing, {
             "speedup_vs_baseline": self.speedup, "speedup_ci_low": self.ci[0], "speedup_ci_high": self.ci[1],
             "confidence": self.confidence, "baseline_median_ms": self.baseline_median_ms,
-            "rounds": int(self.times_ms.shape[0])})
-        rec.verified = self.verified
-        return rec
+            "rounds": int(self.times_ms.shape[0])}, self.verified)
 
 
 def check_confidence(value: object) -> float:

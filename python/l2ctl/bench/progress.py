@@ -50,13 +50,10 @@ class Progress:
                 self._lines = False
 
     def step(self, what: str = "") -> None:
-        self._advance(1, what)
+        self.skip(1, what)
 
     def skip(self, steps: int, what: str = "") -> None:
         """``steps`` planned steps that were not needed, counted as done."""
-        self._advance(steps, what)
-
-    def _advance(self, steps: int, what: str) -> None:
         steps = min(max(0, int(steps)), self.total - self.done)  # never "5/4", whatever a caller miscounts
         if steps == 0:
             return

@@ -106,9 +106,9 @@ class Record:
 
     @classmethod
     def from_timing(cls, benchmark: str, variant: str, config: dict[str, Any], timing: Timing,
-                    metrics: dict[str, Any]) -> "Record":
+                    metrics: dict[str, Any], verified: bool = True) -> "Record":
         return cls(benchmark, variant, config, timing.median_ms, timing.min_ms, timing.max_ms, timing.spread,
-                   len(timing.times_ms), True, metrics)
+                   len(timing.times_ms), verified, metrics)
 
     def flat(self) -> dict[str, Any]:
         row = {k: v for k, v in asdict(self).items() if k not in ("config", "metrics")}
@@ -165,8 +165,6 @@ class Report:
 
 
 def _json_default(value: Any) -> Any:
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.floating):
-        return float(value)
+    if isinstance(value, (np.integer, np.floating)):
+        return value.item()
     raise TypeError(f"cannot serialise {type(value).__name__}")

@@ -18,7 +18,7 @@ from .._plan import check_nbytes, round_up
 from ..workloads.copy import CopyWorkload
 from .paired import Arm, compare
 
-__all__ = ["Tax", "measure_tax", "forget_taxes", "copy_pace"]
+__all__ = ["Tax", "NO_TAX", "measure_tax", "forget_taxes", "copy_pace"]
 
 _cache: "weakref.WeakKeyDictionary[Any, dict[tuple[int, int], Tax]]" = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
@@ -61,6 +61,10 @@ class Tax:
                 "copy_gbps_with": self.copy_gbps_with}
 
 
+#: What no set-aside costs: nothing, and nothing measured.
+NO_TAX = Tax(0, 1.0, (1.0, 1.0), 0, 0.0, 0.0)
+
+
 def measure_tax(stream: StreamLike, set_aside: int, *, rounds: int = 3, repeat: int = 5) -> Tax:
     """The tax of ``set_aside`` bytes (rounded up to the driver's granularity) on a copy of 8x the L2
     size. 0 bytes costs nothing and is not measured."""
@@ -68,7 +72,7 @@ def measure_tax(stream: StreamLike, set_aside: int, *, rounds: int = 3, repeat: 
     device = stream_device(resolve_stream(stream))
     info = properties(device)
     if set_aside == 0 or not info.supports_persistence:
-        return Tax(0, 1.0, (1.0, 1.0), 0, 0.0, 0.0)
+        return NO_TAX
     granted = min(info.persisting_l2_cache_max_size, round_up(set_aside, set_aside_granularity(device)))
     key = (device, granted)
     backend = _backend.current()

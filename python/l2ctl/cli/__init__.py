@@ -39,9 +39,8 @@ from .tune_cmd import cmd_tune
 
 __all__ = ["main", "build_parser", "parse_args", "run", "COMMANDS", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE",
            "EXIT_UNSUPPORTED", "EXIT_VERIFY", "EXIT_INTERRUPTED", "EXIT_BROKEN_PIPE", "cmd_info", "cmd_tune",
-           "cmd_bench_reset",
-           "cmd_bench_stride", "cmd_bench_cs", "cmd_bench_graph", "cmd_bench_concurrent", "cmd_sweep_hit_ratio",
-           "cmd_sweep_set_aside", "cmd_sweep_surface", "cmd_sweep_tax"]
+           "cmd_bench_reset", "cmd_bench_stride", "cmd_bench_cs", "cmd_bench_graph", "cmd_bench_concurrent",
+           "cmd_sweep_hit_ratio", "cmd_sweep_set_aside", "cmd_sweep_surface", "cmd_sweep_tax"]
 
 #: The top-level commands, in the order ``--help`` lists them.
 COMMANDS: tuple[Entry, ...] = (info_cmd.INFO, bench_cmd.BENCH, sweep_cmd.SWEEP, tune_cmd.TUNE)

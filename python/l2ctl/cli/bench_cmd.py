@@ -10,16 +10,17 @@ import argparse
 from typing import Any, Callable, Optional
 
 from ..bench import Report, copy_pace
-from .options import (COLUMN_NAMES, COMMON, CSV, DEVICE, GALLERY_NAMES, JSON, LUT_BYTES, LUT_SIZES, OUT_BYTES, PLOT,
-                      QUIET, REPEAT, ROUNDS, SET_ASIDE, SIMULATE, SIZE_HELP, WARMUP, Option, collective_sizes, columns,
-                      count, gallery_names, strides)
+from .options import (COLUMN_NAMES, COMMON, CSV, DEVICE, EVERYWHERE, GALLERY_NAMES, JSON, LUT_BYTES, LUT_SIZES,
+                      OUT_BYTES, PLOT, QUIET, REPEAT, ROUNDS, SET_ASIDE, SIMULATE, SIZE_HELP, WARMUP, Option,
+                      collective_sizes, columns, count, gallery_names, strides)
 from .exitcodes import EXIT_OK, EXIT_UNSUPPORTED, EXIT_USAGE
 from .output import done, fmt_bytes, header, measure, note
 from .parsing import Command, Group
 
 __all__ = ["cmd_bench_reset", "cmd_bench_stride", "cmd_bench_cs", "cmd_bench_graph", "cmd_bench_concurrent",
-           "cmd_bench_overhead", "cmd_bench_workloads", "cmd_bench_collectives", "COLLECTIVES", "frameworks_missing", "WORKLOADS", "RESET_DATA", "STRIDE",
-           "CACHE_STREAMING", "GRAPH", "CONCURRENT", "OVERHEAD", "BENCHMARKS", "BENCH"]
+           "cmd_bench_overhead", "cmd_bench_workloads", "cmd_bench_collectives", "COLLECTIVES", "frameworks_missing",
+           "WORKLOADS", "RESET_DATA", "STRIDE", "CACHE_STREAMING", "GRAPH", "CONCURRENT", "OVERHEAD", "BENCHMARKS",
+           "BENCH"]
 
 
 def _measured(args: argparse.Namespace, run: Callable[..., Report], *given: Any, **options: Any) -> Report:
@@ -252,8 +253,7 @@ OVERHEAD = Command(
     "overhead", "host cost of persist, windows, set_aside and resets, beside the raw CUDA calls",
     (ROUNDS.but(help="rounds; the median is reported (3 to 1000)", default=7),
      Option("--iterations", "operations per round (1 to 1,000,000)", 2000, type=count(1, 1_000_000, "iterations"),
-            metavar="N"),
-     DEVICE, JSON, CSV, QUIET, SIMULATE),
+            metavar="N")) + EVERYWHERE,
     cmd_bench_overhead,
     "Host microseconds per operation: persist enter+exit (lean and default settings, on a stream and on\n"
     "graphs of 1 and 32 kernel nodes; the lean scope in each argument form: hit ratio 0.75, 1.0, 1,\n"
@@ -267,7 +267,7 @@ WORKLOADS = Command(
             gallery_names, "NAMES"),
      Option("--runs", "separate paired re-measures of the tuned choice (1 to 100)", 3, type=count(1, 100, "runs"),
             metavar="N"),
-     ROUNDS, REPEAT.but(default=5), WARMUP.but(default=1), DEVICE, JSON, CSV, QUIET, SIMULATE),
+     ROUNDS, REPEAT.but(default=5), WARMUP.but(default=1)) + EVERYWHERE,
     cmd_bench_workloads,
     "The gallery of real framework workloads (l2ctl.workloads.gallery), each measured side by side with\n"
     "its baseline: the textbook recipe, persist(..., 1.0) with l2ctl's defaults, and l2ctl.tune's choice\n"

@@ -26,9 +26,8 @@ from .output import STDOUT, fmt_bytes, note
 __all__ = ["Option", "COLUMN_NAMES", "VARIANT_NAMES", "parse_size", "items", "simulated_gpus", "lut_size", "lut_sizes",
            "collective_sizes", "count", "repeat_count", "warmup_count", "strides", "columns", "variant",
            "gallery_names", "GALLERY_NAMES", "device_index", "output_path", "plot_path", "DEVICE", "REPEAT", "WARMUP",
-           "ROUNDS",
-           "JSON", "CSV", "PLOT", "QUIET", "SIMULATE", "EVERYWHERE", "COMMON", "LUT_SIZES", "LUT_BYTES", "OUT_BYTES",
-           "VARIANT", "SET_ASIDE"]
+           "ROUNDS", "JSON", "CSV", "PLOT", "QUIET", "SIMULATE", "EVERYWHERE", "COMMON", "LUT_SIZES", "LUT_BYTES",
+           "OUT_BYTES", "VARIANT", "SET_ASIDE"]
 
 MAX_BYTES = 1 << 62  # far above any device's memory; keeps a typo from overflowing the C++ side
 COLUMN_NAMES = tuple(name for name, _ in RESET_COLUMNS)
@@ -93,10 +92,6 @@ def items(text: str, what: str, example: str) -> list[str]:
     return parts
 
 
-def _twice(times: int) -> str:
-    return "twice" if times == 2 else f"{times} times"
-
-
 def measured_once(values: Sequence[Item], parts: Sequence[str], what: str,
                   show: Optional[Callable[[Item], str]] = None) -> list[Item]:
     """``values`` (parsed from ``parts``) in order, each once; a repeat is said on stderr (a table with a row or
@@ -107,7 +102,8 @@ def measured_once(values: Sequence[Item], parts: Sequence[str], what: str,
         texts.setdefault(value, []).append(part)
     for value, same in texts.items():
         if len(same) > 1:
-            said = (f"{same[0]} is named {_twice(len(same))}" if show is None
+            times = "twice" if len(same) == 2 else f"{len(same)} times"
+            said = (f"{same[0]} is named {times}" if show is None
                     else f"{', '.join(same)} are one {what} ({show(value)})")
             note(f"l2ctl: {said}: measured once")
     return list(texts)

@@ -16,9 +16,7 @@ from ..bench import Report
 from .exitcodes import EXIT_OK
 
 __all__ = ["MiB", "NO_GPU_HINT", "STDOUT", "OutputError", "data_to_stdout", "fmt_bytes", "simulated_line", "header",
-           "note", "write_report", "write_table",
-           "save_plot", "plot_problem",
-           "numbered_path", "measure", "done"]
+           "note", "write_report", "write_table", "save_plot", "plot_problem", "numbered_path", "measure", "done"]
 
 MiB = 1 << 20
 #: Said wherever a command finds no GPU: a new user's next step.
@@ -92,10 +90,9 @@ def _writing(path: str, write: Callable[[TextIO], Any]) -> None:
 
 def write_report(report: Report, json_path: Optional[str], csv_path: Optional[str]) -> None:
     """The report as JSON and/or CSV, where asked."""
-    if json_path:
-        _writing(json_path, report.write_json)
-    if csv_path:
-        _writing(csv_path, report.write_csv)
+    for path, write in ((json_path, report.write_json), (csv_path, report.write_csv)):
+        if path:
+            _writing(path, write)
 
 
 def write_table(json_path: Optional[str], csv_path: Optional[str], document: dict[str, Any],

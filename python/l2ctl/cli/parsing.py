@@ -67,10 +67,6 @@ class Command:
     run: Run
     description: str = ""
 
-    @property
-    def dests(self) -> frozenset[str]:
-        return frozenset(o.dest for o in self.options)
-
     def all_options(self) -> tuple[Option, ...]:
         return self.options
 

@@ -89,7 +89,7 @@ def _union(commands: tuple[Command, ...]) -> tuple[Option, ...]:
     for command in commands:
         for o in command.options:
             seen.setdefault(o.dest, o)
-    takers = {dest: [c.name for c in commands if dest in c.dests] for dest in seen}
+    takers = {dest: [c.name for c in commands if any(o.dest == dest for o in c.options)] for dest in seen}
     return tuple(o if len(takers[d]) == len(commands) else o.but(help=f"{o.help}; {', '.join(takers[d])} only")
                  for d, o in seen.items())
 

@@ -26,9 +26,9 @@ from .scatter_add import ScatterAdd
 from .spmv import SpMV
 from .step import TrainingStep
 
-__all__ = ["Workload", "VerifiedWorkload", "enqueue_of", "verifier_of", "describe", "ResetDataWorkload", "CopyWorkload", "gallery",
-           "BroadcastAdd", "ScatterAdd", "IndexSelect", "Embedding", "EmbeddingBag", "SpMV", "TrainingStep", "Graphed",
-           "Compiled"]
+__all__ = ["Workload", "VerifiedWorkload", "enqueue_of", "verifier_of", "describe", "ResetDataWorkload", "CopyWorkload",
+           "gallery", "BroadcastAdd", "ScatterAdd", "IndexSelect", "Embedding", "EmbeddingBag", "SpMV", "TrainingStep",
+           "Graphed", "Compiled"]
 
 
 @runtime_checkable
