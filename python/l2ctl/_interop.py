@@ -16,7 +16,7 @@ from typing import Any, Callable, NamedTuple, Optional, Protocol, TypeGuard
 import numpy as np
 
 from ._dlpack import HOST_HINT, check_dlpack_device, read_capsule, request_capsule
-from ._plan import MAX_BYTES
+from ._plan import MAX_BYTES, check_nbytes
 
 __all__ = ["StreamRef", "BufferRef", "resolve_stream", "resolve_buffer", "parse_cuda_array_interface",
            "current_streams", "remembered", "stream_remembered", "SupportsCudaStream", "SupportsCudaArrayInterface", "SupportsDLPack", "SupportsReplay",
@@ -87,8 +87,6 @@ class BufferRef(NamedTuple):
     owner: Any = None
     allocation: bool = False
 
-
-_HOST_HINT = HOST_HINT
 
 
 def _is_int(value: object) -> TypeGuard[numbers.Integral]:
@@ -170,14 +168,9 @@ def resolve_stream(stream: object) -> StreamRef:
 def _stream_device_attr(stream: object) -> Optional[int]:
     for name in ("device_index", "device_id", "device"):  # torch, CuPy/cuda.core, others
         value = getattr(stream, name, None)
-        if _is_int(value):
-            return int(value)
-        index = getattr(value, "index", None)
-        if _is_int(index):
-            return int(index)
-        device_id = getattr(value, "device_id", None)
-        if _is_int(device_id):
-            return int(device_id)
+        for found in (value, getattr(value, "index", None), getattr(value, "device_id", None)):  # an int, a device
+            if _is_int(found):
+                return int(found)
     return None
 
 
@@ -211,10 +204,13 @@ def _int_tuple(values: object, name: str) -> tuple[int, ...]:
 
 
 def _extent_bytes(shape: tuple[int, ...], itemsize: int) -> int:
-    """Bytes the elements span, in exact integer arithmetic; refused beyond what a 64-bit size holds."""
+    """Bytes the elements span, in exact integer arithmetic; refused when none, or beyond what a 64-bit size
+    holds."""
     nbytes = math.prod(shape) * itemsize
     if nbytes > MAX_BYTES:
         raise ValueError(f"shape {shape} of {itemsize}-byte elements spans {nbytes} bytes, beyond any device")
+    if nbytes == 0:
+        raise ValueError("the buffer is empty (0 bytes); a window must cover at least one byte")
     return nbytes
 
 
@@ -251,8 +247,6 @@ def parse_cuda_array_interface(cai: object, source: str = "__cuda_array_interfac
     raw_strides = cai.get("strides")
     strides = None if raw_strides is None else _int_tuple(raw_strides, "strides")
     nbytes = _extent_bytes(shape, itemsize)
-    if nbytes == 0:
-        raise ValueError("the buffer is empty (0 bytes); a window must cover at least one byte")
     if not _dense_extent(shape, strides, itemsize):
         raise ValueError(
             f"the array is not contiguous (shape {shape}, strides {strides}); a window covers one byte range, "
@@ -272,8 +266,6 @@ def parse_dlpack_capsule(capsule: object, owner: Any = None) -> BufferRef:
     if any(n < 0 for n in t.shape):
         raise ValueError(f"DLPack tensor has a negative extent: shape {t.shape}")
     nbytes = _extent_bytes(t.shape, t.itemsize)
-    if nbytes == 0:
-        raise ValueError("the buffer is empty (0 bytes); a window must cover at least one byte")
     if not _dense_extent(t.shape, t.strides, t.itemsize):
         raise ValueError(f"the DLPack tensor is not contiguous (shape {t.shape}, strides {t.strides})")
     if not t.ptr:
@@ -290,22 +282,18 @@ def resolve_buffer(buf: object) -> BufferRef:
     if buf is None:
         raise TypeError("a buffer is required: pass a device array, tensor, l2ctl.DeviceBuffer or (ptr, nbytes)")
     if isinstance(buf, np.ndarray):
-        raise ValueError(f"got a NumPy array, which is host memory; {_HOST_HINT}")
+        raise ValueError(f"got a NumPy array, which is host memory; {HOST_HINT}")
     if isinstance(buf, (bytes, bytearray, memoryview)):
-        raise ValueError(f"got a {type(buf).__name__}, which is host memory; {_HOST_HINT}")
+        raise ValueError(f"got a {type(buf).__name__}, which is host memory; {HOST_HINT}")
     if isinstance(buf, tuple):
         if len(buf) != 2 or not all(_is_int(v) for v in buf):
             raise TypeError(f"a raw buffer is a (ptr, nbytes) pair of integers, got {buf!r}")
-        ptr, nbytes = (int(v) for v in buf)
+        ptr = int(buf[0])
         if ptr <= 0:
             raise ValueError(f"pointer must be a positive device address, got {ptr}")
         if ptr >= 1 << 64:
             raise ValueError(f"pointer {ptr} is not an address: a pointer is an unsigned 64-bit integer")
-        if nbytes <= 0:
-            raise ValueError(f"nbytes must be positive, got {nbytes}")
-        if nbytes > MAX_BYTES:
-            raise ValueError(f"nbytes of {nbytes} bytes is beyond any device (at most 2**63 - 1)")
-        return BufferRef(ptr, nbytes, None, "(ptr, nbytes)")
+        return BufferRef(ptr, check_nbytes(buf[1], "nbytes"), None, "(ptr, nbytes)")
     if _is_int(buf):
         raise TypeError("a bare integer is ambiguous; pass (ptr, nbytes) so l2ctl knows the size")
     if _module_of(buf).startswith("torch") and hasattr(buf, "data_ptr") and hasattr(buf, "is_cuda"):
@@ -319,7 +307,7 @@ def resolve_buffer(buf: object) -> BufferRef:
         ref = parse_dlpack_capsule(request_capsule(buf), buf)
         return BufferRef(ref.ptr, ref.nbytes, ref.device, f"{_module_of(buf)}.__dlpack__", buf)
     if hasattr(buf, "__array_interface__") or hasattr(buf, "__array__"):
-        raise ValueError(f"got a {type(buf).__name__}, which is host memory; {_HOST_HINT}")
+        raise ValueError(f"got a {type(buf).__name__}, which is host memory; {HOST_HINT}")
     raise TypeError(
         f"cannot use a {type(buf).__name__} as a device buffer; pass an l2ctl.DeviceBuffer, a torch tensor, an "
         "object with __cuda_array_interface__ or __dlpack__, or a (ptr, nbytes) tuple"
@@ -328,7 +316,7 @@ def resolve_buffer(buf: object) -> BufferRef:
 
 def _torch_buffer(tensor: Any) -> BufferRef:
     if not tensor.is_cuda:
-        raise ValueError(f"the torch tensor is on {tensor.device}, which is host memory; {_HOST_HINT}")
+        raise ValueError(f"the torch tensor is on {tensor.device}, which is host memory; {HOST_HINT}")
     if not tensor.is_contiguous():
         raise ValueError("the torch tensor is not contiguous; a window covers one byte range, pass tensor.contiguous()")
     nbytes = int(tensor.numel()) * int(tensor.element_size())

@@ -10,7 +10,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from ._interop import resolve_buffer
-from ._plan import check_nbytes, normalize_hit_ratio
+from ._plan import check_nbytes, clip_window, normalize_hit_ratio
 
 __all__ = ["AccessProperty", "AccessPolicyWindow", "validate_window", "check_property"]
 
@@ -67,11 +67,7 @@ class AccessPolicyWindow(NamedTuple):
         """A window over ``buf`` (any accepted buffer) from ``offset`` for ``num_bytes`` (default: to its end)."""
         ref = resolve_buffer(buf)
         offset = check_nbytes(offset, "offset", allow_zero=True)
-        if offset >= ref.nbytes:
-            raise ValueError(f"offset {offset} is not inside the buffer ({ref.nbytes} bytes)")
-        n = ref.nbytes - offset if num_bytes is None else check_nbytes(num_bytes, "num_bytes")
-        if offset + n > ref.nbytes:
-            raise ValueError(f"the window [{offset}, {offset + n}) runs past the end of the buffer ({ref.nbytes} bytes)")
+        n, _ = clip_window(offset, num_bytes, ref.nbytes, 0)  # the byte range's checks (no maximum: never clipped)
         return validate_window(cls(ref.ptr + offset, n, hit_ratio, hit_prop, miss_prop))
 
 
