@@ -18,7 +18,6 @@ __all__ = [
     "normalize_hit_ratio",
     "hit_ratio_grid",
     "round_up",
-    "round_down",
     "parse_set_aside_request",
     "granted_set_aside",
     "check_set_aside_request",
@@ -120,12 +119,6 @@ def check_count(value: object, name: str, *, minimum: int = 0, maximum: int | No
 def round_up(nbytes: int, granularity: int) -> int:
     """Smallest multiple of ``granularity`` that is >= nbytes."""
     return int(_native.plan_round_up(int(nbytes), int(granularity)))
-
-
-def round_down(nbytes: int, granularity: int) -> int:
-    if granularity <= 0:
-        raise ValueError(f"granularity must be positive, got {granularity}")
-    return int(nbytes) // granularity * granularity
 
 
 def check_set_aside_request(value: object) -> None:

@@ -330,10 +330,7 @@ def keep_templates(cls: type, device_of: Callable[[Any], int],
 def is_kept(graph: Any) -> bool:
     """Whether ``graph`` was captured inside a torch_captures() scope and still holds its template."""
     with _lock:
-        try:
-            known = _kept.get(graph, (None, None))[1] is _backend._active
-        except TypeError:
-            return False
+        known = _weak_get(_kept, graph, (None, None))[1] is _backend._active
     return known and _answers(graph.raw_cuda_graph)
 
 
@@ -359,10 +356,7 @@ def describe(graph: object, index: int, count: int) -> str:
     """How a report names a kept graph: its place among ``count`` and what made it (a recording of the graph
     trees, or a torch.cuda.CUDAGraph: torch.cuda.graph, make_graphed_callables)."""
     with _lock:
-        try:
-            device = _kept.get(graph, (None, None))[0]
-        except TypeError:
-            device = None
+        device = _weak_get(_kept, graph, (None, None))[0]
     tree = device is not None and any(getattr(node, "graph", None) is graph for node in trees.recorded(device))
     made = "a recording of torch.compile's CUDA graph trees" if tree else "a torch.cuda.CUDAGraph"
     return f"graph {index + 1} of {count} ({made})"
@@ -398,11 +392,12 @@ _recorded: "weakref.WeakKeyDictionary[Any, Optional[WindowTuple]]" = weakref.Wea
 _UNKNOWN = object()
 
 
-def _window_of(node: object) -> object:
+def _weak_get(table: "weakref.WeakKeyDictionary[Any, Any]", key: object, default: Any) -> Any:
+    """``table.get(key, default)``; ``default`` for a key that is not weakly referable (never stored)."""
     try:
-        return _recorded.get(node, _UNKNOWN)
-    except TypeError:  # not weakly referable: never remembered
-        return _UNKNOWN
+        return table.get(key, default)
+    except TypeError:
+        return default
 
 
 def without(recordings: list[object], window: WindowTuple) -> tuple[int, int]:
@@ -415,7 +410,7 @@ def without(recordings: list[object], window: WindowTuple) -> tuple[int, int]:
         for node in recordings:
             if id(node) in reachable:
                 continue
-            seen = _window_of(node)
+            seen = _weak_get(_recorded, node, _UNKNOWN)
             if seen is _UNKNOWN:
                 unknown += 1
             elif seen != window:
@@ -432,7 +427,7 @@ def remember_recordings(device: int, before: set[int], window: Optional[WindowTu
     """The graphs on ``device`` that are not in ``before`` were recorded under ``window``."""
     with _lock:
         for node in trees.recorded(device):
-            if id(node) not in before and _window_of(node) is _UNKNOWN:
+            if id(node) not in before and _weak_get(_recorded, node, _UNKNOWN) is _UNKNOWN:
                 try:
                     _recorded[node] = window
                 except TypeError:

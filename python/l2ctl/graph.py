@@ -467,12 +467,10 @@ class _CaptureScope:
                         _torch_view(kept, self.device).clear_window()
 
     def _stop(self) -> None:
-        unwatch, self.unwatch = self.unwatch, None
-        unkeep, self.unkeep = self.unkeep, None
-        if unwatch is not None:
-            unwatch()
-        if unkeep is not None:
-            unkeep()
+        stops, self.unwatch, self.unkeep = (self.unwatch, self.unkeep), None, None
+        for stop in stops:
+            if stop is not None:
+                stop()
 
     def _made_current(self, scope: _registry.Scope, stream: object) -> None:
         """A stream of the device is made current inside the block: the scope's window goes there first."""
