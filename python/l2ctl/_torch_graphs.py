@@ -33,8 +33,8 @@ WindowTuple = tuple[int, int, float, int, int]
 
 __all__ = ["TOO_OLD_HINT", "KEEP_GRAPH_HINT", "CUPY_GRAPH_HINT", "CALLABLE_HINT", "foreign_target_error",
            "is_torch_graph", "template_of", "has_executable", "keep_templates", "kept", "is_kept", "describe",
-           "allocator_blocks", "GraphTrees", "TorchGraphTrees", "trees", "use_trees", "without", "recordings",
-           "remember_recordings"]
+           "allocator_blocks", "weak_get", "GraphTrees", "TorchGraphTrees", "trees", "use_trees", "without",
+           "recordings", "remember_recordings"]
 
 TOO_OLD_HINT = ("this PyTorch cannot keep a CUDA graph's template (torch.cuda.CUDAGraph(keep_graph=True) needs "
                 "torch >= 2.9), so l2ctl can neither keep nor change the graphs it records: upgrade torch, or persist "
@@ -330,7 +330,7 @@ def keep_templates(cls: type, device_of: Callable[[Any], int],
 def is_kept(graph: Any) -> bool:
     """Whether ``graph`` was captured inside a torch_captures() scope and still holds its template."""
     with _lock:
-        known = _weak_get(_kept, graph, (None, None))[1] is _backend._active
+        known = weak_get(_kept, graph, (None, None))[1] is _backend._active
     return known and _answers(graph.raw_cuda_graph)
 
 
@@ -356,7 +356,7 @@ def describe(graph: object, index: int, count: int) -> str:
     """How a report names a kept graph: its place among ``count`` and what made it (a recording of the graph
     trees, or a torch.cuda.CUDAGraph: torch.cuda.graph, make_graphed_callables)."""
     with _lock:
-        device = _weak_get(_kept, graph, (None, None))[0]
+        device = weak_get(_kept, graph, (None, None))[0]
     tree = device is not None and any(getattr(node, "graph", None) is graph for node in trees.recorded(device))
     made = "a recording of torch.compile's CUDA graph trees" if tree else "a torch.cuda.CUDAGraph"
     return f"graph {index + 1} of {count} ({made})"
@@ -392,7 +392,7 @@ _recorded: "weakref.WeakKeyDictionary[Any, Optional[WindowTuple]]" = weakref.Wea
 _UNKNOWN = object()
 
 
-def _weak_get(table: "weakref.WeakKeyDictionary[Any, Any]", key: object, default: Any) -> Any:
+def weak_get(table: "weakref.WeakKeyDictionary[Any, Any]", key: object, default: Any) -> Any:
     """``table.get(key, default)``; ``default`` for a key that is not weakly referable (never stored)."""
     try:
         return table.get(key, default)
@@ -410,7 +410,7 @@ def without(recordings: list[object], window: WindowTuple) -> tuple[int, int]:
         for node in recordings:
             if id(node) in reachable:
                 continue
-            seen = _weak_get(_recorded, node, _UNKNOWN)
+            seen = weak_get(_recorded, node, _UNKNOWN)
             if seen is _UNKNOWN:
                 unknown += 1
             elif seen != window:
@@ -427,7 +427,7 @@ def remember_recordings(device: int, before: set[int], window: Optional[WindowTu
     """The graphs on ``device`` that are not in ``before`` were recorded under ``window``."""
     with _lock:
         for node in trees.recorded(device):
-            if id(node) not in before and _weak_get(_recorded, node, _UNKNOWN) is _UNKNOWN:
+            if id(node) not in before and weak_get(_recorded, node, _UNKNOWN) is _UNKNOWN:
                 try:
                     _recorded[node] = window
                 except TypeError:

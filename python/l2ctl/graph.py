@@ -294,10 +294,7 @@ def as_graph(obj: object, device: object = None) -> Graph:
 
 def _torch_view(obj: Any, device: object) -> Graph:
     handle = _torch_graphs.template_of(obj)  # ValueError for keep_graph=False, saying what to do
-    try:
-        view = _torch_views.get(obj)
-    except TypeError:  # not weakly referable: a view per call, holding it
-        view = None
+    view: Optional[Graph] = _torch_graphs.weak_get(_torch_views, obj, None)  # not weakly referable: one per call
     try:
         if view is not None and view.handle == handle and (device is None or view.device == resolve_device(device)):
             return view
