@@ -17,19 +17,8 @@ from ._backend import Backend
 from ._errors import CudaError, NoDeviceError, NotSupportedError
 from ._interop import StreamRef
 
-__all__ = [
-    "DeviceProperties",
-    "device_count",
-    "resolve_device",
-    "properties",
-    "require_persistence",
-    "stream_device",
-    "check_pointer",
-    "versions",
-    "minimum_driver",
-    "check_owned_pointer",
-    "check_stream_context",
-]
+__all__ = ["DeviceProperties", "device_count", "resolve_device", "properties", "require_persistence", "stream_device",
+           "check_pointer", "versions", "minimum_driver", "check_owned_pointer", "check_stream_context"]
 
 # CUDA errors that mean "there is no usable driver or GPU" rather than a failed call.
 _NO_DEVICE = {"cudaErrorNoDevice", "cudaErrorInsufficientDriver", "cudaErrorInitializationError"}

@@ -10,17 +10,8 @@ from . import _backend, _registry
 from ._device import DeviceProperties, properties, require_persistence, resolve_device
 from ._plan import check_set_aside_request, parse_set_aside_request, tax_free_limit
 
-__all__ = [
-    "DeviceInfo",
-    "device_info",
-    "get_set_aside",
-    "set_aside",
-    "SetAside",
-    "reset_persisting_lines",
-    "set_aside_granularity",
-    "set_aside_rounding",
-    "auto_set_aside_cap",
-]
+__all__ = ["DeviceInfo", "device_info", "get_set_aside", "set_aside", "SetAside", "reset_persisting_lines",
+           "set_aside_granularity", "set_aside_rounding", "auto_set_aside_cap"]
 
 
 @dataclass(frozen=True)

@@ -13,24 +13,10 @@ from . import _core
 
 _native = _core._planner  # the planner's rules (src/l2ctl/planner.cpp), typed by _core.pyi
 
-__all__ = [
-    "HIT_RATIO_TOLERANCE",
-    "normalize_hit_ratio",
-    "hit_ratio_grid",
-    "round_up",
-    "parse_set_aside_request",
-    "granted_set_aside",
-    "check_set_aside_request",
-    "auto_set_aside",
-    "oversubscribed",
-    "tax_free_limit",
-    "DEFAULT_LIMIT_FRACTION",
-    "default_hit_ratio",
-    "clip_window",
-    "shared_hit_ratios",
-    "check_nbytes",
-    "check_count",
-]
+__all__ = ["HIT_RATIO_TOLERANCE", "normalize_hit_ratio", "hit_ratio_grid", "round_up", "parse_set_aside_request",
+           "granted_set_aside", "check_set_aside_request", "auto_set_aside", "oversubscribed", "tax_free_limit",
+           "DEFAULT_LIMIT_FRACTION", "default_hit_ratio", "clip_window", "shared_hit_ratios", "check_nbytes",
+           "check_count"]
 
 #: Hit ratios in (1, 1 + HIT_RATIO_TOLERANCE] are taken as 1.0: they are rounding noise (0.1 added ten
 #: times in float32 gives 1.0000001, which CUDA rejects with cudaErrorInvalidValue). Anything larger
