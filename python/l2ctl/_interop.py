@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
 import threading
-from typing import Any, Callable, NamedTuple, Optional, Protocol, TypeGuard
+from typing import Any, Callable, NamedTuple, Optional, Protocol
 
 import numpy as np
 
 from ._dlpack import HOST_HINT, check_dlpack_device, read_capsule, request_capsule
-from ._plan import MAX_BYTES, check_nbytes
+from ._plan import MAX_BYTES, check_nbytes, is_integer
 
 __all__ = ["StreamRef", "BufferRef", "resolve_stream", "resolve_buffer", "parse_cuda_array_interface",
            "current_streams", "remembered", "stream_remembered", "SupportsCudaStream", "SupportsCudaArrayInterface", "SupportsDLPack", "SupportsReplay",
@@ -89,11 +88,6 @@ class BufferRef(NamedTuple):
 
 
 
-def _is_int(value: object) -> TypeGuard[numbers.Integral]:
-    # A plain int first: the ABC check costs a few hundred nanoseconds, on every scope's stream and buffer.
-    return type(value) is int or isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
-
-
 def _module_of(obj: object) -> str:
     return type(obj).__module__ or ""
 
@@ -132,7 +126,7 @@ def resolve_stream(stream: object) -> StreamRef:
         return StreamRef(LEGACY_DEFAULT_STREAM, None, "None (legacy default stream)")
     if isinstance(stream, (bool, np.bool_)):
         raise TypeError("a stream cannot be a bool; pass an l2ctl.Stream, a torch/CuPy stream or a cudaStream_t int")
-    if _is_int(stream):
+    if is_integer(stream):
         handle = int(stream)
         if handle < 0 or handle >= 1 << 64:
             raise ValueError(f"a cudaStream_t handle must be a non-negative 64-bit integer, got {handle}")
@@ -140,7 +134,7 @@ def resolve_stream(stream: object) -> StreamRef:
     protocol = getattr(type(stream), "__cuda_stream__", None)
     if protocol is not None:
         value = protocol(stream)
-        if not (isinstance(value, tuple) and len(value) == 2 and all(_is_int(v) for v in value)):
+        if not (isinstance(value, tuple) and len(value) == 2 and all(is_integer(v) for v in value)):
             raise TypeError(f"__cuda_stream__ must return (version, handle) integers, got {value!r}")
         version, handle = (int(v) for v in value)
         if version != 0:
@@ -152,13 +146,13 @@ def resolve_stream(stream: object) -> StreamRef:
         return StreamRef(handle, _stream_device_attr(stream), f"{_module_of(stream)}.__cuda_stream__", stream)
     module = _module_of(stream)
     handle_attr = getattr(stream, "cuda_stream", None)
-    if module.startswith("torch") and _is_int(handle_attr):
+    if module.startswith("torch") and is_integer(handle_attr):
         index = getattr(getattr(stream, "device", None), "index", None)
-        return StreamRef(int(handle_attr), int(index) if _is_int(index) else None, "torch.cuda.Stream", stream)
+        return StreamRef(int(handle_attr), int(index) if is_integer(index) else None, "torch.cuda.Stream", stream)
     ptr_attr = getattr(stream, "ptr", None)
-    if module.startswith("cupy") and _is_int(ptr_attr):
+    if module.startswith("cupy") and is_integer(ptr_attr):
         device = getattr(stream, "device_id", None)
-        return StreamRef(int(ptr_attr), int(device) if _is_int(device) else None, "cupy.cuda.Stream", stream)
+        return StreamRef(int(ptr_attr), int(device) if is_integer(device) else None, "cupy.cuda.Stream", stream)
     raise TypeError(
         f"cannot use a {type(stream).__name__} as a stream; pass an l2ctl.Stream, torch.cuda.Stream, "
         "cupy.cuda.Stream, an object with __cuda_stream__, an int cudaStream_t, or None for the default stream"
@@ -169,7 +163,7 @@ def _stream_device_attr(stream: object) -> Optional[int]:
     for name in ("device_index", "device_id", "device"):  # torch, CuPy/cuda.core, others
         value = getattr(stream, name, None)
         for found in (value, getattr(value, "index", None), getattr(value, "device_id", None)):  # an int, a device
-            if _is_int(found):
+            if is_integer(found):
                 return int(found)
     return None
 
@@ -198,7 +192,7 @@ def _int_tuple(values: object, name: str) -> tuple[int, ...]:
     """A shape or strides: a tuple (or list) of integers; floats and strings are refused, not coerced."""
     if not isinstance(values, (tuple, list)):
         raise TypeError(f"{name} must be a tuple of integers, got {values!r}")
-    if not all(_is_int(v) for v in values):
+    if not all(is_integer(v) for v in values):
         raise TypeError(f"{name} must hold integers only, got {values!r}")
     return tuple(int(v) for v in values)
 
@@ -222,7 +216,7 @@ def parse_cuda_array_interface(cai: object, source: str = "__cuda_array_interfac
     if not isinstance(cai, dict):
         raise TypeError(f"__cuda_array_interface__ must be a dict, got {type(cai).__name__}")
     version = cai.get("version", 0)
-    if not _is_int(version) or not 0 <= int(version) <= 3:
+    if not is_integer(version) or not 0 <= int(version) <= 3:
         raise ValueError(f"__cuda_array_interface__ version {version!r} is not supported (0 to 3)")
     try:
         shape = _int_tuple(cai["shape"], "shape")
@@ -240,7 +234,7 @@ def parse_cuda_array_interface(cai: object, source: str = "__cuda_array_interfac
         raise ValueError(f"unknown typestr {typestr!r}") from exc
     if itemsize <= 0:
         raise ValueError(f"typestr {typestr!r} has no fixed size")
-    if not (isinstance(data, tuple) and len(data) == 2 and _is_int(data[0])):
+    if not (isinstance(data, tuple) and len(data) == 2 and is_integer(data[0])):
         raise ValueError(f"data must be (pointer, read_only), got {data!r}")
     if cai.get("mask") is not None:
         raise ValueError("masked arrays are not supported; pass the data array itself")
@@ -286,7 +280,7 @@ def resolve_buffer(buf: object) -> BufferRef:
     if isinstance(buf, (bytes, bytearray, memoryview)):
         raise ValueError(f"got a {type(buf).__name__}, which is host memory; {HOST_HINT}")
     if isinstance(buf, tuple):
-        if len(buf) != 2 or not all(_is_int(v) for v in buf):
+        if len(buf) != 2 or not all(is_integer(v) for v in buf):
             raise TypeError(f"a raw buffer is a (ptr, nbytes) pair of integers, got {buf!r}")
         ptr = int(buf[0])
         if ptr <= 0:
@@ -294,7 +288,7 @@ def resolve_buffer(buf: object) -> BufferRef:
         if ptr >= 1 << 64:
             raise ValueError(f"pointer {ptr} is not an address: a pointer is an unsigned 64-bit integer")
         return BufferRef(ptr, check_nbytes(buf[1], "nbytes"), None, "(ptr, nbytes)")
-    if _is_int(buf):
+    if is_integer(buf):
         raise TypeError("a bare integer is ambiguous; pass (ptr, nbytes) so l2ctl knows the size")
     if _module_of(buf).startswith("torch") and hasattr(buf, "data_ptr") and hasattr(buf, "is_cuda"):
         return _torch_buffer(buf)

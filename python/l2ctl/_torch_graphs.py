@@ -111,28 +111,23 @@ class GraphTrees(Protocol):
     def capture_streams(self, device: int) -> list[object]:
         """The streams PyTorch captures on for ``device``: the graph trees' recording stream and
         torch.cuda.graph's default capture stream (made now if they do not exist yet)."""
-        ...
 
     def current_stream(self, device: int) -> object:
         """The stream eager kernels of ``device`` launch on now, on this thread: torch's current stream. What
         torch.compile runs without graphs (a step it did not graph, graph breaks, its warm-up) runs there."""
-        ...
 
     def watch_current(self, device: int, made_current: Callable[[object], None]) -> Callable[[], None]:
         """Call ``made_current(stream)`` whenever a stream of ``device`` is made torch's current stream (by
         ``torch.cuda.set_stream`` or ``with torch.cuda.stream(s)``), before any kernel launches on it; returns
         the call that stops watching."""
-        ...
 
     def recorded(self, device: int) -> list[object]:
         """The graphs the graph trees hold on ``device`` (one object per recording)."""
-        ...
 
     def keep_templates(self, captured: Callable[[object, int], None]) -> Optional[Callable[[], None]]:
         """From now on every graph PyTorch makes keeps its template (``keep_templates``), and
         ``captured(graph, device)`` is called as each one's capture ends; returns the call that stops, or None
         where this PyTorch cannot keep a template (before 2.9)."""
-        ...
 
 
 class TorchGraphTrees:

@@ -4,13 +4,10 @@ Putting windows on streams and graph nodes: _stream_window and graph."""
 from __future__ import annotations
 
 import enum
-import numbers
 from typing import NamedTuple, Optional
 
-import numpy as np
-
 from ._interop import resolve_buffer
-from ._plan import check_nbytes, clip_window, normalize_hit_ratio
+from ._plan import check_nbytes, clip_window, is_integer, normalize_hit_ratio
 
 __all__ = ["AccessProperty", "AccessPolicyWindow", "validate_window", "check_property"]
 
@@ -75,7 +72,7 @@ def check_property(value: object, name: str, *, miss: bool = False) -> AccessPro
     """An AccessProperty from itself or its int value; ``miss``: PERSISTING is refused (CUDA refuses it)."""
     if type(value) is AccessProperty and not (miss and value is AccessProperty.PERSISTING):
         return value
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+    if not is_integer(value):
         raise TypeError(f"{name} must be an AccessProperty (or its int value), not {type(value).__name__}")
     try:
         prop = AccessProperty(int(value))
