@@ -257,6 +257,9 @@ class _TemplateKeeper:
 
     def keep(self, cls: type, device_of: Callable[[Any], int],
              captured: Callable[[object, int], None]) -> Callable[[], None]:
+        """Have every graph of ``cls`` (torch.cuda.CUDAGraph, or the simulator's stand-in) made from now on keep
+        its template, ``captured(graph, device)`` called as each capture ends (``device_of(graph)`` says where);
+        returns the call that stops (the class is put back when the last caller stops)."""
         with _lock:
             token = next(self._tokens)
             self._listeners[token] = (cls, captured)
@@ -312,14 +315,8 @@ _keeper = _TemplateKeeper()
 #: Every graph captured while its class kept templates -> its device and the backend it was captured under (weak
 #: keys: a graph torch drops is gone).
 _kept: "weakref.WeakKeyDictionary[Any, tuple[int, object]]" = weakref.WeakKeyDictionary()
-
-
-def keep_templates(cls: type, device_of: Callable[[Any], int],
-                   captured: Callable[[object, int], None]) -> Callable[[], None]:
-    """Have every graph of ``cls`` (torch.cuda.CUDAGraph, or the simulator's stand-in) made from now on keep its
-    template, ``captured(graph, device)`` called as each capture ends (``device_of(graph)`` says where); returns
-    the call that stops (the class is put back when the last caller stops)."""
-    return _keeper.keep(cls, device_of, captured)
+#: ``keep_templates(cls, device_of, captured)``: the graphs of ``cls`` keep their template (_TemplateKeeper.keep).
+keep_templates = _keeper.keep
 
 
 def is_kept(graph: Any) -> bool:
