@@ -36,30 +36,11 @@ from typing import Any as _Any
 from . import _core, graph, kernels
 from ._counters import DEFAULT_METRICS, SECTOR_METRICS, KernelCounters, collect, counters
 from ._device import device_count, minimum_driver, versions
-from ._limit import (
-    DeviceInfo,
-    SetAside,
-    auto_set_aside_cap,
-    device_info,
-    get_set_aside,
-    reset_persisting_lines,
-    set_aside,
-    set_aside_granularity,
-    set_aside_rounding,
-)
-from ._errors import (
-    CountersUnavailableError,
-    CudaError,
-    KernelsUnavailableError,
-    L2BudgetWarning,
-    L2ctlError,
-    NoDeviceError,
-    NotSupportedError,
-    PersistenceUnavailableWarning,
-    SetAsideClampedWarning,
-    SetAsideTaxWarning,
-    WindowClippedWarning,
-)
+from ._limit import (DeviceInfo, SetAside, auto_set_aside_cap, device_info, get_set_aside, reset_persisting_lines,
+                     set_aside, set_aside_granularity, set_aside_rounding)
+from ._errors import (CountersUnavailableError, CudaError, KernelsUnavailableError, L2BudgetWarning, L2ctlError,
+                      NoDeviceError, NotSupportedError, PersistenceUnavailableWarning, SetAsideClampedWarning,
+                      SetAsideTaxWarning, WindowClippedWarning)
 from ._memory import DeviceBuffer, Event, Stream
 from ._persist import Budget, Persist, Policy, budget, persist
 from ._plan import HIT_RATIO_TOLERANCE, hit_ratio_grid, shared_hit_ratios
@@ -117,66 +98,16 @@ def get_include() -> str:
     return _os.path.normpath(_os.path.join(_os.path.dirname(__file__), "..", "..", "src"))
 
 
-__all__ = [
-    "AccessPolicyWindow",
-    "AccessProperty",
-    "Budget",
-    "CountersUnavailableError",
-    "CudaError",
-    "DEFAULT_METRICS",
-    "DeviceBuffer",
-    "DeviceInfo",
-    "Event",
-    "HIT_RATIO_TOLERANCE",
-    "KernelCounters",
-    "KernelsUnavailableError",
-    "L2BudgetWarning",
-    "L2ctlError",
-    "NoDeviceError",
-    "NotSupportedError",
-    "Persist",
-    "PersistenceUnavailableWarning",
-    "Policy",
-    "SECTOR_METRICS",
-    "SetAside",
-    "SetAsideClampedWarning",
-    "SetAsideTaxWarning",
-    "Stream",
-    "Timer",
-    "TunedPolicy",
-    "WindowClippedWarning",
-    "bench",
-    "budget",
-    "clear_window",
-    "collect",
-    "counters",
-    "device_count",
-    "device_info",
-    "get_include",
-    "get_set_aside",
-    "get_window",
-    "graph",
-    "hit_ratio_grid",
-    "kernels",
-    "persist",
-    "plot",
-    "reset_persisting_lines",
-    "scoped_window",
-    "set_aside",
-    "set_aside_granularity",
-    "set_aside_rounding",
-    "auto_set_aside_cap",
-    "set_window",
-    "shared_hit_ratios",
-    "sweep",
-    "candidates",
-    "tune",
-    "tuner",
-    "minimum_driver",
-    "cuda_flavour",
-    "versions",
-    "workloads",
-]
+__all__ = ["AccessPolicyWindow", "AccessProperty", "Budget", "CountersUnavailableError", "CudaError", "DEFAULT_METRICS",
+           "DeviceBuffer", "DeviceInfo", "Event", "HIT_RATIO_TOLERANCE", "KernelCounters", "KernelsUnavailableError",
+           "L2BudgetWarning", "L2ctlError", "NoDeviceError", "NotSupportedError", "Persist",
+           "PersistenceUnavailableWarning", "Policy", "SECTOR_METRICS", "SetAside", "SetAsideClampedWarning",
+           "SetAsideTaxWarning", "Stream", "Timer", "TunedPolicy", "WindowClippedWarning", "bench", "budget",
+           "clear_window", "collect", "counters", "device_count", "device_info", "get_include", "get_set_aside",
+           "get_window", "graph", "hit_ratio_grid", "kernels", "persist", "plot", "reset_persisting_lines",
+           "scoped_window", "set_aside", "set_aside_granularity", "set_aside_rounding", "auto_set_aside_cap",
+           "set_window", "shared_hit_ratios", "sweep", "candidates", "tune", "tuner", "minimum_driver", "cuda_flavour",
+           "versions", "workloads"]
 
 #: Values of L2CTL_SIMULATE that mean "off", as a shell user writes it (unset and empty mean off too).
 _SIMULATE_OFF = ("", "0", "false", "off", "no")

@@ -1,4 +1,5 @@
-"""Type stub for l2ctl._core, the thin pybind11 layer over the C++/CUDA core.
+"""Type stub for l2ctl._core, the thin pybind11 layer over the C++/CUDA core, and the one declaration of what a
+backend offers (l2ctl._backend: the simulator implements the same names; tests/simulator/test_backend_contract.py).
 
 Handles (streams, pointers, graphs, nodes) are plain ints. Every function whose CUDA calls can take time
 releases the GIL (``apply_window``'s single stream-attribute change keeps it: well under a microsecond). CUDA

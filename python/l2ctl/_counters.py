@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional, Sequence
 
 from . import _backend, _core, _nvrtc
-from ._backend import RangeProfilerImpl
 from ._device import resolve_device
 from ._errors import CountersUnavailableError, CuptiError
 
@@ -169,7 +168,7 @@ class counters:
         self.max_ranges = _check_positive(max_ranges, "max_ranges")
         self._device_arg = device
         self._cupti_path = cupti_path
-        self._profiler: Optional[RangeProfilerImpl] = None
+        self._profiler: Optional[_core.RangeProfiler] = None
         self.results: list[KernelCounters] = []
         self.passes = 0
         self.chip = ""

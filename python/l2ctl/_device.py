@@ -16,20 +16,10 @@ from . import _backend
 from ._backend import Backend
 from ._errors import CudaError, NoDeviceError, NotSupportedError
 from ._interop import StreamRef
+from ._plan import is_integer
 
-__all__ = [
-    "DeviceProperties",
-    "device_count",
-    "resolve_device",
-    "properties",
-    "require_persistence",
-    "stream_device",
-    "check_pointer",
-    "versions",
-    "minimum_driver",
-    "check_owned_pointer",
-    "check_stream_context",
-]
+__all__ = ["DeviceProperties", "device_count", "resolve_device", "properties", "require_persistence", "stream_device",
+           "check_pointer", "versions", "minimum_driver", "check_owned_pointer", "check_stream_context"]
 
 # CUDA errors that mean "there is no usable driver or GPU" rather than a failed call.
 _NO_DEVICE = {"cudaErrorNoDevice", "cudaErrorInsufficientDriver", "cudaErrorInitializationError"}
@@ -111,9 +101,7 @@ def _index_of(device: object) -> Optional[int]:
         return None  # torch.device("cuda"): the current device
     for attribute in ("index", "id", "device_id"):
         value: object = getattr(device, attribute, None)
-        if isinstance(value, (bool, np.bool_)):
-            continue
-        if isinstance(value, numbers.Integral):
+        if is_integer(value):
             return int(value)
     raise TypeError(f"device must be an int index (or None for the current device), not {type(device).__name__}")
 

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
 import threading
-from typing import Any, Callable, NamedTuple, Optional, Protocol, TypeGuard
+from typing import Any, Callable, NamedTuple, Optional, Protocol
 
 import numpy as np
 
 from ._dlpack import HOST_HINT, check_dlpack_device, read_capsule, request_capsule
-from ._plan import MAX_BYTES
+from ._plan import MAX_BYTES, check_nbytes, is_integer
 
 __all__ = ["StreamRef", "BufferRef", "resolve_stream", "resolve_buffer", "parse_cuda_array_interface",
            "current_streams", "remembered", "stream_remembered", "SupportsCudaStream", "SupportsCudaArrayInterface", "SupportsDLPack", "SupportsReplay",
@@ -88,13 +87,6 @@ class BufferRef(NamedTuple):
     allocation: bool = False
 
 
-_HOST_HINT = HOST_HINT
-
-
-def _is_int(value: object) -> TypeGuard[numbers.Integral]:
-    # A plain int first: the ABC check costs a few hundred nanoseconds, on every scope's stream and buffer.
-    return type(value) is int or isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
-
 
 def _module_of(obj: object) -> str:
     return type(obj).__module__ or ""
@@ -134,7 +126,7 @@ def resolve_stream(stream: object) -> StreamRef:
         return StreamRef(LEGACY_DEFAULT_STREAM, None, "None (legacy default stream)")
     if isinstance(stream, (bool, np.bool_)):
         raise TypeError("a stream cannot be a bool; pass an l2ctl.Stream, a torch/CuPy stream or a cudaStream_t int")
-    if _is_int(stream):
+    if is_integer(stream):
         handle = int(stream)
         if handle < 0 or handle >= 1 << 64:
             raise ValueError(f"a cudaStream_t handle must be a non-negative 64-bit integer, got {handle}")
@@ -142,7 +134,7 @@ def resolve_stream(stream: object) -> StreamRef:
     protocol = getattr(type(stream), "__cuda_stream__", None)
     if protocol is not None:
         value = protocol(stream)
-        if not (isinstance(value, tuple) and len(value) == 2 and all(_is_int(v) for v in value)):
+        if not (isinstance(value, tuple) and len(value) == 2 and all(is_integer(v) for v in value)):
             raise TypeError(f"__cuda_stream__ must return (version, handle) integers, got {value!r}")
         version, handle = (int(v) for v in value)
         if version != 0:
@@ -154,13 +146,13 @@ def resolve_stream(stream: object) -> StreamRef:
         return StreamRef(handle, _stream_device_attr(stream), f"{_module_of(stream)}.__cuda_stream__", stream)
     module = _module_of(stream)
     handle_attr = getattr(stream, "cuda_stream", None)
-    if module.startswith("torch") and _is_int(handle_attr):
+    if module.startswith("torch") and is_integer(handle_attr):
         index = getattr(getattr(stream, "device", None), "index", None)
-        return StreamRef(int(handle_attr), int(index) if _is_int(index) else None, "torch.cuda.Stream", stream)
+        return StreamRef(int(handle_attr), int(index) if is_integer(index) else None, "torch.cuda.Stream", stream)
     ptr_attr = getattr(stream, "ptr", None)
-    if module.startswith("cupy") and _is_int(ptr_attr):
+    if module.startswith("cupy") and is_integer(ptr_attr):
         device = getattr(stream, "device_id", None)
-        return StreamRef(int(ptr_attr), int(device) if _is_int(device) else None, "cupy.cuda.Stream", stream)
+        return StreamRef(int(ptr_attr), int(device) if is_integer(device) else None, "cupy.cuda.Stream", stream)
     raise TypeError(
         f"cannot use a {type(stream).__name__} as a stream; pass an l2ctl.Stream, torch.cuda.Stream, "
         "cupy.cuda.Stream, an object with __cuda_stream__, an int cudaStream_t, or None for the default stream"
@@ -170,14 +162,9 @@ def resolve_stream(stream: object) -> StreamRef:
 def _stream_device_attr(stream: object) -> Optional[int]:
     for name in ("device_index", "device_id", "device"):  # torch, CuPy/cuda.core, others
         value = getattr(stream, name, None)
-        if _is_int(value):
-            return int(value)
-        index = getattr(value, "index", None)
-        if _is_int(index):
-            return int(index)
-        device_id = getattr(value, "device_id", None)
-        if _is_int(device_id):
-            return int(device_id)
+        for found in (value, getattr(value, "index", None), getattr(value, "device_id", None)):  # an int, a device
+            if is_integer(found):
+                return int(found)
     return None
 
 
@@ -205,16 +192,19 @@ def _int_tuple(values: object, name: str) -> tuple[int, ...]:
     """A shape or strides: a tuple (or list) of integers; floats and strings are refused, not coerced."""
     if not isinstance(values, (tuple, list)):
         raise TypeError(f"{name} must be a tuple of integers, got {values!r}")
-    if not all(_is_int(v) for v in values):
+    if not all(is_integer(v) for v in values):
         raise TypeError(f"{name} must hold integers only, got {values!r}")
     return tuple(int(v) for v in values)
 
 
 def _extent_bytes(shape: tuple[int, ...], itemsize: int) -> int:
-    """Bytes the elements span, in exact integer arithmetic; refused beyond what a 64-bit size holds."""
+    """Bytes the elements span, in exact integer arithmetic; refused when none, or beyond what a 64-bit size
+    holds."""
     nbytes = math.prod(shape) * itemsize
     if nbytes > MAX_BYTES:
         raise ValueError(f"shape {shape} of {itemsize}-byte elements spans {nbytes} bytes, beyond any device")
+    if nbytes == 0:
+        raise ValueError("the buffer is empty (0 bytes); a window must cover at least one byte")
     return nbytes
 
 
@@ -226,7 +216,7 @@ def parse_cuda_array_interface(cai: object, source: str = "__cuda_array_interfac
     if not isinstance(cai, dict):
         raise TypeError(f"__cuda_array_interface__ must be a dict, got {type(cai).__name__}")
     version = cai.get("version", 0)
-    if not _is_int(version) or not 0 <= int(version) <= 3:
+    if not is_integer(version) or not 0 <= int(version) <= 3:
         raise ValueError(f"__cuda_array_interface__ version {version!r} is not supported (0 to 3)")
     try:
         shape = _int_tuple(cai["shape"], "shape")
@@ -244,15 +234,13 @@ def parse_cuda_array_interface(cai: object, source: str = "__cuda_array_interfac
         raise ValueError(f"unknown typestr {typestr!r}") from exc
     if itemsize <= 0:
         raise ValueError(f"typestr {typestr!r} has no fixed size")
-    if not (isinstance(data, tuple) and len(data) == 2 and _is_int(data[0])):
+    if not (isinstance(data, tuple) and len(data) == 2 and is_integer(data[0])):
         raise ValueError(f"data must be (pointer, read_only), got {data!r}")
     if cai.get("mask") is not None:
         raise ValueError("masked arrays are not supported; pass the data array itself")
     raw_strides = cai.get("strides")
     strides = None if raw_strides is None else _int_tuple(raw_strides, "strides")
     nbytes = _extent_bytes(shape, itemsize)
-    if nbytes == 0:
-        raise ValueError("the buffer is empty (0 bytes); a window must cover at least one byte")
     if not _dense_extent(shape, strides, itemsize):
         raise ValueError(
             f"the array is not contiguous (shape {shape}, strides {strides}); a window covers one byte range, "
@@ -272,8 +260,6 @@ def parse_dlpack_capsule(capsule: object, owner: Any = None) -> BufferRef:
     if any(n < 0 for n in t.shape):
         raise ValueError(f"DLPack tensor has a negative extent: shape {t.shape}")
     nbytes = _extent_bytes(t.shape, t.itemsize)
-    if nbytes == 0:
-        raise ValueError("the buffer is empty (0 bytes); a window must cover at least one byte")
     if not _dense_extent(t.shape, t.strides, t.itemsize):
         raise ValueError(f"the DLPack tensor is not contiguous (shape {t.shape}, strides {t.strides})")
     if not t.ptr:
@@ -290,23 +276,19 @@ def resolve_buffer(buf: object) -> BufferRef:
     if buf is None:
         raise TypeError("a buffer is required: pass a device array, tensor, l2ctl.DeviceBuffer or (ptr, nbytes)")
     if isinstance(buf, np.ndarray):
-        raise ValueError(f"got a NumPy array, which is host memory; {_HOST_HINT}")
+        raise ValueError(f"got a NumPy array, which is host memory; {HOST_HINT}")
     if isinstance(buf, (bytes, bytearray, memoryview)):
-        raise ValueError(f"got a {type(buf).__name__}, which is host memory; {_HOST_HINT}")
+        raise ValueError(f"got a {type(buf).__name__}, which is host memory; {HOST_HINT}")
     if isinstance(buf, tuple):
-        if len(buf) != 2 or not all(_is_int(v) for v in buf):
+        if len(buf) != 2 or not all(is_integer(v) for v in buf):
             raise TypeError(f"a raw buffer is a (ptr, nbytes) pair of integers, got {buf!r}")
-        ptr, nbytes = (int(v) for v in buf)
+        ptr = int(buf[0])
         if ptr <= 0:
             raise ValueError(f"pointer must be a positive device address, got {ptr}")
         if ptr >= 1 << 64:
             raise ValueError(f"pointer {ptr} is not an address: a pointer is an unsigned 64-bit integer")
-        if nbytes <= 0:
-            raise ValueError(f"nbytes must be positive, got {nbytes}")
-        if nbytes > MAX_BYTES:
-            raise ValueError(f"nbytes of {nbytes} bytes is beyond any device (at most 2**63 - 1)")
-        return BufferRef(ptr, nbytes, None, "(ptr, nbytes)")
-    if _is_int(buf):
+        return BufferRef(ptr, check_nbytes(buf[1], "nbytes"), None, "(ptr, nbytes)")
+    if is_integer(buf):
         raise TypeError("a bare integer is ambiguous; pass (ptr, nbytes) so l2ctl knows the size")
     if _module_of(buf).startswith("torch") and hasattr(buf, "data_ptr") and hasattr(buf, "is_cuda"):
         return _torch_buffer(buf)
@@ -319,7 +301,7 @@ def resolve_buffer(buf: object) -> BufferRef:
         ref = parse_dlpack_capsule(request_capsule(buf), buf)
         return BufferRef(ref.ptr, ref.nbytes, ref.device, f"{_module_of(buf)}.__dlpack__", buf)
     if hasattr(buf, "__array_interface__") or hasattr(buf, "__array__"):
-        raise ValueError(f"got a {type(buf).__name__}, which is host memory; {_HOST_HINT}")
+        raise ValueError(f"got a {type(buf).__name__}, which is host memory; {HOST_HINT}")
     raise TypeError(
         f"cannot use a {type(buf).__name__} as a device buffer; pass an l2ctl.DeviceBuffer, a torch tensor, an "
         "object with __cuda_array_interface__ or __dlpack__, or a (ptr, nbytes) tuple"
@@ -328,7 +310,7 @@ def resolve_buffer(buf: object) -> BufferRef:
 
 def _torch_buffer(tensor: Any) -> BufferRef:
     if not tensor.is_cuda:
-        raise ValueError(f"the torch tensor is on {tensor.device}, which is host memory; {_HOST_HINT}")
+        raise ValueError(f"the torch tensor is on {tensor.device}, which is host memory; {HOST_HINT}")
     if not tensor.is_contiguous():
         raise ValueError("the torch tensor is not contiguous; a window covers one byte range, pass tensor.contiguous()")
     nbytes = int(tensor.numel()) * int(tensor.element_size())

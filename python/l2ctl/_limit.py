@@ -10,18 +10,8 @@ from . import _backend, _registry
 from ._device import DeviceProperties, properties, require_persistence, resolve_device
 from ._plan import check_set_aside_request, parse_set_aside_request, tax_free_limit
 
-__all__ = [
-    "DeviceInfo",
-    "device_info",
-    "get_set_aside",
-    "set_aside",
-    "SetAside",
-    "reset_persisting_lines",
-    "set_aside_granularity",
-    "set_aside_rounding",
-    "auto_set_aside_cap",
-    "granularity_step",
-]
+__all__ = ["DeviceInfo", "device_info", "get_set_aside", "set_aside", "SetAside", "reset_persisting_lines",
+           "set_aside_granularity", "set_aside_rounding", "auto_set_aside_cap"]
 
 
 @dataclass(frozen=True)
@@ -54,9 +44,10 @@ def get_set_aside(device: object = None) -> int:
     return _read_limit(resolve_device(device))
 
 
-def granularity_step(device: int) -> int:
-    """The driver's limit granularity for a device known to support persistence (probed once)."""
-    return _registry.granularity(device, properties(device).persisting_l2_cache_max_size)[0]
+def _rounding(device: object) -> tuple[int, str]:
+    """(step, direction) of the driver's rounding of limit requests on ``device`` (probed once)."""
+    props = require_persistence(device)
+    return _registry.granularity(props.index, props.persisting_l2_cache_max_size)
 
 
 class SetAside(int):
@@ -151,8 +142,7 @@ def set_aside_granularity(device: object = None) -> int:
     and where that gives 0 (rounding down or to nearest) for max - 1 and, if needed, bisects; it then
     restores the previous limit, also on error. set_aside_rounding() tells the direction found.
     """
-    props = require_persistence(device)
-    return _registry.granularity(props.index, props.persisting_l2_cache_max_size)[0]
+    return _rounding(device)[0]
 
 
 def auto_set_aside_cap(device: object = None) -> int:
@@ -160,10 +150,9 @@ def auto_set_aside_cap(device: object = None) -> int:
     30% of persistingL2CacheMaxSize rounded up to the granularity. Below it the set-aside costs other
     kernels nothing measurable; above it, it does (docs/results.md), so more is granted only on request."""
     props = require_persistence(device)
-    return tax_free_limit(props.persisting_l2_cache_max_size, granularity_step(props.index))
+    return tax_free_limit(props.persisting_l2_cache_max_size, _rounding(props.index)[0])
 
 
 def set_aside_rounding(device: object = None) -> str:
     """How the driver rounds set-aside requests: "up", "down", "nearest" or "exact" (probes once)."""
-    props = require_persistence(device)
-    return _registry.granularity(props.index, props.persisting_l2_cache_max_size)[1]
+    return _rounding(device)[1]

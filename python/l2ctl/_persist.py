@@ -6,12 +6,9 @@ graph replays), through the registry that lets any number of such scopes share a
 from __future__ import annotations
 
 import inspect
-import numbers
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, Optional, Union
-
-import numpy as np
 
 from . import _registry
 from ._registry import _native
@@ -20,7 +17,7 @@ from ._errors import (L2BudgetWarning, NotSupportedError, PersistenceUnavailable
                       WindowClippedWarning)
 from ._interop import BufferRef, StreamRef, remembered, resolve_buffer, stream_remembered
 from ._memory import BufferLike, Stream
-from ._plan import DEFAULT_LIMIT_FRACTION, check_nbytes, clip_window, normalize_hit_ratio, oversubscribed
+from ._plan import DEFAULT_LIMIT_FRACTION, check_nbytes, clip_window, is_integer, normalize_hit_ratio, oversubscribed
 from ._targets import Target, as_target
 from ._window import AccessPolicyWindow, AccessProperty, check_property
 
@@ -90,7 +87,7 @@ def _check_limit_request(value: object) -> LimitRequest:
         return "auto" if value == "auto" else "max"
     if isinstance(value, str):
         raise ValueError(f"set_aside must be 'auto', 'max', None or a byte count, got {value!r}")
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+    if not is_integer(value):
         raise TypeError(f"set_aside must be 'auto', 'max', None or an int byte count, not {type(value).__name__}")
     return check_nbytes(value, "set_aside", allow_zero=True)
 

@@ -33,8 +33,8 @@ WindowTuple = tuple[int, int, float, int, int]
 
 __all__ = ["TOO_OLD_HINT", "KEEP_GRAPH_HINT", "CUPY_GRAPH_HINT", "CALLABLE_HINT", "foreign_target_error",
            "is_torch_graph", "template_of", "has_executable", "keep_templates", "kept", "is_kept", "describe",
-           "allocator_blocks", "GraphTrees", "TorchGraphTrees", "trees", "use_trees", "without", "recordings",
-           "remember_recordings"]
+           "allocator_blocks", "weak_get", "GraphTrees", "TorchGraphTrees", "trees", "use_trees", "without",
+           "recordings", "remember_recordings"]
 
 TOO_OLD_HINT = ("this PyTorch cannot keep a CUDA graph's template (torch.cuda.CUDAGraph(keep_graph=True) needs "
                 "torch >= 2.9), so l2ctl can neither keep nor change the graphs it records: upgrade torch, or persist "
@@ -111,28 +111,23 @@ class GraphTrees(Protocol):
     def capture_streams(self, device: int) -> list[object]:
         """The streams PyTorch captures on for ``device``: the graph trees' recording stream and
         torch.cuda.graph's default capture stream (made now if they do not exist yet)."""
-        ...
 
     def current_stream(self, device: int) -> object:
         """The stream eager kernels of ``device`` launch on now, on this thread: torch's current stream. What
         torch.compile runs without graphs (a step it did not graph, graph breaks, its warm-up) runs there."""
-        ...
 
     def watch_current(self, device: int, made_current: Callable[[object], None]) -> Callable[[], None]:
         """Call ``made_current(stream)`` whenever a stream of ``device`` is made torch's current stream (by
         ``torch.cuda.set_stream`` or ``with torch.cuda.stream(s)``), before any kernel launches on it; returns
         the call that stops watching."""
-        ...
 
     def recorded(self, device: int) -> list[object]:
         """The graphs the graph trees hold on ``device`` (one object per recording)."""
-        ...
 
     def keep_templates(self, captured: Callable[[object, int], None]) -> Optional[Callable[[], None]]:
         """From now on every graph PyTorch makes keeps its template (``keep_templates``), and
         ``captured(graph, device)`` is called as each one's capture ends; returns the call that stops, or None
         where this PyTorch cannot keep a template (before 2.9)."""
-        ...
 
 
 class TorchGraphTrees:
@@ -262,6 +257,9 @@ class _TemplateKeeper:
 
     def keep(self, cls: type, device_of: Callable[[Any], int],
              captured: Callable[[object, int], None]) -> Callable[[], None]:
+        """Have every graph of ``cls`` (torch.cuda.CUDAGraph, or the simulator's stand-in) made from now on keep
+        its template, ``captured(graph, device)`` called as each capture ends (``device_of(graph)`` says where);
+        returns the call that stops (the class is put back when the last caller stops)."""
         with _lock:
             token = next(self._tokens)
             self._listeners[token] = (cls, captured)
@@ -317,23 +315,14 @@ _keeper = _TemplateKeeper()
 #: Every graph captured while its class kept templates -> its device and the backend it was captured under (weak
 #: keys: a graph torch drops is gone).
 _kept: "weakref.WeakKeyDictionary[Any, tuple[int, object]]" = weakref.WeakKeyDictionary()
-
-
-def keep_templates(cls: type, device_of: Callable[[Any], int],
-                   captured: Callable[[object, int], None]) -> Callable[[], None]:
-    """Have every graph of ``cls`` (torch.cuda.CUDAGraph, or the simulator's stand-in) made from now on keep its
-    template, ``captured(graph, device)`` called as each capture ends (``device_of(graph)`` says where); returns
-    the call that stops (the class is put back when the last caller stops)."""
-    return _keeper.keep(cls, device_of, captured)
+#: ``keep_templates(cls, device_of, captured)``: the graphs of ``cls`` keep their template (_TemplateKeeper.keep).
+keep_templates = _keeper.keep
 
 
 def is_kept(graph: Any) -> bool:
     """Whether ``graph`` was captured inside a torch_captures() scope and still holds its template."""
     with _lock:
-        try:
-            known = _kept.get(graph, (None, None))[1] is _backend._active
-        except TypeError:
-            return False
+        known = weak_get(_kept, graph, (None, None))[1] is _backend._active
     return known and _answers(graph.raw_cuda_graph)
 
 
@@ -359,10 +348,7 @@ def describe(graph: object, index: int, count: int) -> str:
     """How a report names a kept graph: its place among ``count`` and what made it (a recording of the graph
     trees, or a torch.cuda.CUDAGraph: torch.cuda.graph, make_graphed_callables)."""
     with _lock:
-        try:
-            device = _kept.get(graph, (None, None))[0]
-        except TypeError:
-            device = None
+        device = weak_get(_kept, graph, (None, None))[0]
     tree = device is not None and any(getattr(node, "graph", None) is graph for node in trees.recorded(device))
     made = "a recording of torch.compile's CUDA graph trees" if tree else "a torch.cuda.CUDAGraph"
     return f"graph {index + 1} of {count} ({made})"
@@ -398,11 +384,12 @@ _recorded: "weakref.WeakKeyDictionary[Any, Optional[WindowTuple]]" = weakref.Wea
 _UNKNOWN = object()
 
 
-def _window_of(node: object) -> object:
+def weak_get(table: "weakref.WeakKeyDictionary[Any, Any]", key: object, default: Any) -> Any:
+    """``table.get(key, default)``; ``default`` for a key that is not weakly referable (never stored)."""
     try:
-        return _recorded.get(node, _UNKNOWN)
-    except TypeError:  # not weakly referable: never remembered
-        return _UNKNOWN
+        return table.get(key, default)
+    except TypeError:
+        return default
 
 
 def without(recordings: list[object], window: WindowTuple) -> tuple[int, int]:
@@ -415,7 +402,7 @@ def without(recordings: list[object], window: WindowTuple) -> tuple[int, int]:
         for node in recordings:
             if id(node) in reachable:
                 continue
-            seen = _window_of(node)
+            seen = weak_get(_recorded, node, _UNKNOWN)
             if seen is _UNKNOWN:
                 unknown += 1
             elif seen != window:
@@ -432,7 +419,7 @@ def remember_recordings(device: int, before: set[int], window: Optional[WindowTu
     """The graphs on ``device`` that are not in ``before`` were recorded under ``window``."""
     with _lock:
         for node in trees.recorded(device):
-            if id(node) not in before and _window_of(node) is _UNKNOWN:
+            if id(node) not in before and weak_get(_recorded, node, _UNKNOWN) is _UNKNOWN:
                 try:
                     _recorded[node] = window
                 except TypeError:

@@ -4,13 +4,10 @@ Putting windows on streams and graph nodes: _stream_window and graph."""
 from __future__ import annotations
 
 import enum
-import numbers
 from typing import NamedTuple, Optional
 
-import numpy as np
-
 from ._interop import resolve_buffer
-from ._plan import check_nbytes, normalize_hit_ratio
+from ._plan import check_nbytes, clip_window, is_integer, normalize_hit_ratio
 
 __all__ = ["AccessProperty", "AccessPolicyWindow", "validate_window", "check_property"]
 
@@ -67,11 +64,7 @@ class AccessPolicyWindow(NamedTuple):
         """A window over ``buf`` (any accepted buffer) from ``offset`` for ``num_bytes`` (default: to its end)."""
         ref = resolve_buffer(buf)
         offset = check_nbytes(offset, "offset", allow_zero=True)
-        if offset >= ref.nbytes:
-            raise ValueError(f"offset {offset} is not inside the buffer ({ref.nbytes} bytes)")
-        n = ref.nbytes - offset if num_bytes is None else check_nbytes(num_bytes, "num_bytes")
-        if offset + n > ref.nbytes:
-            raise ValueError(f"the window [{offset}, {offset + n}) runs past the end of the buffer ({ref.nbytes} bytes)")
+        n, _ = clip_window(offset, num_bytes, ref.nbytes, 0)  # the byte range's checks (no maximum: never clipped)
         return validate_window(cls(ref.ptr + offset, n, hit_ratio, hit_prop, miss_prop))
 
 
@@ -79,7 +72,7 @@ def check_property(value: object, name: str, *, miss: bool = False) -> AccessPro
     """An AccessProperty from itself or its int value; ``miss``: PERSISTING is refused (CUDA refuses it)."""
     if type(value) is AccessProperty and not (miss and value is AccessProperty.PERSISTING):
         return value
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+    if not is_integer(value):
         raise TypeError(f"{name} must be an AccessProperty (or its int value), not {type(value).__name__}")
     try:
         prop = AccessProperty(int(value))

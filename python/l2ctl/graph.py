@@ -27,8 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Optional, Un
 
 import weakref
 
-from . import _backend, _registry, _torch_graphs
-from ._backend import GraphExecImpl, GraphImpl
+from . import _backend, _core, _registry, _torch_graphs
 from ._device import properties, resolve_device, stream_device
 from ._interop import resolve_stream
 from ._kernel_buffers import GraphBuffer, map_pointers
@@ -71,7 +70,7 @@ class Graph:
     window on its kernel nodes changes through l2ctl, every executable it knows is made anew from the
     template (l2ctl's own lazily, at its next launch; torch's at once)."""
 
-    _impl: Optional[GraphImpl]
+    _impl: Optional[_core.Graph]
 
     def __init__(self, handle: int, *, owned: bool = False, device: object = None, owner: Any = None) -> None:
         graph = check_count(handle, "a graph handle (cudaGraph_t)", minimum=1, maximum=(1 << 64) - 1)
@@ -82,7 +81,7 @@ class Graph:
         self.device = device
         self._owner = owner  # keeps a foreign graph's Python object alive
         self._impl = None
-        self._exec: Optional[GraphExecImpl] = None
+        self._exec: Optional[_core.GraphExec] = None
         self._dirty = False
         self._nodes: Optional[list[_NodeTuple]] = None  # the kernel nodes; a captured graph's never change
         #: The registry slots of every kernel node, with the node list, backend and slot epoch they were made for: a
@@ -145,7 +144,7 @@ class Graph:
             raise TypeError("predicate must be callable as predicate(KernelNode) -> bool")
         return GraphNodes(self, predicate)
 
-    def instantiate(self) -> GraphExecImpl:
+    def instantiate(self) -> _core.GraphExec:
         """l2ctl's executable graph, made anew from the template when node windows changed through l2ctl."""
         if self._exec is None or self._dirty:
             old = self._exec
@@ -295,10 +294,7 @@ def as_graph(obj: object, device: object = None) -> Graph:
 
 def _torch_view(obj: Any, device: object) -> Graph:
     handle = _torch_graphs.template_of(obj)  # ValueError for keep_graph=False, saying what to do
-    try:
-        view = _torch_views.get(obj)
-    except TypeError:  # not weakly referable: a view per call, holding it
-        view = None
+    view: Optional[Graph] = _torch_graphs.weak_get(_torch_views, obj, None)  # not weakly referable: one per call
     try:
         if view is not None and view.handle == handle and (device is None or view.device == resolve_device(device)):
             return view
@@ -468,12 +464,10 @@ class _CaptureScope:
                         _torch_view(kept, self.device).clear_window()
 
     def _stop(self) -> None:
-        unwatch, self.unwatch = self.unwatch, None
-        unkeep, self.unkeep = self.unkeep, None
-        if unwatch is not None:
-            unwatch()
-        if unkeep is not None:
-            unkeep()
+        stops, self.unwatch, self.unkeep = (self.unwatch, self.unkeep), None, None
+        for stop in stops:
+            if stop is not None:
+                stop()
 
     def _made_current(self, scope: _registry.Scope, stream: object) -> None:
         """A stream of the device is made current inside the block: the scope's window goes there first."""

@@ -11,18 +11,15 @@ NVRTC they raise ``KernelsUnavailableError``, which says what to install; nothin
 from __future__ import annotations
 
 import enum
-import numbers
 import threading
 from dataclasses import dataclass
 from typing import Any, Optional, Union
-
-import numpy as np
 
 from . import _backend, _nvrtc
 from ._device import check_pointer, resolve_device, stream_device
 from ._interop import BufferRef, StreamRef, resolve_buffer, resolve_stream
 from ._memory import BufferLike, StreamLike
-from ._plan import check_count, check_nbytes
+from ._plan import check_count, check_nbytes, is_integer
 
 __all__ = ["ResetVariant", "check_variant", "LaunchShape", "reset_data", "verify_reset_data", "write_index",
            "count_index_mismatches", "copy_words", "count_mismatches", "read_sum", "stride_read", "sum_u64",
@@ -60,7 +57,7 @@ def check_variant(value: object) -> ResetVariant:
             return ResetVariant[value.strip().upper().replace("-", "_")]
         except KeyError:
             raise ValueError(f"unknown variant {value!r}; one of {[v.name.lower() for v in ResetVariant]}") from None
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+    if not is_integer(value):
         raise TypeError(f"variant must be a ResetVariant or its name, not {type(value).__name__}")
     try:
         return ResetVariant(int(value))

@@ -1,13 +1,12 @@
-"""The backend contract: the compiled extension (l2ctl._core), its stub (_core.pyi), the Backend protocol
-(l2ctl._backend) and the simulator (l2ctl.testing.FakeBackend) have the same names, parameter names,
-parameter order and defaults.
+"""The backend contract: what a backend offers is declared once, in the stub (_core.pyi); the compiled
+extension (l2ctl._core, the names src/bindings.cpp exports) and the simulator (l2ctl.testing.FakeBackend) have
+its names, parameter names, parameter order and defaults.
 
-The stub is the reference. pybind11 writes each function's signature in the first line of its
-``__doc__`` (``name(a: T, b: T = 0) -> R``); classes are compared through ``__init__``, their methods and
-their properties. In the protocol and the simulator, a class of the extension is a factory method of
-the same name taking the constructor's parameters, returning an object with the class's methods and
-properties. The last tests feed deliberately broken declarations to the comparison, so it is known to
-fail when something is missing or differs.
+pybind11 writes each function's signature in the first line of its ``__doc__`` (``name(a: T, b: T = 0) -> R``);
+classes are compared through ``__init__``, their methods and their properties. In the simulator, a class of the
+extension is a factory method of the same name taking the constructor's parameters, returning an object with
+the class's methods and properties. The last tests feed deliberately broken declarations to the comparison, so
+it is known to fail when something is missing or differs.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from __future__ import annotations
 import ast
 import inspect
 import pathlib
-import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -253,21 +251,6 @@ def test_extension_matches_the_stub(stub):
     assert not problems, "\n".join(problems)
 
 
-def test_protocol_matches_the_stub(stub):
-    methods = _methods_of(_backend.Backend)
-    problems = compare_functions("Backend", stub.functions, methods)
-    hints = typing.get_type_hints(_backend.Backend)
-    assert "__version__" in _backend.Backend.__annotations__ and hints["__version__"] is str
-    for name, spec in stub.classes.items():
-        problems += compare_functions("Backend (factory)", {name: spec.init}, methods)
-        if name in methods:
-            impl = typing.get_type_hints(getattr(_backend.Backend, name))["return"]
-            problems += compare_objects(f"Backend.{name} -> {impl.__name__}", spec, impl)
-    extra = set(methods) - set(stub.functions) - set(stub.classes)
-    assert not extra, f"the protocol declares names the extension lacks: {sorted(extra)}"
-    assert not problems, "\n".join(problems)
-
-
 def _fake_objects(fake: FakeBackend) -> dict[str, Any]:
     stream = fake.Stream(0)
     memory = fake.DeviceMemory(0, 4096)
@@ -298,7 +281,7 @@ def test_fake_backend_implements_every_name(stub):
     assert not problems, "\n".join(problems)
 
 
-def test_fake_backend_satisfies_the_protocol_at_run_time():
+def test_use_installs_a_backend_for_the_block_only():
     fake = FakeBackend()
     with _backend.use(fake):
         assert _backend.current() is fake

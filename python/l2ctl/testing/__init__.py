@@ -1,6 +1,6 @@
 """A simulated CUDA machine for running code that uses l2ctl without a GPU.
 
-``FakeBackend`` implements the whole backend contract (``l2ctl._backend.Backend``, the same names and
+``FakeBackend`` implements the whole backend contract (declared in ``l2ctl/_core.pyi``: the same names and
 signatures as the compiled ``l2ctl._core``): devices and the set-aside limit, streams and windows,
 events, lazy device memory, graphs, a CUPTI range profiler, and every kernel, executed functionally
 with NumPy and timed by a model of DRAM, L2 and persistence calibrated to an H100 and an H200::

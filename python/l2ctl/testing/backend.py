@@ -1,4 +1,4 @@
-"""FakeBackend: the whole ``l2ctl._backend.Backend`` contract on simulated devices.
+"""FakeBackend: the whole backend contract (``l2ctl/_core.pyi``) on simulated devices.
 
 It keeps what CUDA keeps: per device the set-aside limit (rounded up to multiples of max / 10, as
 measured), persisting-line resets and the windows of streams and kernel nodes, with the batches that change
@@ -384,7 +384,7 @@ if hasattr(os, "register_at_fork"):
 
 
 class FakeBackend(L2State):
-    """A simulated CUDA machine implementing ``l2ctl._backend.Backend``; see the package docstring.
+    """A simulated CUDA machine implementing the backend contract (``_core.pyi``); see the package docstring.
 
     ``FakeBackend(*devices, seed=0, cupti=True)``: the devices (one H100 by default), the seed of the
     timing noise, and whether libcupti "loads".
