@@ -576,17 +576,18 @@ ARGUMENT_FORMS = [("persist_lean", "`hit_ratio=0.75`", 1.2), ("persist_lean_1_0"
                   ("raw_set_clear_window", "a window set and cleared through cuda.bindings", None)]
 
 
-def argument_form_runs(gpu: str) -> dict[str, list[dict[str, Any]]]:
-    """Per side ("before", "after"), each run's record: benchmarks/results/<gpu>/argument_forms/<side>_<n>.json,
-    the two builds' runs interleaved on one machine (before_1, after_1, before_2, ...)."""
-    return {side: [json.loads(p.read_text()) for p in sorted((RECORDS / gpu / "argument_forms").glob(f"{side}_*.json"))]
+def argument_form_runs(gpu: str, folder: str) -> dict[str, list[dict[str, Any]]]:
+    """Per side ("before", "after"), each run's record: benchmarks/results/<gpu>/<folder>/<side>_<n>.json, the two
+    builds' runs interleaved on one machine (before_1, after_1, before_2, ...)."""
+    return {side: [json.loads(p.read_text()) for p in sorted((RECORDS / gpu / folder).glob(f"{side}_*.json"))]
             for side in ("before", "after")}
 
 
-def argument_forms(gpu: str) -> str:
+def argument_forms(gpu: str, folder: str = "argument_forms") -> str:
     """Issue 36's table measured again: each form before and after, as the median of the interleaved runs with
-    every run's value, beside the target."""
-    runs = argument_form_runs(gpu)
+    every run's value, beside the target. `argument_forms`: the forms' own change (every form on the compiled
+    path); `argument_forms_speed`: the entry and end made cheaper."""
+    runs = argument_form_runs(gpu, folder)
     if not runs["before"] or not runs["after"]:
         return ""
     us = {side: [{x["variant"]: x["metrics"]["median_us"] for x in r["records"] if x["verified"]} for r in records]
@@ -747,6 +748,7 @@ for _gpu in GPUS:
     for _name, _fn in (("tax", tax), ("gallery", gallery), ("tune-models", tune_models), ("overhead", overhead),
                        ("overhead-targets", overhead_targets), ("overhead-forms", overhead_forms),
                        ("argument-forms", argument_forms), ("reset-data", reset_data),
+                       ("argument-forms-speed", lambda g: argument_forms(g, "argument_forms_speed")),
                        ("tuner", tuner), ("stride", stride), ("micro", micro), ("ncu", ncu)):
         GENERATORS[f"{_name}-{_gpu}"] = (lambda f=_fn, g=_gpu: f(g))
 

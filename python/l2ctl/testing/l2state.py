@@ -16,7 +16,6 @@ from typing import Any, Callable, ContextManager, Optional, Sequence
 
 import numpy as np
 
-from .._backend import WindowChange, WindowTuple
 from .._errors import CudaError
 from .devices import FakeDevice
 from .errors import cuda_error
@@ -24,6 +23,8 @@ from .model import DeviceModel
 
 __all__ = ["L2State", "WindowTuple", "EMPTY_WINDOW"]
 
+WindowTuple = tuple[int, int, float, int, int]  # (base, num_bytes, hit_ratio, hit_prop, miss_prop), as _core.pyi's
+WindowChange = tuple[int, WindowTuple]  # (a holder's handle, its window)
 EMPTY_WINDOW: WindowTuple = (0, 0, 0.0, 0, 0)
 _Applied = tuple[int, int, list[WindowTuple]]  # apply_state's result: limit before, limit after, previous windows
 _Windows = dict[int, WindowTuple]
