@@ -37,10 +37,18 @@ namespace {
 // f() with the GIL released; its result is converted to Python after the GIL is back.
 template <typename F>
 auto unlocked(F&& f) {
-  py::gil_scoped_release released;
+  l2ctl_bindings::Gil_released released;
   return f();
 }
-using release = py::call_guard<py::gil_scoped_release>;
+using release = py::call_guard<l2ctl_bindings::Gil_released>;
+
+// f() with the GIL released, as work that interpreter exit waits for (NVRTC: l2ctl_bindings::Exit_gate).
+template <typename F>
+auto compiling(F&& f) {
+  l2ctl_bindings::Gil_released released;
+  l2ctl_bindings::Exit_gate::Pass pass(*l2ctl_bindings::exit_gate);  // left before the GIL is taken back
+  return f();
+}
 using WindowTuple = std::tuple<std::uintptr_t, std::size_t, float, int, int>;
 
 // What making the kernels' image did, as l2ctl.kernels.compile_info() reports it.
@@ -158,13 +166,13 @@ PyObject* apply_window(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   l2ctl::StateResult r;
   try {
     if (limit >= 0 || reset_lines || count > 1) {
-      py::gil_scoped_release unlocked;
+      l2ctl_bindings::Gil_released unlocked;
       r = l2ctl::apply_state(static_cast<int>(device), limit, at_least != 0, changes, reset_lines != 0,
                              read_previous != 0);
     } else {
       r = l2ctl::apply_state(static_cast<int>(device), limit, at_least != 0, changes, false, read_previous != 0);
     }
-  } catch (...) {
+  } L2CTL_THREAD_ENDED catch (...) {
     l2ctl_bindings::set_python_error(std::current_exception());
     return nullptr;
   }
@@ -260,7 +268,7 @@ PYBIND11_MODULE(_core, m) {
       [](std::uintptr_t dst, py::buffer src, std::uintptr_t stream) {
         py::buffer_info info = src.request();
         std::size_t bytes = static_cast<std::size_t>(info.size) * static_cast<std::size_t>(info.itemsize);
-        py::gil_scoped_release unlocked;
+        l2ctl_bindings::Gil_released unlocked;
         l2ctl::copy_host_to_device(dst, info.ptr, bytes, stream);
       },
       "dst"_a, "src"_a, "stream"_a);
@@ -269,7 +277,7 @@ PYBIND11_MODULE(_core, m) {
       [](py::buffer dst, std::uintptr_t src, std::uintptr_t stream) {
         py::buffer_info info = dst.request(true);
         std::size_t bytes = static_cast<std::size_t>(info.size) * static_cast<std::size_t>(info.itemsize);
-        py::gil_scoped_release unlocked;
+        l2ctl_bindings::Gil_released unlocked;
         l2ctl::copy_device_to_host(info.ptr, src, bytes, stream);
       },
       "dst"_a, "src"_a, "stream"_a);
@@ -377,13 +385,13 @@ PYBIND11_MODULE(_core, m) {
   m.def(
       "load_kernels",
       [](int device, const std::vector<std::string>& nvrtc, const std::string& cache_dir) {
-        return image_info(unlocked([&] { return l2ctl::load_kernels(device, nvrtc, cache_dir); }));
+        return image_info(compiling([&] { return l2ctl::load_kernels(device, nvrtc, cache_dir); }));
       },
       "device"_a, "nvrtc"_a, "cache_dir"_a);
   m.def(
       "kernel_image",
       [](int arch, bool ptx, const std::vector<std::string>& nvrtc, const std::string& cache_dir) {
-        l2ctl::KernelImage image = unlocked([&] { return l2ctl::kernel_image(arch, ptx, nvrtc, cache_dir); });
+        l2ctl::KernelImage image = compiling([&] { return l2ctl::kernel_image(arch, ptx, nvrtc, cache_dir); });
         return py::make_tuple(py::bytes(image.data), image_info(image));
       },
       "arch"_a, "ptx"_a, "nvrtc"_a, "cache_dir"_a);

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <vector>
 
+#include "gil.hpp"
 #include "l2ctl/device.hpp"
 #include "l2ctl/window.hpp"
 
@@ -51,7 +52,7 @@ void bind_driver_timing(py::module_& core) {
         py::dict out;
         double lean, with_reset, graph, limits;
         {
-          py::gil_scoped_release released;
+          l2ctl_bindings::Gil_released released;
           lean = microseconds_per(iterations, [&] { scope_calls(l2ctl::WindowHolder::stream, streams, window); });
           with_reset = microseconds_per(iterations, [&] {
             scope_calls(l2ctl::WindowHolder::stream, streams, window);

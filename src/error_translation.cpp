@@ -62,7 +62,7 @@ void set_python_error(const std::exception_ptr& cause) {
     } catch (py::error_already_set& e) {
       e.restore();
       return;
-    } catch (...) {
+    } L2CTL_THREAD_ENDED catch (...) {
     }
     // Any other exception with CPython's MemoryError pending: an allocation failed under it (pybind11 then
     // throws "Could not allocate ..." or a cast_error), and the MemoryError is the error.
@@ -93,12 +93,12 @@ void set_python_error(const std::exception_ptr& cause) {
       // pybind11's own failed allocations (a tuple, a str) are "Could not allocate ...": MemoryError.
       PyErr_SetString(std::strncmp(e.what(), "Could not allocate", 18) == 0 ? PyExc_MemoryError : PyExc_RuntimeError,
                       e.what());
-    } catch (...) {
+    } L2CTL_THREAD_ENDED catch (...) {
       PyErr_SetString(PyExc_RuntimeError, "l2ctl: an unknown C++ exception");
     }
   } catch (py::error_already_set& e) {  // making the exception failed (raise_planner_error raises this way too)
     e.restore();
-  } catch (...) {
+  } L2CTL_THREAD_ENDED catch (...) {
     PyErr_NoMemory();
   }
 }
@@ -125,7 +125,7 @@ py::object exception_object(const std::exception_ptr& cause) {
     return e.value();
   } catch (const l2ctl::CudaError& e) {
     return py::handle(registered_host().cuda_error)(e.call(), e.code(), e.name(), e.description(), e.details());
-  } catch (...) {
+  } L2CTL_THREAD_ENDED catch (...) {
     return py::none();
   }
 }

@@ -8,6 +8,7 @@
 #include <exception>
 #include <string>
 
+#include "gil.hpp"
 #include "l2ctl/planner.hpp"
 
 namespace l2ctl_bindings {
@@ -26,7 +27,7 @@ template <typename F>
 auto guarded(F&& f, decltype(f()) failed = {}) -> decltype(f()) {
   try {
     return f();
-  } catch (...) {
+  } L2CTL_THREAD_ENDED catch (...) {
     set_python_error(std::current_exception());
     return failed;
   }

@@ -394,17 +394,17 @@ void announce(Persist* self, const std::shared_ptr<Scope_object>& scope, const p
     py::error_already_set error;
     try {
       finish_scope(*scope, executables, changed, error.value());
-    } catch (...) {
+    } L2CTL_THREAD_ENDED catch (...) {
       // noted on `error` already where it can be
     }
     if (self->live == scope) self->live.reset();
     throw error;
   } catch (py::error_already_set&) {
     throw;
-  } catch (...) {  // no memory to say so: the scope still ends
+  } L2CTL_THREAD_ENDED catch (...) {  // no memory to say so: the scope still ends
     try {
       end_scope(*scope);
-    } catch (...) {
+    } L2CTL_THREAD_ENDED catch (...) {
     }
     if (self->live == scope) self->live.reset();
     std::rethrow_exception(failure);
@@ -421,7 +421,7 @@ void apply(Persist* self) {
   const auto [scope, entered] = record(self, where, plan, registry, backend);
   try {
     announce(self, scope, entered, plan);
-  } catch (...) {
+  } L2CTL_THREAD_ENDED catch (...) {
     end_after(self, scope);
   }
 }

@@ -67,7 +67,7 @@ class Cuda_calls final : public pl::Calls {
  public:
   long long get_limit(int device) override {
     try {
-      py::gil_scoped_release released;
+      Gil_released released;
       return static_cast<long long>(l2ctl::get_persisting_limit(device));
     } catch (const l2ctl::CudaError& e) {
       throw cuda_failure(e);
@@ -75,7 +75,7 @@ class Cuda_calls final : public pl::Calls {
   }
   long long set_limit(int device, long long nbytes) override {
     try {
-      py::gil_scoped_release released;
+      Gil_released released;
       return static_cast<long long>(l2ctl::set_persisting_limit(device, static_cast<std::size_t>(nbytes)));
     } catch (const l2ctl::CudaError& e) {
       throw cuda_failure(e);
@@ -90,7 +90,7 @@ class Cuda_calls final : public pl::Calls {
   }
   void reset_lines(int device) override {
     try {
-      py::gil_scoped_release released;
+      Gil_released released;
       l2ctl::reset_persisting_lines(device);
     } catch (const l2ctl::CudaError& e) {
       throw cuda_failure(e);
@@ -114,7 +114,7 @@ class Cuda_calls final : public pl::Calls {
     try {
       // A stream attribute alone returns in well under a microsecond: the GIL is released only for slow calls.
       if (batch.limit >= 0 || batch.reset_lines || changes.size() > 1) {
-        py::gil_scoped_release released;
+        Gil_released released;
         r = l2ctl::apply_state(batch.device, batch.limit, batch.at_least, changes, batch.reset_lines,
                                batch.read_previous);
       } else {
@@ -197,7 +197,7 @@ class Python_calls final : public pl::Calls {
         }
         return 0;
       });
-    } catch (...) {
+    } L2CTL_THREAD_ENDED catch (...) {
       record(entries, journal);  // the call may have run before it was cut short: its journal says so
       throw;
     }
@@ -232,6 +232,7 @@ class Python_calls final : public pl::Calls {
         throw pl::Call_failed(e.what(), "", "", false, std::current_exception());
       throw;  // an interrupt: the call was cut short
     }
+    L2CTL_THREAD_ENDED  // the simulator's Python ran as the interpreter exited: the thread stops here
   }
 
   py::handle backend_;
@@ -365,7 +366,7 @@ pl::Entered enter_scope(const std::shared_ptr<Registry_object>& r, const std::sh
       pl::Entered entered;
       try {
         entered = r->planner.enter(scope.core, maximum);
-      } catch (...) {
+      } L2CTL_THREAD_ENDED catch (...) {
         scope.core->anchor.reset();
         throw;
       }
@@ -377,7 +378,7 @@ pl::Entered enter_scope(const std::shared_ptr<Registry_object>& r, const std::sh
         scope.window = scope.window.attr("_replace")("hit_ratio"_a = scope.core->window.hit_ratio);
       return entered;
     });
-  } catch (...) {
+  } L2CTL_THREAD_ENDED catch (...) {
     scope.core->ending = true;  // registered and cut short: the next call ends it
     throw;
   }

@@ -9,6 +9,7 @@
 namespace l2ctl_bindings {
 
 Registry_lock* lock_instance = nullptr;
+Exit_gate* exit_gate = new Exit_gate;  // never freed: threads may sleep at it as the process ends
 std::atomic<std::uint64_t> fork_epoch{0};
 
 namespace {
@@ -17,6 +18,7 @@ void after_fork_in_child() {
   // A forked child starts with a lock nobody holds (another thread of the parent may have held it) and an epoch
   // that makes the parent's registries unreachable (the facade makes new ones).
   new (lock_instance) Registry_lock();
+  new (exit_gate) Exit_gate();
   ++fork_epoch;
 }
 
@@ -32,6 +34,10 @@ void keeping_error(F&& f) {
 
 }  // namespace
 
+const char* const closed_hint =
+    "l2ctl restored every device at interpreter exit and enters no scope after it (an atexit handler or a finalizer "
+    "that runs later called it)";
+
 std::vector<std::shared_ptr<Registry_object>>& deferred_ends() {
   static auto* registries = new std::vector<std::shared_ptr<Registry_object>>;
   return *registries;
@@ -39,7 +45,7 @@ std::vector<std::shared_ptr<Registry_object>>& deferred_ends() {
 
 Locked::Locked(Registry_object* registry, bool interruptible) : registry_(registry) {
   if (lock_instance->owned()) {
-    PyErr_SetString(PyExc_RuntimeError, pl::reentry_hint);
+    PyErr_SetString(PyExc_RuntimeError, lock_instance->closed ? closed_hint : pl::reentry_hint);
     throw py::error_already_set();
   }
   lock_instance->acquire(true, -1, interruptible);
@@ -60,7 +66,7 @@ Locked::~Locked() {
     keeping_error([&] {
       try {
         registry->planner.settle_all();
-      } catch (...) {
+      } L2CTL_THREAD_ENDED catch (...) {
       }
     });
     for (auto& anchor : registry->planner.take_released()) released.push_back(std::move(anchor));
@@ -87,7 +93,7 @@ Locked::~Locked() {
         PyObject_SetAttr(holder.ptr(), L2CTL_NAME("_scope").ptr(), Py_None);
       Py_XDECREF(named);
       PyErr_Clear();
-    } catch (...) {  // no memory for a name: the holder still names the scope, which is no longer live
+    } L2CTL_THREAD_ENDED catch (...) {  // no memory for a name: the holder names the scope, no longer live
     }
     released.clear();
   });
@@ -105,6 +111,17 @@ void bind_lock(py::module_& m) {
           "blocking"_a = true, "timeout"_a = -1.0)
       .def("release", &Registry_lock::release)
       .def("_is_owned", &Registry_lock::owned)
+      .def("close_for_exit",
+           [](Registry_lock& self) {
+             {
+               Gil_released released;
+               exit_gate->close();  // a compile in progress completes first
+             }
+             self.acquire(true, -1);  // an end in progress on another thread completes first
+             self.closed = true;      // never released: the restore at exit is the last change l2ctl makes
+           },
+           "At interpreter exit, before the restore: compiles end, and this thread keeps the lock for good.")
+      .def_property_readonly("closed", [](const Registry_lock& self) { return self.closed; })
       .def("__enter__", [](Registry_lock& self) { self.acquire(true, -1, true); })
       .def("__exit__", [](Registry_lock& self, py::args) { self.release(); });
   m.attr("registry_lock") = py::cast(lock, py::return_value_policy::reference);

@@ -8,6 +8,8 @@
 #include <mutex>
 #include <thread>
 
+#include "gil.hpp"
+
 namespace l2ctl_bindings {
 
 namespace py = pybind11;
@@ -19,6 +21,10 @@ struct Registry_lock {
   std::timed_mutex mutex;
   std::atomic<std::thread::id> owner{};
   int depth = 0;
+  // Set at interpreter exit, once every device is restored: the exit's thread keeps the lock for good, so a daemon
+  // thread still running enters no scope the restore would miss, and waits without the GIL, where CPython's
+  // finalization never ends it.
+  bool closed = false;
 
   bool owned() const { return owner.load() == std::this_thread::get_id(); }
 
@@ -32,19 +38,21 @@ struct Registry_lock {
     }
     bool got = mutex.try_lock();
     if (!got && blocking && !interruptible) {
-      py::gil_scoped_release released;
+      Gil_released released;
       if (timeout < 0) {
         mutex.lock();
         got = true;
       } else {
         got = mutex.try_lock_for(std::chrono::duration<double>(timeout));
       }
+      if (got) released.unlock_if_ended(&mutex);
     }
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout < 0 ? 0 : timeout);
     while (!got && blocking && interruptible) {
       {
-        py::gil_scoped_release released;
+        Gil_released released;
         got = mutex.try_lock_for(std::chrono::milliseconds(20));
+        if (got) released.unlock_if_ended(&mutex);
       }
       if (got || (timeout >= 0 && std::chrono::steady_clock::now() >= deadline)) break;
       if (PyErr_CheckSignals() < 0) throw py::error_already_set();

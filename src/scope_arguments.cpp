@@ -154,7 +154,7 @@ Object_table_use::~Object_table_use() {
   if (--t.users > 0 || !(t.evict_all || t.has_stale)) return;
   try {
     take_evicted(t);
-  } catch (...) {  // no memory for the list: the eviction waits for the next use
+  } L2CTL_THREAD_ENDED catch (...) {  // no memory for the list: the eviction waits for the next use
     PyErr_Clear();
   }
 }

@@ -212,9 +212,9 @@ def _unavailable(scope: "Persist") -> None:
     key = (scope.device, str(scope.reason))
     if key in _warned_unavailable:
         return
-    _warned_unavailable.add(key)
     warnings.warn(f"l2ctl.persist(strict=False) changes nothing here: {scope.reason}",
                   PersistenceUnavailableWarning, stacklevel=2)
+    _warned_unavailable.add(key)  # said only once it returned: a filter that raised it (-W error) said nothing
 
 
 def _set_aside(scope: "Persist") -> int:

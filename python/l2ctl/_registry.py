@@ -235,9 +235,17 @@ def states() -> Iterator[tuple[Any, Any]]:
 
 
 def restore_all() -> None:
-    """At interpreter exit: end every live scope on every device, each with the backend it was made with."""
+    """End every live scope on every device, each with the backend it was made with."""
     for planner in list(_planners.values()):
         planner.restore_all()
 
 
-atexit.register(restore_all)
+def _restore_at_exit() -> None:
+    """At interpreter exit: the registry closed for good (this thread keeps its lock: a daemon thread still running
+    enters no scope the restore would miss, and waits without the GIL, where finalization never ends it inside
+    l2ctl), then every device restored."""
+    lock.close_for_exit()
+    restore_all()
+
+
+atexit.register(_restore_at_exit)

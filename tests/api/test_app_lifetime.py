@@ -17,7 +17,7 @@ import warnings
 import pytest
 
 import l2ctl
-from l2ctl import _backend, _persist
+from l2ctl import _backend, _persist, _registry
 from l2ctl.testing import FakeBackend, FakeDevice
 
 MiB = 1 << 20
@@ -247,6 +247,28 @@ def test_best_effort_changes_nothing_where_the_device_cannot_persist_and_says_wh
             l2ctl.persist(s, buf, 1.5, strict=False)
         with pytest.raises(TypeError):
             l2ctl.persist(s, buf, 0.5, strict=0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", ["pre-Ampere", "MIG"])
+def test_a_best_effort_warning_a_filter_raised_is_not_counted_as_said(kind):
+    """Under ``-W error`` the first best-effort scope raised PersistenceUnavailableWarning and every later one entered
+    silently: the reason was recorded as said before ``warnings.warn`` ran. Each entry raises it now, and once the
+    filter lets it through it is shown (once)."""
+    make, why = UNAVAILABLE[kind]
+    with FakeBackend.installed(make()) as fake:
+        s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(4 * MiB)
+        before = fake.state()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", l2ctl.PersistenceUnavailableWarning)
+            for start in (lambda p: p.__enter__(), lambda p: p.start(), lambda p: p.__enter__()):
+                with pytest.raises(l2ctl.PersistenceUnavailableWarning, match=why):
+                    start(l2ctl.persist(s, buf, 0.5, strict=False))
+                assert fake.state() == before and _registry.live_scopes(0) == []
+        with pytest.warns(l2ctl.PersistenceUnavailableWarning, match=why) as caught:
+            for _ in range(2):
+                with l2ctl.persist(s, buf, 0.5, strict=False) as p:
+                    assert not p.active
+        assert len(caught) == 1 and fake.state() == before
 
 
 def test_best_effort_under_mps_still_persists_what_needs_no_limit():

@@ -162,6 +162,20 @@ def test_the_compiled_layer_imports_no_module_of_l2ctls_by_name():
     assert not found, found
 
 
+def test_the_binding_layer_survives_a_thread_the_interpreter_ends():
+    """CPython (< 3.14) ends a thread asking for the GIL at exit with a forced unwind (docs/DESIGN.md, "Interpreter
+    exit"): the GIL is given up only through Gil_released, which catches it, and every catch-all of the binding
+    layer lets L2CTL_THREAD_ENDED catch it first; the C++ core (src/l2ctl) never touches the GIL."""
+    found = []
+    for p in sorted(SRC.glob("*.[ch]pp")) + sorted((SRC / "l2ctl").glob("*.[ch]pp")):
+        for n, line in enumerate(p.read_text().splitlines(), 1):
+            if ("gil_scoped_release" in line or "PyEval_SaveThread" in line) and p.name != "gil.hpp":
+                found.append(f"{p.name}:{n}: the GIL given up outside Gil_released")
+            if "catch (...)" in line and "L2CTL_THREAD_ENDED catch (...)" not in line and p.parent == SRC:
+                found.append(f"{p.name}:{n}: a catch-all without L2CTL_THREAD_ENDED before it")
+    assert not found, found
+
+
 def test_the_host_has_exactly_the_fields_the_compiled_layer_reads_each_from_a_core_module():
     from dataclasses import fields
 
