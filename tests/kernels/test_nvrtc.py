@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import pwd
 import re
 import shutil
 import subprocess
@@ -164,7 +165,8 @@ def test_cache_dir_rules(tmp_path):
     assert _nvrtc.cache_dir({"L2CTL_CACHE_DIR": "/x", "XDG_CACHE_HOME": "/y"}) == "/x"
     assert _nvrtc.cache_dir({"L2CTL_CACHE_DIR": ""}) == ""  # no cache
     assert _nvrtc.cache_dir({"XDG_CACHE_HOME": "/y"}) == os.path.join("/y", "l2ctl")
-    assert _nvrtc.cache_dir({}) == os.path.join(os.path.expanduser("~"), ".cache", "l2ctl")
+    assert _nvrtc.cache_dir({"HOME": "/h"}) == os.path.join("/h", ".cache", "l2ctl")
+    assert _nvrtc.cache_dir({}) == os.path.join(pwd.getpwuid(os.geteuid()).pw_dir, ".cache", "l2ctl")
 
 
 # ---- the disk cache refuses what its user alone cannot have written ------------------------------------------
@@ -283,6 +285,40 @@ def test_a_relative_cache_directory_is_not_used(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _refused(pathlib.Path("cachedir/l2ctl"), "cache not used: cachedir/l2ctl is not an absolute path")
     assert list(tmp_path.iterdir()) == [], "nothing made in the working directory (no stray c, no cachedir)"
+
+
+def test_relative_cache_paths_from_the_environment_give_no_cache(monkeypatch):
+    assert _nvrtc.cache_location({"L2CTL_CACHE_DIR": "cachedir"}) == (
+        "", "L2CTL_CACHE_DIR='cachedir' is not an absolute path")
+    assert _nvrtc.cache_location({"L2CTL_CACHE_DIR": ""}) == ("", "L2CTL_CACHE_DIR is empty")
+    # the XDG spec: a relative XDG_CACHE_HOME is ignored
+    assert _nvrtc.cache_location({"XDG_CACHE_HOME": "rel", "HOME": "/h"}) == ("/h/.cache/l2ctl", "")
+    monkeypatch.setattr(_nvrtc.pwd, "getpwuid", lambda uid: type("entry", (), {"pw_dir": "/from-passwd"}))
+    assert _nvrtc.cache_location({"HOME": "rel"}) == ("/from-passwd/.cache/l2ctl", "")
+
+    def no_entry(uid: int) -> Any:
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    monkeypatch.setattr(_nvrtc.pwd, "getpwuid", no_entry)
+    for env in ({}, {"HOME": "rel"}, {"HOME": "~"}, {"XDG_CACHE_HOME": "x", "HOME": ""}):
+        where, why = _nvrtc.cache_location(env)
+        assert where == "" and why.startswith("no absolute home directory (HOME="), env
+
+
+def test_compile_info_says_why_there_is_no_cache(monkeypatch):
+    """The backend says "no cache directory" for ""; compile_info adds why l2ctl chose none."""
+    monkeypatch.setenv("L2CTL_CACHE_DIR", "cachedir")
+    simulated = FakeBackend.load_kernels
+
+    def as_the_core(self: FakeBackend, device: int, nvrtc: list[str], cache_dir: str) -> dict[str, Any]:
+        return {**simulated(self, device, nvrtc, cache_dir), "cache_note": "no cache directory" if not cache_dir
+                else "cache used"}
+
+    monkeypatch.setattr(FakeBackend, "load_kernels", as_the_core)
+    with FakeBackend.installed():
+        kernels.max_read_partials(0)
+        assert kernels.compile_info()[0]["cache_note"] == (
+            "no cache directory: L2CTL_CACHE_DIR='cachedir' is not an absolute path")
 
 
 # ---- where NVRTC is looked for -------------------------------------------------------------------------------
