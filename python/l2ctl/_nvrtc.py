@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import glob
 import os
+import pwd
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
-__all__ = ["search_paths", "cache_dir", "toolkits", "LIBRARY_DIRS"]
+__all__ = ["search_paths", "cache_location", "cache_dir", "toolkits", "LIBRARY_DIRS"]
 
 LIBRARY_DIRS = ("lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib")
 
@@ -50,11 +51,30 @@ def search_paths(built_major: int, driver_version: int, environ: Optional[Mappin
     return list(dict.fromkeys(found))  # once each, in order
 
 
-def cache_dir(environ: Optional[Mapping[str, str]] = None) -> str:
-    """Where compiled kernels are kept: ``$L2CTL_CACHE_DIR`` (empty: no cache), else ``$XDG_CACHE_HOME/l2ctl``,
-    else ``~/.cache/l2ctl``."""
+def cache_location(environ: Optional[Mapping[str, str]] = None) -> tuple[str, str]:
+    """Where compiled kernels are kept, and why there is no cache when that is "": ``$L2CTL_CACHE_DIR`` (empty: no
+    cache), else ``$XDG_CACHE_HOME/l2ctl``, else ``$HOME/.cache/l2ctl`` (the passwd entry's home when ``$HOME`` is
+    unset or relative). Only absolute paths: a relative one names another directory in every working directory, so
+    a relative ``$XDG_CACHE_HOME`` is ignored (as the XDG spec says) and a relative ``$L2CTL_CACHE_DIR`` or no
+    absolute home means no cache."""
     env = os.environ if environ is None else environ
     if "L2CTL_CACHE_DIR" in env:
-        return env["L2CTL_CACHE_DIR"]
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "l2ctl")
+        chosen = env["L2CTL_CACHE_DIR"]
+        return (chosen, "") if os.path.isabs(chosen) else (
+            "", f"L2CTL_CACHE_DIR={chosen!r} is not an absolute path" if chosen else "L2CTL_CACHE_DIR is empty")
+    if os.path.isabs(env.get("XDG_CACHE_HOME", "")):
+        return os.path.join(env["XDG_CACHE_HOME"], "l2ctl"), ""
+    home = env.get("HOME", "")
+    if not os.path.isabs(home):
+        try:
+            home = pwd.getpwuid(os.geteuid()).pw_dir
+        except KeyError:  # a uid without a passwd entry (containers)
+            home = ""
+    if os.path.isabs(home):
+        return os.path.join(home, ".cache", "l2ctl"), ""
+    return "", f"no absolute home directory (HOME={env.get('HOME')!r}, none in uid {os.geteuid()}'s passwd entry)"
+
+
+def cache_dir(environ: Optional[Mapping[str, str]] = None) -> str:
+    """The directory of ``cache_location``: "" for no cache."""
+    return cache_location(environ)[0]

@@ -89,7 +89,11 @@ def _kernels_ready(device: int) -> None:
             _loaded = (backend, {})
         if device not in _loaded[1]:
             candidates = _nvrtc.search_paths(int(backend.runtime_version()) // 1000, int(backend.driver_version()))
-            _loaded[1][device] = dict(backend.load_kernels(device, candidates, _nvrtc.cache_dir()))
+            cache, why_none = _nvrtc.cache_location()
+            info = dict(backend.load_kernels(device, candidates, cache))
+            if why_none and info.get("cache_note") == "no cache directory":
+                info["cache_note"] += f": {why_none}"
+            _loaded[1][device] = info
 
 
 def compile_info() -> list[dict[str, Any]]:

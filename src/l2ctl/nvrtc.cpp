@@ -2,17 +2,17 @@
 
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <mutex>
 #include <type_traits>
 #include <sys/stat.h>
@@ -166,33 +166,106 @@ std::string hex64(std::uint64_t value) {
 // (8 bytes each), the payload.
 std::string entry_header(const std::string& key) { return "l2ctl kernel cache 1\n" + key + "\n"; }
 
-bool read_entry(const std::string& file, const std::string& key, std::string& payload) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return false;
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const std::string header = entry_header(key);
-  if (text.size() < header.size() + 16 || text.compare(0, header.size(), header) != 0) return false;
-  std::uint64_t size = 0, checksum = 0;
-  std::memcpy(&size, text.data() + header.size(), 8);
-  std::memcpy(&checksum, text.data() + header.size() + 8, 8);
-  if (size != text.size() - header.size() - 16) return false;
-  payload = text.substr(header.size() + 16);
-  return fnv1a(payload) == checksum;
+// The whole set of kernels is under 1 MiB as CUBIN or PTX: 64 MiB leaves room for growth and bounds what reading
+// a damaged or planted entry can cost.
+constexpr std::size_t kMaxEntryBytes = std::size_t(64) << 20;
+
+struct Fd {  // closes on scope exit
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+// Why what `fd` (opened O_NOFOLLOW from `name` in `at`) holds is not to be trusted, or "". l2ctl trusts only what
+// its own user alone can have written: `type` (a directory or a regular file), owned by the effective user, not
+// writable by group or others.
+std::string distrust(int at, const std::string& name, int fd, mode_t type, struct stat& st) {
+  if (fd < 0) {
+    const int error = errno;
+    if (::fstatat(at, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(st.st_mode)) return "is a symlink";
+    return std::string("cannot be opened: ") + std::strerror(error);
+  }
+  if (::fstat(fd, &st) != 0) return std::string("cannot be examined: ") + std::strerror(errno);
+  if ((st.st_mode & S_IFMT) != type) return type == S_IFDIR ? "is not a directory" : "is not a regular file";
+  if (st.st_uid != ::geteuid())
+    return "is owned by uid " + std::to_string(st.st_uid) + ", not by uid " + std::to_string(::geteuid());
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) == 0) return "";
+  char mode[8];
+  std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+  return std::string("is writable by ") + (st.st_mode & S_IWOTH ? "others" : "its group") + " (mode " + mode + ")";
 }
 
-// Writes the entry through a temporary file and a rename, so a reader sees a whole entry or none. Returns why it
-// could not, or "".
-std::string write_entry(const std::string& dir, const std::string& file, const std::string& key,
-                        const std::string& payload) {
-  for (std::size_t at = 1; at != std::string::npos; at = dir.find('/', at + 1))  // mkdir -p
-    (void)::mkdir(dir.substr(0, at).c_str(), 0755);
-  (void)::mkdir(dir.c_str(), 0755);
-  std::string temp = file + ".XXXXXX";
-  const int fd = ::mkstemp(temp.data());
-  if (fd < 0) return "cannot write in " + dir + ": " + std::strerror(errno);
+// `dir` opened as a directory when l2ctl may trust it (created first if missing, mode 0700 as XDG asks), else -1
+// and `why` says why not. Entries are then opened relative to it, so the directory checked is the one used.
+int open_cache_dir(const std::string& dir, std::string& why) {
+  if (dir.empty() || dir[0] != '/') {  // a relative path names another directory in every working directory
+    why = "cache not used: " + dir + " is not an absolute path";
+    return -1;
+  }
+  for (std::size_t at = dir.find('/', 1); at != std::string::npos; at = dir.find('/', at + 1))  // mkdir -p
+    (void)::mkdir(dir.substr(0, at).c_str(), 0700);
+  const int made = ::mkdir(dir.c_str(), 0700) == 0 || errno == EEXIST ? 0 : errno;
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  const int error = made ? made : errno;  // why it could not be made says more than why it is absent
+  struct stat st;
+  const std::string distrusted = distrust(AT_FDCWD, dir, fd, S_IFDIR, st);
+  if (distrusted.empty()) return fd;
+  if (fd >= 0) ::close(fd);
+  why = fd < 0 && distrusted != "is a symlink" ? "cache not used: cannot write in " + dir + ": " + std::strerror(error)
+                                               : "cache not used: " + dir + " " + distrusted;
+  return -1;
+}
+
+// The payload of the entry `file` (named `name` in the directory `dir`) when it is trusted and intact; else "" and
+// `why` says why it was not used ("" when there is no entry).
+std::string read_entry(int dir, const std::string& file, const std::string& name, const std::string& key,
+                       std::string& why) {
+  // O_NONBLOCK: a FIFO would block the open until a writer comes; fstat then refuses it.
+  Fd fd{::openat(dir, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)};
+  if (fd.fd < 0 && errno == ENOENT) return "";
+  struct stat st;
+  std::string distrusted = distrust(dir, name, fd.fd, S_IFREG, st);
+  if (distrusted.empty() && static_cast<std::size_t>(st.st_size) > kMaxEntryBytes)
+    distrusted = "is larger than " + std::to_string(kMaxEntryBytes >> 20) + " MiB (" + std::to_string(st.st_size) +
+                 " bytes)";
+  if (!distrusted.empty()) {
+    why = "the entry " + file + " " + distrusted + ": not read, compiled";
+    return "";
+  }
+  std::string text;
+  char buffer[1 << 16];
+  ssize_t n = 0;
+  while (text.size() <= kMaxEntryBytes &&
+         (n = ::read(fd.fd, buffer, std::min(sizeof buffer, kMaxEntryBytes + 1 - text.size()))) > 0)
+    text.append(buffer, static_cast<std::size_t>(n));
   const std::string header = entry_header(key);
+  std::uint64_t size = 0, checksum = 0;
+  if (n == 0 && text.size() >= header.size() + 16 && text.compare(0, header.size(), header) == 0) {
+    std::memcpy(&size, text.data() + header.size(), 8);
+    std::memcpy(&checksum, text.data() + header.size() + 8, 8);
+    const std::string payload = text.substr(header.size() + 16);
+    if (size == payload.size() && fnv1a(payload) == checksum && !payload.empty()) return payload;
+  }
+  why = "the entry was unreadable or corrupt: compiled again";
+  return "";
+}
+
+// Writes the entry `name` in the directory `dir` through a temporary file and a rename, so a reader sees a whole
+// entry or none. Returns why it could not, or "".
+std::string write_entry(int dir, const std::string& file, const std::string& name, const std::string& key,
+                        const std::string& payload) {
+  static std::atomic<unsigned> serial{0};
+  std::string temp;
+  int fd = -1;
+  for (int tries = 0; fd < 0 && tries < 100; ++tries) {  // a name no other writer of this user's uses
+    temp = name + "." + std::to_string(::getpid()) + "." + std::to_string(serial++) + ".tmp";
+    fd = ::openat(dir, temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  if (fd < 0) return "cannot write " + file + ": " + std::strerror(errno);
   const std::uint64_t size = payload.size(), checksum = fnv1a(payload);
-  std::string bytes = header;
+  std::string bytes = entry_header(key);
   bytes.append(reinterpret_cast<const char*>(&size), 8).append(reinterpret_cast<const char*>(&checksum), 8);
   bytes += payload;
   std::size_t written = 0;
@@ -203,9 +276,9 @@ std::string write_entry(const std::string& dir, const std::string& file, const s
   }
   const int error = written == bytes.size() ? 0 : errno;
   ::close(fd);
-  if (error != 0 || written != bytes.size() || ::rename(temp.c_str(), file.c_str()) != 0) {
+  if (error != 0 || written != bytes.size() || ::renameat(dir, temp.c_str(), dir, name.c_str()) != 0) {
     const std::string why = std::strerror(error ? error : errno);
-    ::unlink(temp.c_str());
+    ::unlinkat(dir, temp.c_str(), 0);
     return "cannot write " + file + ": " + why;
   }
   return "";
@@ -270,24 +343,26 @@ KernelImage kernel_image(int arch, bool ptx, const std::vector<std::string>& can
   std::string key = std::string("l2ctl ") + L2CTL_VERSION + "\nnvrtc " + version_text(n.info.major, n.info.minor) +
                     "\nsource " + hex64(fnv1a(kKernelsSource)) + hex64(fnv1a(kCacheHintsSource)) + "\noptions";
   for (const std::string& o : options) key += " " + o;
-  const std::string file = cache_dir.empty() ? "" : cache_dir + "/kernels-" + target + "-" + hex64(fnv1a(key)) + ".bin";
-  image.cache_file = file;
+  const std::string name = "kernels-" + target + "-" + hex64(fnv1a(key)) + ".bin";
+  image.cache_file = cache_dir.empty() ? "" : cache_dir + "/" + name;
   const auto seconds = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   };
-  if (file.empty()) {
+  Fd dir;
+  if (cache_dir.empty()) {
     image.cache_note = "no cache directory";
-  } else if (read_entry(file, key, image.data)) {
-    image.from_cache = true;
-    image.seconds = seconds();
-    return image;
-  } else if (exists(file)) {
-    image.cache_note = "the entry was unreadable or corrupt: compiled again";
+  } else if ((dir.fd = open_cache_dir(cache_dir, image.cache_note)) >= 0) {
+    image.data = read_entry(dir.fd, image.cache_file, name, key, image.cache_note);
+    if (!image.data.empty()) {
+      image.from_cache = true;
+      image.seconds = seconds();
+      return image;
+    }
   }
   image.data = compile(n, options, image.cubin);
   image.seconds = seconds();
-  if (!file.empty()) {
-    const std::string why = write_entry(cache_dir, file, key, image.data);
+  if (dir.fd >= 0) {
+    const std::string why = write_entry(dir.fd, image.cache_file, name, key, image.data);
     if (!why.empty()) image.cache_note = why;
   }
   return image;

@@ -36,7 +36,10 @@ struct KernelImage {
 // PTX for the highest arch it knows below `arch` (the driver JIT-compiles it); `ptx` asks for PTX in any case.
 // Read from `cache_dir` when an intact entry is there (key: the embedded source, NVRTC's version, the arch, the options,
 // l2ctl's version), else compiled and written there atomically; an unreadable or corrupt entry is compiled
-// again, an unwritable directory only costs the cache (cache_note says why). "" disables the cache.
+// again, an unwritable directory only costs the cache (cache_note says why). "" disables the cache. Only what the
+// effective user alone can have written is used: an absolute `cache_dir` it owns, not writable by group or others
+// (missing directories are made 0700), holding entries alike that are regular files of at most 64 MiB; anything
+// else is compiled instead, writes nothing in a refused directory, and cache_note says why.
 KernelImage kernel_image(int arch, bool ptx, const std::vector<std::string>& nvrtc, const std::string& cache_dir);
 
 }  // namespace l2ctl

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import pwd
 import re
 import shutil
 import subprocess
@@ -164,7 +165,160 @@ def test_cache_dir_rules(tmp_path):
     assert _nvrtc.cache_dir({"L2CTL_CACHE_DIR": "/x", "XDG_CACHE_HOME": "/y"}) == "/x"
     assert _nvrtc.cache_dir({"L2CTL_CACHE_DIR": ""}) == ""  # no cache
     assert _nvrtc.cache_dir({"XDG_CACHE_HOME": "/y"}) == os.path.join("/y", "l2ctl")
-    assert _nvrtc.cache_dir({}) == os.path.join(os.path.expanduser("~"), ".cache", "l2ctl")
+    assert _nvrtc.cache_dir({"HOME": "/h"}) == os.path.join("/h", ".cache", "l2ctl")
+    assert _nvrtc.cache_dir({}) == os.path.join(pwd.getpwuid(os.geteuid()).pw_dir, ".cache", "l2ctl")
+
+
+# ---- the disk cache refuses what its user alone cannot have written ------------------------------------------
+# Anyone who can write an entry chooses the code cuLibraryLoadData loads: only an absolute directory owned by the
+# effective user and not writable by group or others is used, and in it only regular files alike, of bounded size.
+
+
+@pytest.fixture(scope="module")
+def entry(tmp_path_factory) -> pathlib.Path:
+    """A valid entry (sm_86 PTX), to copy or link where a test plants one."""
+    _, info = _image(86, ptx=True, cache_dir=str(tmp_path_factory.mktemp("valid")))
+    assert info["source"] == "compiled" and os.path.isfile(info["cache_file"])
+    return pathlib.Path(info["cache_file"])
+
+
+def _planted(directory: pathlib.Path, entry: pathlib.Path) -> pathlib.Path:
+    """Where the entry for sm_86 PTX goes in ``directory`` (made 0700 if missing)."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return directory / entry.name
+
+
+def _refused(directory: pathlib.Path, note: str) -> dict[str, Any]:
+    """kernel_image with ``directory`` as the cache: compiled, with ``note`` in cache_note."""
+    image, info = _image(86, ptx=True, cache_dir=str(directory))
+    assert image and info["source"] == "compiled" and note in info["cache_note"], info
+    return info
+
+
+def _refused_in_a_subprocess(directory: pathlib.Path, note: str) -> None:
+    """_refused, in a process that reading an endless or blocking entry cannot hang or exhaust the machine by."""
+    code = ("import json, resource\nfrom l2ctl import _core, _nvrtc\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))\n"
+            f"paths = _nvrtc.search_paths({BUILT_MAJOR}, _core.driver_version())\n"
+            f"print(json.dumps(_core.kernel_image(86, True, paths, {str(directory)!r})[1]))\n")
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"reading the cache in {directory} hung")
+    assert out.returncode == 0, out.stderr[-2000:]
+    info = json.loads(out.stdout.strip().splitlines()[-1])
+    assert info["source"] == "compiled" and note in info["cache_note"], info
+
+
+def _as_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("giving a file to another user (os.chown) needs root, as the tests run in CI")
+
+
+@pytest.mark.parametrize("mode,by", [(0o777, "others"), (0o775, "its group")], ids=["0777", "0775"])
+def test_a_directory_others_can_write_is_not_used(tmp_path, entry, mode, by):
+    shared = tmp_path / "l2ctl"
+    shutil.copy(entry, _planted(shared, entry))  # what anyone could have planted there
+    shared.chmod(mode)
+    info = _refused(shared, f"cache not used: {shared} is writable by {by} (mode {mode:04o})")
+    assert [p.name for p in shared.iterdir()] == [entry.name] and info["cache_file"] == str(shared / entry.name)
+    (shared / entry.name).unlink()
+    _refused(shared, "cache not used")
+    assert not any(shared.iterdir()), "nothing is written in a refused directory"
+
+
+def test_a_directory_of_another_user_is_not_used(tmp_path, entry):
+    _as_root()
+    theirs = tmp_path / "l2ctl"
+    shutil.copy(entry, _planted(theirs, entry))
+    os.chown(theirs, 2001, 2001)
+    _refused(theirs, f"cache not used: {theirs} is owned by uid 2001, not by uid 0")
+
+
+@pytest.mark.parametrize("owner", ["uid 2001", "group-writable", "writable by others"])
+def test_an_entry_its_user_alone_cannot_have_written_is_not_read(tmp_path, entry, owner):
+    planted = _planted(tmp_path / "l2ctl", entry)
+    shutil.copy(entry, planted)
+    if owner == "uid 2001":
+        _as_root()
+        os.chown(planted, 2001, 2001)
+    planted.chmod({"uid 2001": 0o600, "group-writable": 0o620, "writable by others": 0o606}[owner])
+    note = {"uid 2001": "is owned by uid 2001, not by uid 0", "group-writable": "is writable by its group (mode 0620)",
+            "writable by others": "is writable by others (mode 0606)"}[owner]
+    _refused(tmp_path / "l2ctl", f"the entry {planted} {note}: not read, compiled")
+    assert _image(86, ptx=True, cache_dir=str(tmp_path / "l2ctl"))[1]["source"] == "cache", "replaced by its own"
+
+
+def test_symlinks_are_not_followed(tmp_path, entry):
+    planted = _planted(tmp_path / "l2ctl", entry)
+    planted.symlink_to(entry)  # a valid entry elsewhere
+    _refused(tmp_path / "l2ctl", f"the entry {planted} is a symlink: not read, compiled")
+    assert entry.is_file() and not entry.is_symlink(), "the link was replaced, never written through"
+    (tmp_path / "link").symlink_to(entry.parent, target_is_directory=True)  # a trusted directory, valid entry
+    _refused(tmp_path / "link", f"cache not used: {tmp_path / 'link'} is a symlink")
+
+
+@pytest.mark.parametrize("kind", ["a symlink to /dev/zero", "a FIFO", "a sparse 1 TiB file"])
+def test_an_entry_that_never_ends_is_refused_without_hanging(tmp_path, entry, kind):
+    planted = _planted(tmp_path / "l2ctl", entry)
+    if kind == "a FIFO":
+        os.mkfifo(planted, 0o600)
+    elif kind == "a symlink to /dev/zero":
+        planted.symlink_to("/dev/zero")
+    else:
+        planted.write_bytes(entry.read_bytes())
+        os.truncate(planted, 1 << 40)
+    note = {"a FIFO": "is not a regular file", "a symlink to /dev/zero": "is a symlink",
+            "a sparse 1 TiB file": f"is larger than 64 MiB ({1 << 40} bytes)"}[kind]
+    _refused_in_a_subprocess(tmp_path / "l2ctl", f"the entry {planted} {note}: not read, compiled")
+
+
+def test_missing_directories_are_made_0700(tmp_path):
+    info = _refused(tmp_path / "a" / "b" / "l2ctl", "")
+    assert info["cache_note"] == "" and os.path.isfile(info["cache_file"])
+    for made in (tmp_path / "a", tmp_path / "a" / "b", tmp_path / "a" / "b" / "l2ctl"):
+        assert made.stat().st_mode & 0o777 == 0o700, made
+    assert os.stat(info["cache_file"]).st_mode & 0o777 == 0o600
+
+
+def test_a_relative_cache_directory_is_not_used(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _refused(pathlib.Path("cachedir/l2ctl"), "cache not used: cachedir/l2ctl is not an absolute path")
+    assert list(tmp_path.iterdir()) == [], "nothing made in the working directory (no stray c, no cachedir)"
+
+
+def test_relative_cache_paths_from_the_environment_give_no_cache(monkeypatch):
+    assert _nvrtc.cache_location({"L2CTL_CACHE_DIR": "cachedir"}) == (
+        "", "L2CTL_CACHE_DIR='cachedir' is not an absolute path")
+    assert _nvrtc.cache_location({"L2CTL_CACHE_DIR": ""}) == ("", "L2CTL_CACHE_DIR is empty")
+    # the XDG spec: a relative XDG_CACHE_HOME is ignored
+    assert _nvrtc.cache_location({"XDG_CACHE_HOME": "rel", "HOME": "/h"}) == ("/h/.cache/l2ctl", "")
+    monkeypatch.setattr(_nvrtc.pwd, "getpwuid", lambda uid: type("entry", (), {"pw_dir": "/from-passwd"}))
+    assert _nvrtc.cache_location({"HOME": "rel"}) == ("/from-passwd/.cache/l2ctl", "")
+
+    def no_entry(uid: int) -> Any:
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    monkeypatch.setattr(_nvrtc.pwd, "getpwuid", no_entry)
+    for env in ({}, {"HOME": "rel"}, {"HOME": "~"}, {"XDG_CACHE_HOME": "x", "HOME": ""}):
+        where, why = _nvrtc.cache_location(env)
+        assert where == "" and why.startswith("no absolute home directory (HOME="), env
+
+
+def test_compile_info_says_why_there_is_no_cache(monkeypatch):
+    """The backend says "no cache directory" for ""; compile_info adds why l2ctl chose none."""
+    monkeypatch.setenv("L2CTL_CACHE_DIR", "cachedir")
+    simulated = FakeBackend.load_kernels
+
+    def as_the_core(self: FakeBackend, device: int, nvrtc: list[str], cache_dir: str) -> dict[str, Any]:
+        return {**simulated(self, device, nvrtc, cache_dir), "cache_note": "no cache directory" if not cache_dir
+                else "cache used"}
+
+    monkeypatch.setattr(FakeBackend, "load_kernels", as_the_core)
+    with FakeBackend.installed():
+        kernels.max_read_partials(0)
+        assert kernels.compile_info()[0]["cache_note"] == (
+            "no cache directory: L2CTL_CACHE_DIR='cachedir' is not an absolute path")
 
 
 # ---- where NVRTC is looked for -------------------------------------------------------------------------------
