@@ -422,3 +422,35 @@ def test_first_use_compiles_and_a_second_process_reads_the_cache(tmp_path):
     assert first["source"] == "compiled" and second["source"] == "cache", infos
     assert first["image"] == "cubin" and first["arch"] == 10 * major + minor
     assert second["cache_file"] == first["cache_file"] and second["seconds"] < first["seconds"]
+
+
+@pytest.mark.gpu
+def test_a_planted_entry_is_refused_on_the_gpu_and_the_kernels_are_compiled_and_run(tmp_path):
+    """An intact entry (the right key and checksum, so the old cache loaded it) planted where l2ctl may not trust it:
+    in a directory others can write, and, where the tests run as root, owned by another user in the user's own
+    directory. Each is refused; the kernels are compiled, run and verified instead. Nothing is written in the
+    shared directory; in the user's own, the entry is replaced by the user's own."""
+    def first_use(cache: pathlib.Path) -> dict[str, Any]:
+        out = subprocess.run([sys.executable, "-c", _FIRST_USE], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "L2CTL_CACHE_DIR": str(cache)})
+        assert out.returncode == 0, out.stderr
+        (info,) = json.loads(out.stdout.strip().splitlines()[-1])
+        return info
+
+    made = first_use(tmp_path / "own")
+    entry = pathlib.Path(made["cache_file"])
+    assert made["source"] == "compiled" and entry.exists() and first_use(tmp_path / "own")["source"] == "cache"
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    planted = shared / entry.name
+    planted.write_bytes(entry.read_bytes())
+    before = (planted.read_bytes(), planted.stat().st_mtime_ns, [p.name for p in shared.iterdir()])
+    info = first_use(shared)
+    assert info["source"] == "compiled" and "writable by others (mode 0777)" in info["cache_note"], info
+    assert (planted.read_bytes(), planted.stat().st_mtime_ns, [p.name for p in shared.iterdir()]) == before
+    if os.geteuid() == 0:
+        os.chown(entry, 2001, 2001)
+        info = first_use(entry.parent)
+        assert info["source"] == "compiled" and "is owned by uid 2001" in info["cache_note"], info
+        assert entry.stat().st_uid == 0 and first_use(entry.parent)["source"] == "cache"
