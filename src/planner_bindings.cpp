@@ -208,13 +208,19 @@ class Python_calls final : public pl::Calls {
  private:
   py::handle backend() const { return backend_; }
 
+  // The journal's entry read into the planner's. The device has changed already: by index, since an iterator is a
+  // Python allocation, whose failure (a MemoryError) lost what the batch read (the base limit, the base windows),
+  // so that nothing ever put them back.
   static void record(const py::list& entries, std::optional<pl::Batch_result>* journal) {
     if (journal == nullptr || entries.empty()) return;
     py::tuple result = py::reinterpret_borrow<py::tuple>(entries[0]);
     pl::Batch_result out;
     out.previous_limit = result[0].cast<long long>();
     out.granted_limit = result[1].cast<long long>();
-    for (py::handle w : py::reinterpret_borrow<py::iterable>(result[2])) out.previous.push_back(to_window(w));
+    const py::sequence previous = py::reinterpret_borrow<py::sequence>(result[2]);
+    const std::size_t n = previous.size();
+    out.previous.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) out.previous.push_back(to_window(previous[i]));
     *journal = std::move(out);
   }
 
