@@ -10,6 +10,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <utility>
+
 #include "planner_bindings.hpp"
 
 #include "l2ctl/device.hpp"
@@ -208,13 +210,19 @@ class Python_calls final : public pl::Calls {
  private:
   py::handle backend() const { return backend_; }
 
+  // The journal's entry read into the planner's. The device has changed already: by index, since an iterator is a
+  // Python allocation, whose failure (a MemoryError) lost what the batch read (the base limit, the base windows),
+  // so that nothing ever put them back.
   static void record(const py::list& entries, std::optional<pl::Batch_result>* journal) {
     if (journal == nullptr || entries.empty()) return;
     py::tuple result = py::reinterpret_borrow<py::tuple>(entries[0]);
     pl::Batch_result out;
     out.previous_limit = result[0].cast<long long>();
     out.granted_limit = result[1].cast<long long>();
-    for (py::handle w : py::reinterpret_borrow<py::iterable>(result[2])) out.previous.push_back(to_window(w));
+    const py::sequence previous = py::reinterpret_borrow<py::sequence>(result[2]);
+    const std::size_t n = previous.size();
+    out.previous.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) out.previous.push_back(to_window(previous[i]));
     *journal = std::move(out);
   }
 
@@ -419,23 +427,85 @@ std::shared_ptr<Registry_object> active_registry(py::object* backend) {
   return registry;
 }
 
+namespace {
+
+// An error kept aside (PyErr_Fetch: nothing allocated) and raised later, or released unraised.
+class Held_error {
+ public:
+  Held_error() = default;
+  Held_error(Held_error&& o) noexcept
+      : type_(std::exchange(o.type_, nullptr)), value_(std::exchange(o.value_, nullptr)),
+        traceback_(std::exchange(o.traceback_, nullptr)) {}
+  Held_error& operator=(Held_error&& o) noexcept {  // swapped: `o` releases what this one held
+    std::swap(type_, o.type_);
+    std::swap(value_, o.value_);
+    std::swap(traceback_, o.traceback_);
+    return *this;
+  }
+  ~Held_error() {
+    Py_XDECREF(type_);
+    Py_XDECREF(value_);
+    Py_XDECREF(traceback_);
+  }
+  explicit operator bool() const { return type_ != nullptr; }
+  void take() { PyErr_Fetch(&type_, &value_, &traceback_); }  // the error being raised
+  // `error`'s repr as a note on the held one (best effort: the held error is the one to see).
+  void note(const char* what, py::error_already_set& error) {
+    try {
+      PyErr_NormalizeException(&type_, &value_, &traceback_);
+      if (value_ != nullptr) add_note(value_, std::string(what) + py::repr(error.value()).cast<std::string>());
+    } L2CTL_THREAD_ENDED catch (...) {
+    }
+    PyErr_Clear();
+  }
+  [[noreturn]] void raise() {
+    PyErr_Restore(std::exchange(type_, nullptr), std::exchange(value_, nullptr), std::exchange(traceback_, nullptr));
+    throw py::error_already_set();
+  }
+
+ private:
+  PyObject *type_ = nullptr, *value_ = nullptr, *traceback_ = nullptr;
+};
+
 // A scope's end: marked ending first; ended on the registry it was entered with (nothing if never entered,
-// or entered before a fork).
-void end_scope(Scope_object& scope) {
+// or entered before a fork). The end is made whole: a signal that came while it waited for the lock (another thread
+// inside l2ctl holds it) has its handler run once the lock is taken, before the end's first call into a Python
+// backend (the simulator), where what the handler raises (a KeyboardInterrupt) would cut the end short and leave
+// its window on the device with no scope live until some later l2ctl call. What the handler raised is handed back,
+// for the caller to raise once the end is made, as a signal that comes during a driver call is raised after it.
+Held_error end_whole(Scope_object& scope) {
+  Held_error interrupt;
   scope.core->ending = true;
   const std::shared_ptr<Registry_object> r = scope.registry;
-  if (!r || r->epoch != fork_epoch.load()) return;
+  if (!r || r->epoch != fork_epoch.load()) return interrupt;
   if (lock_instance->owned()) {
     // A finalizer (or signal handler) ending a scope inside an l2ctl call on this thread: not refused, and not
     // made in the middle of that call's change; the call ends it as it returns (Locked), or, where the lock is
     // held by the user's `with _registry.lock:`, the next l2ctl call on the device does.
     deferred_ends().push_back(r);
-    return;
+    return interrupt;
   }
-  translated([&] {
-    Locked locked(r.get());
-    r->planner.exit(*scope.core);
-  });
+  try {
+    translated([&] {
+      Locked locked(r.get());
+      if (PyErr_CheckSignals() < 0) interrupt.take();
+      r->planner.exit(*scope.core);
+    });
+  } catch (py::error_already_set& error) {
+    if (!interrupt) throw;
+    // The interrupt is the error to see; the end that failed stays marked, and the next call makes it again.
+    interrupt.note("l2ctl: the scope's end failed (the next l2ctl call on the device makes it again): ", error);
+  } L2CTL_THREAD_ENDED catch (...) {
+    if (!interrupt) throw;  // no memory to say why the end failed: the interrupt is still the error to see
+  }
+  return interrupt;
+}
+
+}  // namespace
+
+void end_scope(Scope_object& scope) {
+  Held_error interrupt = end_whole(scope);
+  if (interrupt) interrupt.raise();
 }
 
 // A holder's scope ended: `executables` (an l2ctl Graph, or None) marked stale first, in compiled code (`changed`
@@ -457,8 +527,9 @@ void finish_scope(Scope_object& ending, const py::object& executables, const py:
   auto tell = [&] {
     if (!changed.is_none()) changed(scope_object(ending.shared_from_this()));
   };
+  Held_error interrupt;  // a signal's, raised once the end and `changed` are made (end_whole)
   try {
-    end_scope(ending);
+    interrupt = end_whole(ending);
   } catch (py::error_already_set& error) {
     try {
       tell();
@@ -471,8 +542,12 @@ void finish_scope(Scope_object& ending, const py::object& executables, const py:
   try {
     tell();
   } catch (py::error_already_set& error) {
-    if (!noted(error)) throw;
+    if (interrupt)
+      interrupt.note("l2ctl: the target's update after the scope's end failed: ", error);
+    else if (!noted(error))
+      throw;
   }
+  if (interrupt) interrupt.raise();
 }
 
 void bind_planner(py::module_& core) {

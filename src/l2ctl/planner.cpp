@@ -797,7 +797,9 @@ void Registry::settle_all() {
 
 void Registry::restore_all() {
   for (auto& [device, st] : states_) {
-    if (st.scopes.empty()) continue;
+    // A device with no scope live may still be off the plan: an end cut short after its scope left the registry
+    // (at exit, no later call would settle it).
+    if (st.scopes.empty() && !st.dirty) continue;
     for (auto& [id, scope] : st.scopes) scope->ending = true;
     try {
       settle(st);

@@ -529,3 +529,94 @@ def test_an_allocation_failure_in_a_registry_call_is_a_memory_error():
     out = subprocess.run([sys.executable, "-c", REGISTRY_CALLS_OUT_OF_MEMORY], capture_output=True, text=True,
                          timeout=300, env={**os.environ, "L2CTL_SIMULATE": "h100"})
     assert out.returncode == 0, (out.returncode, out.stdout[-2000:], out.stderr[-2000:])
+
+
+def _agrees(fake: FakeBackend) -> None:
+    """The planner's record of device 0 says what the simulated device holds: nothing left to settle, every window
+    it applied on the stream or node that holds it, its limit the device's."""
+    record = _registry.device_state(fake, 0)
+    limits, streams, nodes = fake.state()
+    held = {**{(0, h): w for h, w in streams}, **{(1, h): w for h, w in nodes}}
+    assert not record.dirty and record.batch is None, record
+    for (kind, handle, _), window in record.applied_windows.items():
+        assert held.get((kind, handle), (0, 0, 0.0, 0, 0))[:2] == window[:2], (hex(handle), window, held)
+    assert record.applied_limit in (None, limits[0]), (record.applied_limit, limits)
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs signal.pthread_kill")
+@pytest.mark.parametrize("kind", ["persist", "stop", "scoped_window", "set_aside", "graph", "nested"])
+def test_a_ctrl_c_while_an_end_waits_for_another_thread_inside_l2ctl_completes_the_end(fake, kind):
+    """A real SIGINT to the main thread while a scope's end waits for the lock that another thread holds inside
+    l2ctl (its entry's call into the simulator, made slow): the handler ran at the end's first call into the
+    simulator, whose KeyboardInterrupt cut the end short, leaving the window on the stream with no scope live,
+    until some later l2ctl call on the device (issue 41, 7). Now the handler runs once the lock is taken, the end is
+    made whole, and the KeyboardInterrupt is raised as it returns: the device is as the live scopes ask at once."""
+    s, t = l2ctl.Stream(), l2ctl.Stream()
+    small, big = l2ctl.DeviceBuffer(MiB), l2ctl.DeviceBuffer(4 * MiB)
+    with graph.capture(s) as g:
+        for _ in range(2):
+            fake.launch_fake_kernel(s.handle)
+    l2ctl.set_window(s, l2ctl.AccessPolicyWindow.for_buffer(small, 0.25))  # a base the end must give back
+    initial = fake.state()
+    outer = l2ctl.persist(s, big, 0.25, set_aside=None)
+    make = {"persist": lambda: l2ctl.persist(s, small, 0.5),
+            "stop": lambda: l2ctl.persist(s, small, 0.5),
+            "scoped_window": lambda: l2ctl.scoped_window(s, l2ctl.AccessPolicyWindow.for_buffer(small, 0.5)),
+            "set_aside": lambda: l2ctl.set_aside(2 * 3_276_800),
+            "graph": lambda: l2ctl.persist(g, small, 0.5),
+            "nested": lambda: l2ctl.persist(s, small, 0.5)}[kind]
+    if kind == "nested":
+        outer.__enter__()
+    expected = fake.state()  # what the device holds with the main thread's (outer) scopes alone
+    scope = make()
+    scope.__enter__()
+    inside, release = threading.Event(), threading.Event()
+    calls = {name: getattr(fake, name) for name in ("apply_window", "apply_state")}
+
+    def slow(name: str) -> Any:
+        def call(*args: Any) -> Any:
+            if threading.current_thread() is not threading.main_thread() and not inside.is_set():
+                inside.set()
+                time.sleep(1.0)  # inside l2ctl, the registry's lock held
+            return calls[name](*args)
+        return call
+
+    def other() -> None:  # another thread inside l2ctl: its entry's batch is slow, then it keeps its scope
+        with l2ctl.persist(t, small, 0.5, set_aside=None):
+            release.wait(30)
+
+    def interrupt() -> None:
+        inside.wait(30)
+        time.sleep(0.1)  # the main thread's end is waiting for the lock by now
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    for name in calls:
+        setattr(fake, name, slow(name))
+    threads = [threading.Thread(target=other), threading.Thread(target=interrupt)]
+    interrupted = False
+    try:
+        threads[0].start()
+        inside.wait(30)
+        threads[1].start()
+        try:
+            if kind == "stop":
+                scope.stop()
+            else:
+                scope.__exit__(None, None, None)
+        except KeyboardInterrupt:
+            interrupted = True
+        # Before any other l2ctl call: the end itself put the device back.
+        left = fake.state()
+        _agrees(fake)
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join(30)
+        for name in calls:
+            delattr(fake, name)
+    assert interrupted, "the SIGINT was not raised by the end"
+    assert left[2] == expected[2], (left, expected)  # the graph's nodes
+    assert dict(left[1])[s.handle] == dict(expected[1])[s.handle], (left, expected)  # s: its base, or the outer's
+    if kind == "nested":
+        outer.__exit__(None, None, None)
+    assert _registry.live_scopes(0) == [] and fake.state() == initial
