@@ -189,6 +189,20 @@ def test_a_signal_inside_a_call_lands_before_its_change_or_after_its_journal_ent
     _restored(fake, initial)
 
 
+def _out_of_memory(block: Callable[[], None]) -> bool:
+    """Runs ``block``: whether it failed for lack of memory (a MemoryError, or l2ctl's translation of the backend's);
+    any other error is raised."""
+    try:
+        block()
+    except MemoryError:
+        return True
+    except Exception as exc:
+        if not isinstance(exc.__cause__ or exc.__context__, MemoryError) and "MemoryError" not in str(exc):
+            raise
+        return True
+    return False
+
+
 def test_an_allocation_failing_inside_a_call_changes_nothing(fake, scope_parts):
     """Every allocation of each kind of batch fails in turn (CPython's test hook): the call fails whole, the
     limit stays as it was, and restore_all() restores the device."""
@@ -227,14 +241,7 @@ def test_an_allocation_failing_inside_a_call_changes_nothing(fake, scope_parts):
     for block in blocks:
         for at in range(1, 1000):
             failing[0], failed[0] = at, False
-            try:
-                block()
-            except MemoryError:
-                made += 1
-            except Exception as exc:  # l2ctl's translation of the backend's failure
-                if not isinstance(exc.__cause__ or exc.__context__, MemoryError) and "MemoryError" not in str(exc):
-                    raise
-                made += 1
+            made += _out_of_memory(block)
             failing[0] = 0
             limit = fake.state()[0]
             l2ctl.budget()  # the next call settles what the failed one left
@@ -283,13 +290,7 @@ def test_an_allocation_failing_right_after_a_batch_returns_is_restored_by_restor
         for at in range(40):
             armed[0] = at
             try:
-                block()
-            except MemoryError:
-                made += 1
-            except Exception as exc:  # l2ctl's translation of the backend's failure
-                if not isinstance(exc.__cause__ or exc.__context__, MemoryError) and "MemoryError" not in str(exc):
-                    raise
-                made += 1
+                made += _out_of_memory(block)
             finally:
                 testcapi.remove_mem_hooks()
                 armed[0] = -1
