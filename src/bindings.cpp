@@ -246,6 +246,7 @@ PYBIND11_MODULE(_core, m) {
       .def("record", &l2ctl::Event::record, "stream"_a, release())
       .def("wait_on", &l2ctl::Event::wait_on, "stream"_a, release())
       .def("synchronize", &l2ctl::Event::synchronize, release())
+      .def("query", &l2ctl::Event::query)
       .def("elapsed_since", &l2ctl::Event::elapsed_since, "start"_a, release());
 
   // Memory.

@@ -60,6 +60,7 @@ if _typing.TYPE_CHECKING:  # the harness, imported lazily at run time (see __get
     from .bench.timing import Timer as Timer
     from .tuner import TunedPolicy as TunedPolicy
     from .tuner import tune as tune
+    from .autotuner import autotune as autotune
 
 __version__ = _core.__version__
 #: The CUDA major version this build of l2ctl is for, 12 or 13 (the wheel's +cu12/+cu13): its CUDA runtime,
@@ -71,7 +72,7 @@ _LAZY: dict[str, tuple[str, _typing.Optional[str]]] = {
     **{name: (f"l2ctl.{name}", None) for name in ("bench", "benchmark_gallery", "candidates", "plot", "sweep", "tuner",
                                                    "workloads")},
     "Timer": ("l2ctl.bench.timing", "Timer"), "TunedPolicy": ("l2ctl.tuner", "TunedPolicy"),
-    "tune": ("l2ctl.tuner", "tune")}
+    "tune": ("l2ctl.tuner", "tune"), "autotune": ("l2ctl.autotuner", "autotune")}
 
 
 def __getattr__(name: str) -> _Any:
@@ -98,7 +99,7 @@ def get_include() -> str:
     return _os.path.normpath(_os.path.join(_os.path.dirname(__file__), "..", "..", "src"))
 
 
-__all__ = ["AccessPolicyWindow", "AccessProperty", "Budget", "CountersUnavailableError", "CudaError", "DEFAULT_METRICS",
+__all__ = ["AccessPolicyWindow", "AccessProperty", "autotune", "Budget", "CountersUnavailableError", "CudaError", "DEFAULT_METRICS",
            "DeviceBuffer", "DeviceInfo", "Event", "HIT_RATIO_TOLERANCE", "KernelCounters", "KernelsUnavailableError",
            "L2BudgetWarning", "L2ctlError", "NoDeviceError", "NotSupportedError", "Persist",
            "PersistenceUnavailableWarning", "Policy", "SECTOR_METRICS", "SetAside", "SetAsideClampedWarning",

@@ -26,15 +26,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, TypeVar
 
 from . import _backend, _torch_graphs
 from ._counters import load_cupti
 from ._errors import CountersUnavailableError, CuptiError
 from ._interop import resolve_buffer
 
-__all__ = ["GraphBuffer", "StepBuffers", "YOURS", "GRAPH_POOL", "STEP_TEMPORARY", "TORCH_CACHE", "ALLOCATION",
-           "map_pointers", "record_steps", "MAX_LAUNCHES"]
+T = TypeVar("T")
+
+__all__ = ["GraphBuffer", "StepBuffers", "StepRecorder", "YOURS", "GRAPH_POOL", "STEP_TEMPORARY", "TORCH_CACHE",
+           "ALLOCATION", "map_pointers", "record_steps", "MAX_LAUNCHES"]
 
 YOURS, GRAPH_POOL, STEP_TEMPORARY, TORCH_CACHE, ALLOCATION = (
     "yours", "a temporary of a captured graph", "a temporary of the step", "torch's cache", "an allocation")
@@ -149,40 +151,66 @@ class StepBuffers:
     launches: tuple[int, ...] = ()
 
 
-def record_steps(run: Callable[[], object], device: int, names: Optional[Mapping[str, object]] = None,
-                 steps: int = 3) -> StepBuffers:
-    """Run ``run()`` once as a warm-up (first allocations, lazy loads; its launches are not compared), then
-    ``steps`` times with the launch calls recorded, and map the arguments of the kernels launched on ``device``
-    to memory as :func:`map_pointers` does (torch's blocks read after each step, freed ones included). The recorder is
-    subscribed only while a step runs and is released on every path. CountersUnavailableError, saying what to
-    install or which tool holds CUPTI, where CUPTI cannot record: before the step has run."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or not 2 <= steps <= 16:
-        raise ValueError(f"steps must be an int from 2 to 16 (the steps compared), got {steps!r}")
-    named = _named(names)
-    try:
-        load_cupti()
-        recorder = _backend.current().LaunchRecorder(MAX_LAUNCHES)
-    except CountersUnavailableError as exc:  # CuptiError is one
-        raise CountersUnavailableError(f"{exc}; {CUPTI_HINT}") from exc
-    recorded: list[tuple[list[tuple[int, str, list[tuple[int, int, int]]]], list[tuple[int, int, str]]]] = []
-    for index in range(steps + 1):  # the first is the warm-up, recorded too so that a refusal comes before it
+class StepRecorder:
+    """The launches of an eager step, one run at a time, for a caller that runs the step itself (``record_steps``
+    runs it in a loop; ``l2ctl.autotune`` records the app's own calls): the first run is a warm-up (first
+    allocations, lazy loads; recorded, not compared), then ``steps`` runs whose launch calls are recorded and
+    whose kernels' arguments on ``device`` are mapped to memory as :func:`map_pointers` does (torch's blocks read
+    after each run, freed ones included). The recorder is subscribed only while a run runs and is released on every
+    path. CountersUnavailableError, saying what to install or which tool holds CUPTI, where CUPTI cannot record:
+    at construction or before the run."""
+
+    def __init__(self, device: int, names: Optional[Mapping[str, object]] = None, steps: int = 3) -> None:
+        if isinstance(steps, bool) or not isinstance(steps, int) or not 2 <= steps <= 16:
+            raise ValueError(f"steps must be an int from 2 to 16 (the steps compared), got {steps!r}")
+        self.device, self.steps, self._named = device, steps, _named(names)
         try:
-            recorder.start()
+            load_cupti()
+            self._recorder = _backend.current().LaunchRecorder(MAX_LAUNCHES)
+        except CountersUnavailableError as exc:  # CuptiError is one
+            raise CountersUnavailableError(f"{exc}; {CUPTI_HINT}") from exc
+        self._runs = 0
+        self._recorded: list[tuple[list[tuple[int, str, list[tuple[int, int, int]]]], list[tuple[int, int, str]]]] = []
+
+    @property
+    def done(self) -> bool:
+        return self._runs > self.steps
+
+    def run(self, run: Callable[[], T]) -> T:
+        """``run()``, its launches recorded; what it returned."""
+        try:
+            self._recorder.start()
         except CuptiError as exc:
             raise CountersUnavailableError(
                 f"eager discovery cannot record the launches: {exc} (another CUPTI user, such as l2ctl.counters, "
                 f"Nsight or torch.profiler, holds the process's one subscription: run discovery without it)") from exc
         try:
-            run()
+            out = run()
         finally:
-            launches = recorder.stop()
-        if recorder.dropped:
+            launches = self._recorder.stop()
+        if self._recorder.dropped:
             raise ValueError(f"the step launched more than {MAX_LAUNCHES} kernels: too many to discover from")
-        if index:
+        if self._runs:
             ours = [(i, str(name), list(words))  # numbered among this device's launches: matched by position
-                    for i, (name, words) in enumerate((n, w) for n, _stream, dev, w in launches if dev == device)]
-            recorded.append((ours, _torch_blocks(device, True)))
-    return _compare_steps(recorded, named)
+                    for i, (name, words) in enumerate((n, w) for n, _stream, dev, w in launches if dev == self.device)]
+            self._recorded.append((ours, _torch_blocks(self.device, True)))
+        self._runs += 1
+        return out
+
+    def result(self) -> StepBuffers:
+        if not self.done:
+            raise RuntimeError(f"{self._runs} of the {self.steps + 1} runs recorded")
+        return _compare_steps(self._recorded, self._named)
+
+
+def record_steps(run: Callable[[], object], device: int, names: Optional[Mapping[str, object]] = None,
+                 steps: int = 3) -> StepBuffers:
+    """Run ``run()`` once as a warm-up, then ``steps`` times with the launch calls recorded, and map the arguments
+    of the kernels launched on ``device`` to memory (:class:`StepRecorder`, whose errors it raises)."""
+    recorder = StepRecorder(device, names, steps)
+    while not recorder.done:
+        recorder.run(run)
+    return recorder.result()
 
 
 def _compare_steps(recorded: list[tuple[list[tuple[int, str, list[tuple[int, int, int]]]],

@@ -136,6 +136,10 @@ class Event:
         """Wait on the host until the event has completed."""
         self._impl.synchronize()
 
+    def query(self) -> bool:
+        """True when the event has completed (or was never recorded); does not wait, as torch's."""
+        return bool(self._impl.query())
+
     def elapsed_time(self, end: "Event") -> float:
         """Milliseconds from this event to ``end`` (both recorded; waits for ``end``), as torch's is."""
         if not (self._recorded and end._recorded):

@@ -40,12 +40,12 @@ from typing import Any, Callable, Optional, Protocol, Union
 from ._device import properties, resolve_device
 from ._interop import BufferRef, resolve_buffer
 from . import _torch_graphs
-from ._kernel_buffers import GraphBuffer, map_pointers, record_steps
+from ._kernel_buffers import GraphBuffer, StepBuffers, map_pointers, record_steps
 from ._memory import BufferLike
 from .graph import TorchCaptures, as_graph
 
 __all__ = ["Patterns", "SupportsNamedTensors", "CandidateRule", "ModelCandidates", "is_module", "rule_for",
-           "from_module", "from_graph", "from_steps"]
+           "from_module", "from_graph", "from_steps", "from_recorded"]
 
 #: Tried at most, by default: each costs the tuner a screen of a few points.
 MOST = 8
@@ -202,8 +202,13 @@ def from_steps(step: Callable[[], object], device: object = None, names: Optiona
     install, where CUPTI cannot record the launches."""
     dev = resolve_device(device)
     rule_for(dev, most)  # checks ``most`` before the step runs
-    found = record_steps(step, dev, names, steps)
-    return _from_buffers(found.stable, dev, most, dict(found.moved))
+    return from_recorded(record_steps(step, dev, names, steps), dev, most)
+
+
+def from_recorded(found: StepBuffers, device: int, most: int = MOST) -> ModelCandidates:
+    """The candidates among what an eager step's recorded runs found (``from_steps``; ``l2ctl.autotune`` records
+    the app's own calls with l2ctl._kernel_buffers.StepRecorder), by the same rule."""
+    return _from_buffers(found.stable, device, most, dict(found.moved))
 
 
 def _from_buffers(found: list[GraphBuffer], device: int, most: int, skipped: dict[str, str],

@@ -55,7 +55,8 @@ from .sweep import set_aside_grid
 from .workloads import Workload, describe, enqueue_of
 
 __all__ = ["TunedPolicy", "TuneReport", "CandidateResult", "PointResult", "TunePoint", "tune", "TAX_GAIN",
-           "resolve_candidates", "winners", "choose"]
+           "resolve_candidates", "winners", "choose", "screen_points", "no_winner_reason", "confirmed_reason",
+           "unconfirmed_reason"]
 
 #: What tune times: a callable f(stream) or an object with enqueue(stream) (l2ctl.workloads.Workload).
 WorkloadLike = Union[Callable[[Any], Any], Workload]
@@ -445,12 +446,7 @@ def _tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, str
         return out
 
     # 1. screen every candidate
-    screen: list[TunePoint] = []
-    for name, res in results.items():
-        sizes = _screen_sizes(grid, res.window_bytes)
-        screen += [TunePoint(name, s, _fit(s, res.window_bytes), 0, res.window_bytes) for s in sizes]
-        # a buffer larger than a tax-free set-aside: also its first set-aside bytes, every line persisting
-        screen += [TunePoint(name, s, 1.0, 0, _span(s)) for s in sizes if s < res.window_bytes and s <= cap]
+    screen = screen_points({name: res.window_bytes for name, res in results.items()}, grid, cap)
     # one total up front: the screen, the most the refine stage can take, the confirmation
     planned = {"screen": blocks(len(screen)), "refine": blocks(REFINE_POINTS * min(REFINED_CANDIDATES, len(named))),
                "confirm": blocks(1)}
@@ -486,9 +482,7 @@ def _tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, str
     best_ms, ci = baseline_ms, (1.0, 1.0)
     if chosen is None:
         bar.skip(planned["confirm"])
-        reason = ("no point was faster than the baseline beyond the noise"
-                  + (f" (the best, {grid_best.point.describe()}, measured {grid_best.speedup:.3f}x, "
-                     f"{confidence:.0%} CI {grid_best.ci[0]:.3f}-{grid_best.ci[1]:.3f})" if grid_best else ""))
+        reason = no_winner_reason(grid_best, confidence)
     else:
         # 4. confirm in fresh rounds
         (confirmed,) = run([chosen.point], "confirm", seed + 2)
@@ -499,11 +493,9 @@ def _tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, str
                             num_bytes=span(pt).get("num_bytes"))
             chosen_name, buffer = pt.candidate, named[pt.candidate][0]
             baseline_ms, best_ms, ci = confirmed.baseline_ms, confirmed.median_ms, confirmed.ci
-            reason = (f"{chosen.point.describe()} was the smallest set-aside within noise of the best point "
-                      f"and was confirmed")
+            reason = confirmed_reason(chosen)
         else:
-            reason = (f"the choice ({chosen.point.describe()}, {chosen.speedup:.3f}x in the search) did not reproduce: "
-                      f"{confirmed.speedup:.3f}x, {confidence:.0%} CI {confirmed.ci[0]:.3f}-{confirmed.ci[1]:.3f}")
+            reason = unconfirmed_reason(chosen, confirmed, confidence)
     bar.close()
     tax = measure_tax(stream, policy.set_aside if policy.enabled and isinstance(policy.set_aside, int) else 0)
     grid_tax = measure_tax(stream, grid_best.point.set_aside if grid_best is not None else 0)
@@ -542,6 +534,33 @@ def choose(points: list[PointResult], cap: int, min_gain: float, tax_gain: float
     top = max(p.speedup for p in won)
     near = [p for p in won if p.ci[1] >= top]
     return min(near, key=lambda p: (p.point.set_aside, -p.speedup))
+
+
+def screen_points(windows: Mapping[str, int], grid: list[int], cap: int) -> list[TunePoint]:
+    """The screen (the module docstring's step 1) of candidates whose windows are ``windows`` (name -> bytes): each
+    at the screened set-asides with the hit ratio that fits, and, where the window is larger than a tax-free
+    set-aside, its first set-aside bytes with every line persisting."""
+    points: list[TunePoint] = []
+    for name, window_bytes in windows.items():
+        sizes = _screen_sizes(grid, window_bytes)
+        points += [TunePoint(name, s, _fit(s, window_bytes), 0, window_bytes) for s in sizes]
+        points += [TunePoint(name, s, 1.0, 0, _span(s)) for s in sizes if s < window_bytes and s <= cap]
+    return points
+
+
+def no_winner_reason(best: Optional[PointResult], confidence: float) -> str:
+    return ("no point was faster than the baseline beyond the noise"
+            + (f" (the best, {best.point.describe()}, measured {best.speedup:.3f}x, "
+               f"{confidence:.0%} CI {best.ci[0]:.3f}-{best.ci[1]:.3f})" if best else ""))
+
+
+def confirmed_reason(chosen: PointResult) -> str:
+    return f"{chosen.point.describe()} was the smallest set-aside within noise of the best point and was confirmed"
+
+
+def unconfirmed_reason(chosen: PointResult, confirmed: PointResult, confidence: float) -> str:
+    return (f"the choice ({chosen.point.describe()}, {chosen.speedup:.3f}x in the search) did not reproduce: "
+            f"{confirmed.speedup:.3f}x, {confidence:.0%} CI {confirmed.ci[0]:.3f}-{confirmed.ci[1]:.3f}")
 
 
 def _screen_sizes(grid: list[int], window_bytes: int) -> list[int]:

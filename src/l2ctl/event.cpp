@@ -25,6 +25,16 @@ void Event::wait_on(std::uintptr_t stream) const {
 
 void Event::synchronize() const { L2CTL_CHECK(cudaEventSynchronize(event_), ""); }
 
+bool Event::query() const {
+  const cudaError_t code = cudaEventQuery(event_);
+  if (code == cudaErrorNotReady) {
+    clear_last_error();
+    return false;
+  }
+  L2CTL_CHECK(code, "");
+  return true;
+}
+
 float Event::elapsed_since(const Event& start) const {
   L2CTL_CHECK(cudaEventSynchronize(event_), "");
   float ms = 0.0f;

@@ -17,6 +17,7 @@ class Event {
   void record(std::uintptr_t stream);
   void wait_on(std::uintptr_t stream) const;  // work queued on `stream` after this waits for the event
   void synchronize() const;
+  bool query() const;  // completed (does not wait)
   float elapsed_since(const Event& start) const;  // ms from `start` to this event; waits for this event
 
  private:

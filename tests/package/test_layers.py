@@ -16,7 +16,7 @@ import l2ctl
 PACKAGE = pathlib.Path(l2ctl.__file__).parent
 #: The layers above the core, lowest first (docs/DESIGN.md): a module imports from its own layer and those
 #: below it only. The simulator sits above the workloads (it models them) and below the CLI (its try-out).
-LAYERS = (("l2ctl.workloads",), ("l2ctl.bench",), ("l2ctl.sweep",), ("l2ctl.candidates",), ("l2ctl.tuner",), ("l2ctl.benchmark_gallery",),
+LAYERS = (("l2ctl.workloads",), ("l2ctl.bench",), ("l2ctl.sweep",), ("l2ctl.candidates",), ("l2ctl.tuner",), ("l2ctl.autotuner",), ("l2ctl.benchmark_gallery",),
           ("l2ctl.plot",), ("l2ctl.testing",), ("l2ctl.cli", "l2ctl.__main__"))
 HARNESS = tuple(m for layer in LAYERS for m in layer if m != "l2ctl.testing")
 #: The one import that goes up, and why: the GPU-less try-out (L2CTL_SIMULATE) puts the simulator in place of

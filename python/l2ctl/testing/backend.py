@@ -223,6 +223,11 @@ class FakeEvent:
             if self.time is not None and self.device is not None:
                 self._backend._host_waits(self.device, self.time)
 
+    def query(self) -> bool:
+        """Completed, as the host sees it: the simulator's stream work is done once queued (FakeStream.query)."""
+        with self._backend._locked:
+            return True
+
     def elapsed_since(self, start: Any) -> float:
         if not isinstance(start, FakeEvent):
             raise TypeError(f"elapsed_since(): start must be an Event, not {type(start).__name__}")

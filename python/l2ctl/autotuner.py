@@ -1,0 +1,446 @@
+"""``l2ctl.autotune``: persistence tuned online, on the app's own calls of its step (the tuner's online form).
+
+``tune`` runs the step itself, points x rounds x repeats times: fine for a benchmark, not for a training or decode
+step with side effects. ``autotune(step)`` returns a callable with the step's signature that the app calls as before.
+It never calls the step more often than the app does. Each decision (one per shape of the arguments) goes through:
+
+1. **Discover** (``candidates="discover"``): the first calls run as they are, the launches of calls 2-4 recorded
+   through CUPTI (l2ctl._kernel_buffers.StepRecorder), which gives the ranges the step's kernels are given, by the
+   tuner's rule (l2ctl.candidates.from_recorded). Listed candidates skip this; their first call is a warm-up.
+2. **Search:** the tuner's screen points (tuner.screen_points), interleaved with calls under no window, in shuffled
+   rounds of one call each. Every call is timed with CUDA events on the step's stream, read back as they complete
+   (never more than ``MAX_LAG`` calls behind), so the app's stream is not synchronized on every call. A point's
+   call enters ``persist`` with the point's exact set-aside around the step, a baseline call nothing.
+3. **Decide** by the tuner's rules (tuner.choose, tuner.winners: one copy), then **confirm** in fresh rounds.
+4. **Steady:** every call runs under the choice: the set-aside held (``l2ctl.set_aside``, restored by ``stop()``, the
+   finalizer or interpreter exit) and a window-only ``persist`` around the step; or untouched.
+
+A call that arrives while another thread's call of the same decision is measured runs untouched and unmeasured:
+the search times one call at a time. After the decision every thread's calls run under it (scopes nest).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import sys
+import threading
+import warnings
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, Optional, ParamSpec, TypeVar, Union
+
+import numpy as np
+
+from ._device import require_persistence, stream_device
+from ._errors import NotSupportedError, PersistenceUnavailableWarning
+from ._interop import BufferRef, resolve_stream
+from ._kernel_buffers import StepRecorder
+from ._limit import SetAside, auto_set_aside_cap, set_aside
+from ._memory import BufferLike, Event, StreamLike
+from ._persist import Policy, persist
+from .bench.paired import bootstrap_speedup, check_confidence
+from .candidates import ModelCandidates, from_recorded
+from .sweep import set_aside_grid
+from .tuner import (TAX_GAIN, PointResult, TunePoint, choose, confirmed_reason, no_winner_reason,
+                    resolve_candidates, screen_points, unconfirmed_reason, winners)
+
+__all__ = ["autotune", "AutoTuned", "Decision", "MAX_CALLS", "MAX_LAG"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+MiB = 1 << 20
+#: The app's calls a decision may take, discovery and confirmation included: for a 1-5 ms step, under a second.
+MAX_CALLS = 200
+#: How far behind the app the timing may fall before the oldest call is waited for.
+MAX_LAG = 8
+#: Calls recorded through CUPTI to discover the candidates (after one warm-up).
+DISCOVERY_STEPS = 3
+_SEARCH_CALLS = MAX_CALLS - 1 - (DISCOVERY_STEPS + 1) - 2 * 6  # the warm-up, discovery and confirmation taken out
+
+Candidates = Union[BufferLike, Mapping[str, BufferLike], str]
+
+
+@dataclass
+class Decision:
+    """What autotune decided for one shape of the step's arguments (``key``), and what it cost: ``calls`` of the
+    app's made under this decision, ``phase`` ("discover", "search", "confirm", "decided"), the ``policy`` chosen
+    ("no persistence": disabled) on ``buffer_name``, the confirmed ``speedup`` and its ``ci``, ``points`` (every
+    point measured) and ``tuning_cost_ms``: the time the calls under the points that lost spent beyond the
+    baseline's median."""
+
+    key: tuple[Any, ...]
+    phase: str = "search"
+    calls: int = 0
+    decided_at: int = 0
+    policy: Policy = field(default_factory=lambda: Policy(enabled=False))
+    buffer_name: Optional[str] = None
+    speedup: float = 1.0
+    ci: tuple[float, float] = (1.0, 1.0)
+    reason: str = ""
+    points: list[PointResult] = field(default_factory=list)
+    tuning_cost_ms: float = 0.0
+    considered: Optional[ModelCandidates] = None
+
+    def __str__(self) -> str:
+        shapes = ", ".join(_describe_key(self.key)) or "no array arguments"
+        if self.phase != "decided":
+            return f"[{shapes}] {self.phase}: {self.calls} calls so far"
+        what = "no persistence" if not self.policy.enabled else (
+            f"persist {self.buffer_name}: set-aside {_mib(self.policy.set_aside)}, hit ratio "
+            f"{self.policy.hit_ratio:.3f}" + ("" if self.policy.num_bytes is None
+                                              else f" over its first {_mib(self.policy.num_bytes)}")
+            + f", {self.speedup:.3f}x ({self.ci[0]:.3f}-{self.ci[1]:.3f})")
+        return (f"[{shapes}] {what}, decided at call {self.decided_at} of the app's ({len(self.points)} point"
+                f"{'s' * (len(self.points) != 1)}; tuning cost {self.tuning_cost_ms:.2f} ms): {self.reason}")
+
+
+def _mib(nbytes: object) -> str:
+    return f"{int(nbytes) / MiB:.2f} MiB" if isinstance(nbytes, int) else str(nbytes)
+
+
+def _describe_key(key: tuple[Any, ...]) -> list[str]:
+    return [f"{tuple(shape)} {dtype}" + (f" on {device}" if device is not None else "")
+            for _type, shape, dtype, device in key if shape is not None]
+
+
+def _key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """What a decision is for: each argument's type, shape, dtype and device (values of other arguments do not
+    change which memory the step's kernels stream)."""
+    values = args + tuple((k, kwargs[k]) for k in sorted(kwargs)) if kwargs else args
+    return tuple((type(v), getattr(v, "shape", None), getattr(v, "dtype", None), getattr(v, "device", None))
+                 for v in values)
+
+
+def _current_stream() -> StreamLike:
+    """The stream the step's work is queued on when none is given: torch's current stream where torch is in use,
+    else l2ctl's current one (``with l2ctl.Stream()``), else the legacy default."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        current: StreamLike = torch.cuda.current_stream()
+        return current
+    return None
+
+
+class _Timed:
+    """One measured call: its arm (0: the baseline; k: the k-th point), its round and its two events."""
+
+    __slots__ = ("arm", "round", "start", "end")
+
+    def __init__(self, arm: int, round_: int, start: Event, end: Event) -> None:
+        self.arm, self.round, self.start, self.end = arm, round_, start, end
+
+
+class _State:
+    """A decision in progress and what it needs: the stream, the candidates, the schedule and the times."""
+
+    def __init__(self, key: tuple[Any, ...]) -> None:
+        self.decision = Decision(key)
+        self.busy = threading.Lock()  # one measured call at a time
+        self.stream: StreamLike = None
+        self.device = -1
+        self.recorder: Optional[StepRecorder] = None
+        self.named: dict[str, tuple[BufferLike, BufferRef]] = {}
+        self.points: list[TunePoint] = []
+        self.rounds = 0
+        self.times = np.zeros((0, 0))
+        self.schedule: collections.deque[tuple[int, int]] = collections.deque()  # (arm, round) still to run
+        self.pending: collections.deque[_Timed] = collections.deque()
+        self.events: list[Event] = []
+        self.chosen: Optional[PointResult] = None
+        self.limit: Optional[SetAside] = None  # the steady state's set-aside
+        self.window: Optional[Callable[[], Any]] = None  # the steady state's per-call scope
+
+
+class AutoTuned(Generic[P, R]):
+    """``fn`` (its signature kept: ``functools.wraps``) with persistence tuned on the app's own calls: see the
+    module's docstring. ``report()`` says what was decided per argument shape, ``stop()`` restores the device and
+    lets every later call run untouched."""
+
+    def __init__(self, fn: Callable[P, R], candidates: Candidates, stream: StreamLike, rounds: int, confidence: float,
+                 min_gain: float, tax_gain: float, strict: bool, max_decisions: int, seed: int) -> None:
+        functools.update_wrapper(self, fn)
+        self._fn = fn
+        self._discover = isinstance(candidates, str) and candidates == "discover"
+        if isinstance(candidates, str) and not self._discover:
+            raise ValueError(f"candidates: a buffer, a dict name -> buffer or 'discover', not {candidates!r}")
+        self._named = {} if self._discover else resolve_candidates(candidates)
+        self._stream = stream
+        self._rounds, self._confidence, self._min_gain, self._tax_gain = rounds, confidence, min_gain, tax_gain
+        self._strict, self._max_decisions, self._seed = strict, max_decisions, seed
+        self._states: collections.OrderedDict[tuple[Any, ...], _State] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._warned = False
+        # the set-asides held, released with this object or at stop(); interpreter exit restores them too
+        self._limits: list[SetAside] = []
+        self._finalizer = weakref.finalize(self, _restore, self._limits)
+
+    # ---- the app's call -------------------------------------------------------------------------------------------
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        if self._stopped:
+            return self._fn(*args, **kwargs)
+        key = _key(args, kwargs) if args or kwargs else ()
+        state = self._states.get(key)
+        if state is None:
+            state = self._new_state(key)
+        d = state.decision
+        d.calls += 1
+        if d.phase == "decided":
+            if state.window is None:
+                return self._fn(*args, **kwargs)
+            with state.window():
+                return self._fn(*args, **kwargs)
+        if not state.busy.acquire(blocking=False):  # another thread's call of this decision is measured
+            return self._fn(*args, **kwargs)
+        try:
+            return self._tuning_call(state, args, kwargs)
+        finally:
+            state.busy.release()
+
+    def _new_state(self, key: tuple[Any, ...]) -> _State:
+        evicted: Optional[_State] = None
+        with self._lock:
+            state = self._states.get(key)
+            if state is not None:
+                return state
+            state = _State(key)
+            if len(self._states) >= self._max_decisions:  # the oldest decision goes, its set-aside with it
+                _, evicted = self._states.popitem(last=False)
+            self._states[key] = state
+            state.decision.phase = "discover" if self._discover else "warm-up"
+        if evicted is not None:
+            self._release(evicted)
+        return state
+
+    def _tuning_call(self, state: _State, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+        d = state.decision
+        if d.calls == 1:
+            state.stream = self._stream if self._stream is not None else _current_stream()
+            state.device = stream_device(resolve_stream(state.stream))
+            try:
+                require_persistence(state.device)
+            except NotSupportedError as exc:
+                if self._strict:
+                    raise
+                self._decide_nothing(state, str(exc))
+                if not self._warned:
+                    warnings.warn(f"l2ctl.autotune(strict=False) changes nothing here: {exc}",
+                                  PersistenceUnavailableWarning, stacklevel=3)
+                    self._warned = True
+                return self._fn(*args, **kwargs)
+            if self._discover:
+                state.recorder = StepRecorder(state.device, steps=DISCOVERY_STEPS)
+        if d.phase == "discover":
+            assert state.recorder is not None
+            out = state.recorder.run(lambda: self._fn(*args, **kwargs))
+            if state.recorder.done:
+                found = from_recorded(state.recorder.result(), state.device)
+                state.recorder, d.considered = None, found
+                if not found.tried:
+                    self._decide_nothing(state, f"no range the step's kernels are given can be tried: {found.summary()}")
+                else:
+                    self._plan(state, resolve_candidates(dict(found.tried)))
+            return out
+        if d.phase == "warm-up":
+            out = self._fn(*args, **kwargs)
+            self._plan(state, self._named)
+            return out
+        self._harvest(state)
+        if not state.schedule:  # every call of the stage is run: the step runs as it is until its times are in
+            if not state.pending:
+                self._advance(state)
+            return self._fn(*args, **kwargs)
+        arm, round_ = state.schedule.popleft()
+        scope = self._arm_scope(state, arm)
+        start, end = self._event_pair(state)
+        start.record(state.stream)
+        try:
+            if scope is None:
+                out = self._fn(*args, **kwargs)
+            else:
+                with scope:
+                    out = self._fn(*args, **kwargs)
+        except BaseException:  # a call that failed times nothing: its arm runs again at the next call
+            state.schedule.appendleft((arm, round_))
+            state.events += [start, end]
+            raise
+        end.record(state.stream)
+        state.pending.append(_Timed(arm, round_, start, end))
+        return out
+
+    # ---- the search -------------------------------------------------------------------------------------------------
+    def _plan(self, state: _State, named: dict[str, tuple[BufferLike, BufferRef]]) -> None:
+        """The search's points and rounds for these candidates, within the calls a decision may take."""
+        for name, (_, buf) in named.items():
+            if buf.device is not None and buf.device != state.device:
+                raise ValueError(f"candidate {name!r} is on device {buf.device}, the step's stream on device "
+                                 f"{state.device}")
+        max_window = require_persistence(state.device).access_policy_max_window_size
+        grid, cap = set_aside_grid(state.device, include_zero=False), auto_set_aside_cap(state.device)
+        # the largest candidates first, as many as the calls allow three rounds of
+        by_size = sorted(named.items(), key=lambda item: -item[1][1].nbytes)
+        while True:
+            state.named = dict(by_size)
+            state.points = screen_points({n: min(b.nbytes, max_window) for n, (_, b) in state.named.items()}, grid,
+                                         cap)
+            if 3 * (len(state.points) + 1) <= _SEARCH_CALLS or len(by_size) == 1:
+                break
+            by_size.pop()
+        if 3 * (len(state.points) + 1) > _SEARCH_CALLS:  # one candidate with more points than that: the largest
+            state.points = state.points[-(_SEARCH_CALLS // 3 - 1):]
+        state.rounds = max(3, min(self._rounds, _SEARCH_CALLS // (len(state.points) + 1)))
+        self._schedule(state, len(state.points) + 1, state.rounds, "search")
+
+    def _schedule(self, state: _State, arms: int, rounds: int, phase: str) -> None:
+        rng = np.random.default_rng(self._seed + len(state.decision.points))
+        state.times = np.zeros((arms, rounds))
+        state.schedule = collections.deque((int(arm), r) for r in range(rounds) for arm in rng.permutation(arms))
+        state.decision.phase = phase
+
+    def _arm_scope(self, state: _State, arm: int) -> Any:
+        if arm == 0:
+            return None
+        point = state.points[arm - 1] if state.decision.phase == "search" else state.chosen.point  # type: ignore
+        return persist(state.stream, state.named[point.candidate][0], point.hit_ratio, set_aside=point.set_aside,
+                       **self._span(state, point))
+
+    @staticmethod
+    def _span(state: _State, point: TunePoint) -> dict[str, Any]:
+        if point.offset == 0 and point.num_bytes == state.named[point.candidate][1].nbytes:
+            return {}
+        return {"offset": point.offset, "num_bytes": point.num_bytes}
+
+    @staticmethod
+    def _event_pair(state: _State) -> tuple[Event, Event]:
+        if len(state.events) < 2:
+            state.events += [Event(state.device) for _ in range(2 * MAX_LAG + 2)]
+        return state.events.pop(), state.events.pop()
+
+    @staticmethod
+    def _harvest(state: _State) -> None:
+        """Read the times of the calls that completed; wait for the oldest when the timing falls MAX_LAG behind."""
+        while state.pending and (len(state.pending) > MAX_LAG or state.pending[0].end.query()):
+            timed = state.pending.popleft()
+            state.times[timed.arm, timed.round] = timed.start.elapsed_time(timed.end)
+            state.events += [timed.start, timed.end]
+
+    def _advance(self, state: _State) -> None:
+        """A stage's times are all in: the search chooses and the confirmation decides."""
+        d = state.decision
+        cap = auto_set_aside_cap(state.device)
+        baseline = state.times[0].reshape(-1, 1)
+        if d.phase == "search":
+            results = []
+            for k, point in enumerate(state.points, start=1):
+                speedup, ci = bootstrap_speedup(baseline, state.times[k].reshape(-1, 1), self._confidence,
+                                                seed=self._seed + k)
+                results.append(PointResult(point, speedup, ci, float(np.median(state.times[k])),
+                                           float(np.median(baseline)), "search", False))
+            d.points = results
+            chosen = choose(results, cap, self._min_gain, self._tax_gain)
+            d.tuning_cost_ms = float(sum(np.clip(state.times[k] - np.median(baseline), 0, None).sum()
+                                         for k, r in enumerate(results, start=1) if r is not chosen))
+            if chosen is None:
+                best = max(results, key=lambda p: p.speedup) if results else None
+                self._decide_nothing(state, no_winner_reason(best, self._confidence))
+                return
+            state.chosen = chosen
+            self._schedule(state, 2, max(self._rounds, 6), "confirm")
+            return
+        assert state.chosen is not None
+        speedup, ci = bootstrap_speedup(baseline, state.times[1].reshape(-1, 1), self._confidence, seed=self._seed)
+        confirmed = PointResult(state.chosen.point, speedup, ci, float(np.median(state.times[1])),
+                                float(np.median(baseline)), "confirm", False)
+        d.points.append(confirmed)
+        if not winners([confirmed], cap, self._min_gain, self._tax_gain):
+            self._decide_nothing(state, unconfirmed_reason(state.chosen, confirmed, self._confidence))
+            return
+        self._steady(state, confirmed)
+
+    def _steady(self, state: _State, confirmed: PointResult) -> None:
+        """Every later call under the choice: its set-aside held, its window around each call."""
+        d, pt = state.decision, confirmed.point
+        buffer = state.named[pt.candidate][0]
+        state.limit = set_aside(pt.set_aside, state.device)
+        with self._lock:
+            self._limits.append(state.limit)
+        span = self._span(state, pt)
+        stream = state.stream
+        state.window = lambda: persist(stream, buffer, pt.hit_ratio, set_aside=None, **span)
+        d.policy = Policy(set_aside=pt.set_aside, hit_ratio=pt.hit_ratio, offset=pt.offset,
+                          num_bytes=span.get("num_bytes"))
+        d.buffer_name, d.speedup, d.ci = pt.candidate, confirmed.speedup, confirmed.ci
+        d.reason = confirmed_reason(confirmed)
+        d.phase, d.decided_at = "decided", d.calls
+
+    @staticmethod
+    def _decide_nothing(state: _State, reason: str) -> None:
+        d = state.decision
+        d.reason, d.phase, d.decided_at = reason, "decided", d.calls
+
+    # ---- introspection and the end ------------------------------------------------------------------------------
+    def report(self) -> list[Decision]:
+        """Every decision kept (at most ``max_decisions``: the oldest goes first), oldest first."""
+        return [s.decision for s in list(self._states.values())]
+
+    def __str__(self) -> str:
+        decisions = self.report()
+        head = f"autotune({getattr(self._fn, '__qualname__', self._fn)!s})"
+        return head + (":\n  " + "\n  ".join(map(str, decisions)) if decisions else ": not called yet")
+
+    def stop(self) -> None:
+        """Restore the device (the set-asides held) and run every later call untouched. Idempotent."""
+        self._stopped = True
+        with self._lock:
+            states = list(self._states.values())
+        for state in states:
+            self._release(state)
+
+    def _release(self, state: _State) -> None:
+        state.window = None
+        limit, state.limit = state.limit, None
+        if limit is not None:
+            with self._lock:
+                if limit in self._limits:
+                    self._limits.remove(limit)
+            limit.restore()
+
+
+def _restore(limits: list[SetAside]) -> None:
+    """The finalizer: the set-asides an AutoTuned held, restored (interpreter exit restores them in any case)."""
+    for limit in list(limits):
+        limit.restore()
+    limits.clear()
+
+
+def autotune(fn: Callable[P, R], candidates: Candidates = "discover", *, stream: StreamLike = None, rounds: int = 6,
+             confidence: float = 0.95, min_gain: float = 0.01, tax_gain: float = TAX_GAIN, strict: bool = True,
+             max_decisions: int = 8, seed: int = 0) -> AutoTuned[P, R]:
+    """``fn`` with L2 persistence tuned on the app's own calls: call the result as you called ``fn``.
+
+    It never calls ``fn`` more often than the app does. Over the first calls (at most ``MAX_CALLS`` per shape of
+    the arguments) each call runs under one point of the tuner's search or under no window, interleaved and timed
+    with CUDA events; then the tuner's rules decide (``l2ctl.tune``'s confidence, ``min_gain`` and ``tax_gain``),
+    and every later call runs under the choice or untouched. ``candidates``: "discover" (the ranges the step's
+    kernels are given, recorded through CUPTI over its calls 2-4), a buffer, or a dict name -> buffer. ``stream``:
+    the stream the step's work runs on (default: torch's current stream when torch is in use, else l2ctl's current
+    one). ``strict=False``: where the device cannot persist, every call runs untouched, with one warning.
+    ``report()`` lists the decisions, ``stop()`` restores the device."""
+    if not callable(fn):
+        raise TypeError(f"autotune needs the step to call, not {type(fn).__name__}")
+    for name, value, low, high in (("rounds", rounds, 3, 100), ("max_decisions", max_decisions, 1, 1024),
+                                   ("seed", seed, 0, 2**63 - 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ValueError(f"{name} must be an int from {low} to {high}, got {value!r}")
+    confidence = check_confidence(confidence)
+    for name, gain in (("min_gain", min_gain), ("tax_gain", tax_gain)):
+        if isinstance(gain, bool) or not isinstance(gain, (int, float)) or not 0 <= float(gain) < 1:
+            raise ValueError(f"{name} must be a fraction in [0, 1), got {gain!r}")
+    if not isinstance(strict, bool):
+        raise TypeError("strict must be a bool")
+    if stream is not None:
+        resolve_stream(stream)  # refused now, not at the app's first call
+    return AutoTuned(fn, candidates, stream, rounds, confidence, float(min_gain), float(tax_gain), strict,
+                     max_decisions, seed)

@@ -1,0 +1,224 @@
+"""``l2ctl.autotune`` on the simulator: it calls the step exactly as often as the app does, decides within MAX_CALLS
+by the tuner's rules (a gain where one is there, "no persistence" with the right cause where none is), decides per
+argument shape within its bound, runs every later call under the choice, and restores the device at stop(), when
+it is collected and at interpreter exit; best effort and threads."""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import warnings
+
+import numpy as np
+import pytest
+
+import l2ctl
+from l2ctl import autotuner
+from l2ctl.testing import FakeBackend, FakeDevice
+
+MiB = 1 << 20
+
+
+class Step:
+    """reset_data of a LUT into a large output on ``stream`` (persisting the LUT pays on the simulator), counting
+    its calls and, on request, the stream's window while it runs."""
+
+    def __init__(self, fake: FakeBackend, lut_words: int = 1 << 20, out_words: int = 64 << 20) -> None:
+        self.fake = fake
+        self.lut = l2ctl.DeviceBuffer.from_numpy(np.arange(lut_words, dtype=np.int32))
+        self.out = l2ctl.DeviceBuffer(out_words, dtype=np.int32)
+        self.stream = l2ctl.Stream()
+        self.calls = 0
+        self.windows: list[tuple[int, int]] = []
+
+    def __call__(self) -> int:
+        self.calls += 1
+        self.windows.append(tuple(self.fake.get_stream_window(self.stream.handle))[:2])
+        l2ctl.kernels.reset_data(self.out, self.lut, self.stream)
+        return self.calls
+
+
+def _run(tuned, calls: int, *args) -> list[object]:
+    return [tuned(*args) for _ in range(calls)]
+
+
+@pytest.mark.parametrize("candidates", ["listed", "discover"])
+def test_it_calls_the_step_as_often_as_the_app_and_decides_a_gain_within_its_calls(fake, candidates):
+    step = Step(fake)
+    initial = fake.state()
+    tuned = l2ctl.autotune(step, {"lut": step.lut, "out": step.out} if candidates == "listed" else "discover",
+                           stream=step.stream)
+    assert tuned.__wrapped__ is step  # functools.wraps: the step's name, doc and signature
+    results = _run(tuned, 300)
+    assert step.calls == 300 and results == list(range(1, 301)), "the step's own results, one call per app call"
+    (decision,) = tuned.report()
+    assert decision.phase == "decided" and decision.decided_at <= autotuner.MAX_CALLS, decision
+    assert decision.policy.enabled and decision.speedup > 1.05 and decision.ci[0] > 1.0, decision
+    assert decision.buffer_name == "lut" or "reset_data" in str(decision.buffer_name)
+    assert decision.calls == 300 and decision.points and "confirmed" in decision.reason
+    # every call after the decision ran under the window on the LUT, and the set-aside is held between calls
+    after = step.windows[decision.decided_at:]
+    assert after and all(w == (step.lut.ptr, step.lut.nbytes) for w in after), after[:3]
+    assert fake.get_stream_window(step.stream.handle)[1] == 0, "the window is the call's only"
+    assert l2ctl.get_set_aside() == decision.policy.set_aside
+    tuned.stop()
+    assert fake.state() == initial
+    _run(tuned, 5)
+    assert step.calls == 305 and step.windows[-5:] == [(0, 0)] * 5 and fake.state() == initial
+
+
+def test_no_persistence_when_nothing_pays_names_the_cause_and_leaves_the_device(fake):
+    """A copy that streams its source once: persisting it buys nothing, so the search finds no winner."""
+    src, dst = l2ctl.DeviceBuffer(16 << 20, dtype=np.int32), l2ctl.DeviceBuffer(16 << 20, dtype=np.int32)
+    s = l2ctl.Stream()
+    calls = []
+
+    def copy() -> None:
+        calls.append(1)
+        l2ctl.kernels.copy_words(dst, src, s)
+
+    initial = fake.state()
+    tuned = l2ctl.autotune(copy, {"src": src}, stream=s)
+    _run(tuned, 250)
+    (decision,) = tuned.report()
+    assert len(calls) == 250 and decision.phase == "decided" and not decision.policy.enabled
+    assert decision.reason.startswith("no point was faster than the baseline beyond the noise"), decision.reason
+    assert fake.state() == initial and "no persistence" in str(tuned)
+
+
+def test_discovery_that_finds_nothing_says_so(fake):
+    s = l2ctl.Stream()
+    calls = []
+    tuned = l2ctl.autotune(lambda: calls.append(1), stream=s)  # launches no kernel at all
+    _run(tuned, 10)
+    (decision,) = tuned.report()
+    assert len(calls) == 10 and decision.phase == "decided" and not decision.policy.enabled
+    assert decision.decided_at == 1 + autotuner.DISCOVERY_STEPS
+    assert "no range the step's kernels are given can be tried" in decision.reason
+
+
+def test_a_decision_per_argument_shape_within_its_bound(fake):
+    step = Step(fake)
+    tuned = l2ctl.autotune(lambda a: step(), {"lut": step.lut}, stream=step.stream, max_decisions=2)
+    small, large = np.zeros(4, np.float32), np.zeros((2, 3), np.float32)
+    for _ in range(220):
+        tuned(small)
+        tuned(large)
+    decisions = tuned.report()
+    assert [d.key[0][1] for d in decisions] == [(4,), (2, 3)] and all(d.phase == "decided" for d in decisions)
+    assert step.calls == 440 and all(d.calls == 220 for d in decisions)
+    held = l2ctl.get_set_aside()
+    tuned(np.zeros(7, np.int64))  # a third shape: the oldest decision goes, with what it held
+    assert [d.key[0][1] for d in tuned.report()] == [(2, 3), (7,)]
+    assert "(2, 3) float32" in str(tuned) and held == decisions[1].policy.set_aside
+    tuned.stop()
+
+
+def test_it_is_restored_when_collected_and_at_exit(fake):
+    step = Step(fake)
+    initial = fake.state()
+    tuned = l2ctl.autotune(step, {"lut": step.lut}, stream=step.stream)
+    _run(tuned, 200)
+    assert tuned.report()[0].policy.enabled and fake.state() != initial
+    del tuned
+    gc.collect()
+    assert fake.state() == initial
+    program = textwrap.dedent("""
+        import atexit, json, numpy as np
+        def report():
+            print(json.dumps({"limit": fake.get_persisting_limit(0), "initial": initial}))
+        atexit.register(report)  # runs after l2ctl's own exit hook
+        import l2ctl
+        from l2ctl.testing import FakeBackend
+        fake = FakeBackend()
+        l2ctl._backend.install(fake)
+        initial = fake.get_persisting_limit(0)
+        lut = l2ctl.DeviceBuffer.from_numpy(np.arange(1 << 20, dtype=np.int32))
+        out, s = l2ctl.DeviceBuffer(64 << 20, dtype=np.int32), l2ctl.Stream()
+        tuned = l2ctl.autotune(lambda: l2ctl.kernels.reset_data(out, lut, s), {"lut": lut}, stream=s)
+        for _ in range(200):
+            tuned()
+        assert tuned.report()[0].policy.enabled and fake.get_persisting_limit(0) != initial
+    """)
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    state = json.loads(out.stdout.strip().splitlines()[-1])
+    assert state["limit"] == state["initial"], state
+
+
+def test_best_effort_where_the_device_cannot_persist():
+    with FakeBackend.installed(FakeDevice.turing()) as fake:
+        buf, s = l2ctl.DeviceBuffer(MiB), l2ctl.Stream()
+        calls = []
+        before = fake.state()
+        strict = l2ctl.autotune(lambda: calls.append(1), {"buf": buf}, stream=s)
+        with pytest.raises(l2ctl.NotSupportedError, match="compute capability 7.5"):
+            strict()
+        assert calls == [] and fake.state() == before
+        tuned = l2ctl.autotune(lambda: calls.append(1), {"buf": buf}, stream=s, strict=False)
+        with pytest.warns(l2ctl.PersistenceUnavailableWarning, match="compute capability 7.5"):
+            _run(tuned, 3)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            _run(tuned, 3)  # warned once
+        (decision,) = tuned.report()
+        assert len(calls) == 6 and not decision.policy.enabled and "compute capability 7.5" in decision.reason
+        assert fake.state() == before
+
+
+def test_calls_from_several_threads_are_all_made_and_the_decision_is_reached(fake):
+    step = Step(fake)
+    lock = threading.Lock()
+    initial = fake.state()
+
+    def counted() -> None:
+        with lock:  # the simulated step itself is not meant for concurrent calls on one stream
+            step()
+
+    tuned = l2ctl.autotune(counted, {"lut": step.lut}, stream=step.stream)
+    threads = [threading.Thread(target=_run, args=(tuned, 150)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    (decision,) = tuned.report()
+    assert step.calls == 600 and decision.phase == "decided", decision
+    tuned.stop()
+    assert fake.state() == initial
+
+
+def test_a_step_that_raises_is_measured_again_and_raises_as_it_is(fake):
+    step = Step(fake)
+    fail = {7, 50}
+
+    def flaky() -> int:
+        n = step()
+        if n in fail:
+            raise KeyError(n)
+        return n
+
+    tuned = l2ctl.autotune(flaky, {"lut": step.lut}, stream=step.stream)
+    for i in range(1, 251):
+        if i in fail:
+            with pytest.raises(KeyError):
+                tuned()
+        else:
+            assert tuned() == i
+    assert tuned.report()[0].phase == "decided" and step.calls == 250
+    tuned.stop()
+
+
+@pytest.mark.parametrize("kwargs,error", [
+    ({"rounds": 2}, "rounds must be an int from 3"), ({"max_decisions": 0}, "max_decisions"),
+    ({"confidence": 1.5}, "confidence"), ({"min_gain": -0.1}, "min_gain"), ({"strict": 1}, "strict must be a bool"),
+    ({"candidates": "discovr"}, "'discover'"), ({"stream": "s"}, "stream"),
+])
+def test_arguments_are_checked_before_any_call(fake, kwargs, error):
+    with pytest.raises((TypeError, ValueError), match=error):
+        l2ctl.autotune(lambda: None, **kwargs)
+    with pytest.raises(TypeError, match="the step to call"):
+        l2ctl.autotune(3)  # type: ignore[arg-type]
