@@ -29,6 +29,8 @@ from l2ctl.bench.paired import bootstrap_speedup
 from l2ctl.bench.records import environment
 from l2ctl.workloads import gallery
 
+HOST_BLOCKS, HOST_CALLS = 31, 40  # the host-cost blocks: a median over blocks of calls, wrapped and not
+
 
 def _block_ms(run: Callable[[], None], stream: torch.cuda.Stream, calls: int) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -84,16 +86,16 @@ def measure(name: str, rounds: int, calls: int, seed: int) -> dict[str, Any]:
             speedups[arm] = {"speedup": x, "ci": list(ci), "median_ms": statistics.median(times[arm])}
         # the host cost of the wrapper in steady state: blocks of calls, wrapped and not, interleaved
         host: dict[str, list[float]] = {"autotune": [], "untouched": []}
-        for _ in range(15):
+        for _ in range(HOST_BLOCKS):
             for arm, run in (("untouched", lambda: w.enqueue(s)), ("autotune", tuned)):
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                for _ in range(20):
+                for _ in range(HOST_CALLS):
                     run()
-                host[arm].append((time.perf_counter() - t0) / 20 * 1e6)
+                host[arm].append((time.perf_counter() - t0) / HOST_CALLS * 1e6)
         torch.cuda.synchronize()
         steady_calls = made[0] - app_calls  # the step's calls through the wrapper after the decision
-        expected = app_calls + rounds * calls + 15 * 20
+        expected = app_calls + rounds * calls + HOST_BLOCKS * HOST_CALLS
         tuned.stop()
         return {"workload": name, "pattern": entry.pattern, "decided_at_call": decision.decided_at,
                 "app_calls_to_decide": app_calls, "step_calls": made[0], "step_calls_expected": expected,

@@ -22,6 +22,7 @@ the search times one call at a time. After the decision every thread's calls run
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import sys
 import threading
@@ -43,8 +44,8 @@ from ._persist import Policy, persist
 from .bench.paired import bootstrap_speedup, check_confidence
 from .candidates import ModelCandidates, from_recorded
 from .sweep import set_aside_grid
-from .tuner import (TAX_GAIN, PointResult, TunePoint, choose, confirmed_reason, no_winner_reason,
-                    resolve_candidates, screen_points, unconfirmed_reason, winners)
+from .tuner import (REFINE_POINTS, TAX_GAIN, CandidateResult, PointResult, TunePoint, choose, confirmed_reason,
+                    no_winner_reason, refine_points, resolve_candidates, screen_points, unconfirmed_reason, winners)
 
 __all__ = ["autotune", "AutoTuned", "Decision", "MAX_CALLS", "MAX_LAG"]
 
@@ -57,7 +58,8 @@ MAX_CALLS = 200
 MAX_LAG = 8
 #: Calls recorded through CUPTI to discover the candidates (after one warm-up).
 DISCOVERY_STEPS = 3
-_SEARCH_CALLS = MAX_CALLS - 1 - (DISCOVERY_STEPS + 1) - 2 * 6  # the warm-up, discovery and confirmation taken out
+#: Calls for the screen: the discovery, the refine stage (three rounds at least) and the confirmation taken out.
+_SEARCH_CALLS = MAX_CALLS - (DISCOVERY_STEPS + 1) - 3 * (REFINE_POINTS + 1) - 2 * 6
 
 Candidates = Union[BufferLike, Mapping[str, BufferLike], str]
 
@@ -142,8 +144,10 @@ class _State:
         self.device = -1
         self.recorder: Optional[StepRecorder] = None
         self.named: dict[str, tuple[BufferLike, BufferRef]] = {}
-        self.points: list[TunePoint] = []
-        self.rounds = 0
+        self.points: list[TunePoint] = []  # the stage's
+        self.rounds_refine = 3
+        self.max_window = 0
+        self.costs: dict[TunePoint, float] = {}  # ms beyond the baseline's median, summed over a point's calls
         self.times = np.zeros((0, 0))
         self.schedule: collections.deque[tuple[int, int]] = collections.deque()  # (arm, round) still to run
         self.pending: collections.deque[_Timed] = collections.deque()
@@ -248,25 +252,28 @@ class AutoTuned(Generic[P, R]):
             self._plan(state, self._named)
             return out
         self._harvest(state)
-        if not state.schedule:  # every call of the stage is run: the step runs as it is until its times are in
-            if not state.pending:
-                self._advance(state)
-            return self._fn(*args, **kwargs)
+        if not state.schedule:  # every call of the stage was made: its times (waited for, once a stage) decide
+            self._harvest(state, wait=True)
+            self._advance(state)
+            if d.phase == "decided":  # this call is the decision's first
+                if state.window is None:
+                    return self._fn(*args, **kwargs)
+                with state.window():
+                    return self._fn(*args, **kwargs)
         arm, round_ = state.schedule.popleft()
         scope = self._arm_scope(state, arm)
         start, end = self._event_pair(state)
-        start.record(state.stream)
         try:
-            if scope is None:
+            with scope if scope is not None else contextlib.nullcontext():
+                # timed inside the scope: the step's own work under the window, as tune times it (a limit's
+                # change at the scope's entry is no part of the app's steady state)
+                start.record(state.stream)
                 out = self._fn(*args, **kwargs)
-            else:
-                with scope:
-                    out = self._fn(*args, **kwargs)
+                end.record(state.stream)
         except BaseException:  # a call that failed times nothing: its arm runs again at the next call
             state.schedule.appendleft((arm, round_))
             state.events += [start, end]
             raise
-        end.record(state.stream)
         state.pending.append(_Timed(arm, round_, start, end))
         return out
 
@@ -290,8 +297,11 @@ class AutoTuned(Generic[P, R]):
             by_size.pop()
         if 3 * (len(state.points) + 1) > _SEARCH_CALLS:  # one candidate with more points than that: the largest
             state.points = state.points[-(_SEARCH_CALLS // 3 - 1):]
-        state.rounds = max(3, min(self._rounds, _SEARCH_CALLS // (len(state.points) + 1)))
-        self._schedule(state, len(state.points) + 1, state.rounds, "search")
+        rounds = max(3, min(self._rounds, _SEARCH_CALLS // (len(state.points) + 1)))
+        left = _SEARCH_CALLS + 3 * (REFINE_POINTS + 1) - rounds * (len(state.points) + 1)
+        state.rounds_refine = max(3, min(self._rounds, left // (REFINE_POINTS + 1)))
+        state.max_window = max_window
+        self._schedule(state, len(state.points) + 1, rounds, "search")
 
     def _schedule(self, state: _State, arms: int, rounds: int, phase: str) -> None:
         rng = np.random.default_rng(self._seed + len(state.decision.points))
@@ -302,7 +312,7 @@ class AutoTuned(Generic[P, R]):
     def _arm_scope(self, state: _State, arm: int) -> Any:
         if arm == 0:
             return None
-        point = state.points[arm - 1] if state.decision.phase == "search" else state.chosen.point  # type: ignore
+        point = state.chosen.point if state.decision.phase == "confirm" else state.points[arm - 1]  # type: ignore
         return persist(state.stream, state.named[point.candidate][0], point.hit_ratio, set_aside=point.set_aside,
                        **self._span(state, point))
 
@@ -319,9 +329,10 @@ class AutoTuned(Generic[P, R]):
         return state.events.pop(), state.events.pop()
 
     @staticmethod
-    def _harvest(state: _State) -> None:
-        """Read the times of the calls that completed; wait for the oldest when the timing falls MAX_LAG behind."""
-        while state.pending and (len(state.pending) > MAX_LAG or state.pending[0].end.query()):
+    def _harvest(state: _State, wait: bool = False) -> None:
+        """Read the times of the calls that completed; wait for the oldest when the timing falls MAX_LAG behind
+        (for all of them with ``wait``)."""
+        while state.pending and (wait or len(state.pending) > MAX_LAG or state.pending[0].end.query()):
             timed = state.pending.popleft()
             state.times[timed.arm, timed.round] = timed.start.elapsed_time(timed.end)
             state.events += [timed.start, timed.end]
@@ -331,19 +342,31 @@ class AutoTuned(Generic[P, R]):
         d = state.decision
         cap = auto_set_aside_cap(state.device)
         baseline = state.times[0].reshape(-1, 1)
-        if d.phase == "search":
-            results = []
+        if d.phase in ("search", "refine"):
+            stage = d.phase
+            measured = []
             for k, point in enumerate(state.points, start=1):
                 speedup, ci = bootstrap_speedup(baseline, state.times[k].reshape(-1, 1), self._confidence,
                                                 seed=self._seed + k)
-                results.append(PointResult(point, speedup, ci, float(np.median(state.times[k])),
-                                           float(np.median(baseline)), "search", False))
-            d.points = results
-            chosen = choose(results, cap, self._min_gain, self._tax_gain)
-            d.tuning_cost_ms = float(sum(np.clip(state.times[k] - np.median(baseline), 0, None).sum()
-                                         for k, r in enumerate(results, start=1) if r is not chosen))
+                measured.append(PointResult(point, speedup, ci, float(np.median(state.times[k])),
+                                            float(np.median(baseline)), stage, False))
+            for k, point in enumerate(state.points, start=1):
+                state.costs[point] = state.costs.get(point, 0.0) + float(
+                    np.clip(state.times[k] - np.median(baseline), 0, None).sum())
+            redone = {p.point for p in measured}  # the refine stage measures its anchor again: the newer counts
+            d.points = [p for p in d.points if p.point not in redone] + measured
+            won = winners(d.points, cap, self._min_gain, self._tax_gain)
+            if stage == "search" and won:  # the tuner's refine stage, around the best winner
+                anchor = max(won, key=lambda p: p.speedup).point
+                result = CandidateResult(anchor.candidate, min(state.named[anchor.candidate][1].nbytes,
+                                                               state.max_window),
+                                         [p for p in d.points if p.point.candidate == anchor.candidate])
+                state.points = refine_points(anchor, set_aside_grid(state.device, include_zero=False), result)
+                self._schedule(state, len(state.points) + 1, state.rounds_refine, "refine")
+                return
+            chosen = choose(d.points, cap, self._min_gain, self._tax_gain)
             if chosen is None:
-                best = max(results, key=lambda p: p.speedup) if results else None
+                best = max(d.points, key=lambda p: p.speedup) if d.points else None
                 self._decide_nothing(state, no_winner_reason(best, self._confidence))
                 return
             state.chosen = chosen
@@ -367,18 +390,27 @@ class AutoTuned(Generic[P, R]):
         with self._lock:
             self._limits.append(state.limit)
         span = self._span(state, pt)
-        stream = state.stream
-        state.window = lambda: persist(stream, buffer, pt.hit_ratio, set_aside=None, **span)
+        stream, scopes = state.stream, threading.local()
+
+        def window() -> Any:  # one scope object per thread, entered at each call: a lean scope's entry and end
+            scope = getattr(scopes, "scope", None)
+            if scope is None:
+                scope = scopes.scope = persist(stream, buffer, pt.hit_ratio, set_aside=None, **span)
+            return scope
+
+        state.window = window
         d.policy = Policy(set_aside=pt.set_aside, hit_ratio=pt.hit_ratio, offset=pt.offset,
                           num_bytes=span.get("num_bytes"))
         d.buffer_name, d.speedup, d.ci = pt.candidate, confirmed.speedup, confirmed.ci
         d.reason = confirmed_reason(confirmed)
         d.phase, d.decided_at = "decided", d.calls
+        d.tuning_cost_ms = sum(cost for point, cost in state.costs.items() if point != pt)
 
     @staticmethod
     def _decide_nothing(state: _State, reason: str) -> None:
         d = state.decision
         d.reason, d.phase, d.decided_at = reason, "decided", d.calls
+        d.tuning_cost_ms = sum(state.costs.values())
 
     # ---- introspection and the end ------------------------------------------------------------------------------
     def report(self) -> list[Decision]:

@@ -55,7 +55,7 @@ from .sweep import set_aside_grid
 from .workloads import Workload, describe, enqueue_of
 
 __all__ = ["TunedPolicy", "TuneReport", "CandidateResult", "PointResult", "TunePoint", "tune", "TAX_GAIN",
-           "resolve_candidates", "winners", "choose", "screen_points", "no_winner_reason", "confirmed_reason",
+           "resolve_candidates", "winners", "choose", "screen_points", "refine_points", "no_winner_reason", "confirmed_reason",
            "unconfirmed_reason"]
 
 #: What tune times: a callable f(stream) or an object with enqueue(stream) (l2ctl.workloads.Workload).
@@ -461,7 +461,7 @@ def _tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, str
     refine: list[TunePoint] = []
     for c in leaders:
         anchor = max((p for p in c.points if p in won), key=lambda p: p.speedup).point
-        refine += _refine_points(anchor, grid, c)
+        refine += refine_points(anchor, grid, c)
     if not refine:
         bar.skip(planned["refine"])
     else:
@@ -573,7 +573,7 @@ def _screen_sizes(grid: list[int], window_bytes: int) -> list[int]:
     return sorted(picked)
 
 
-def _refine_points(anchor: TunePoint, grid: list[int], result: CandidateResult) -> list[TunePoint]:
+def refine_points(anchor: TunePoint, grid: list[int], result: CandidateResult) -> list[TunePoint]:
     """The anchor again, its neighbouring set-asides, lower hit ratios and the window cut to the set-aside."""
     n = result.window_bytes
     seen = {(p.point.set_aside, round(p.point.hit_ratio, 6), p.point.num_bytes) for p in result.points}
