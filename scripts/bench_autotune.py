@@ -127,7 +127,7 @@ def main(argv: list[str]) -> int:
               f"{r['decided_at_call']}; host cost {r['autotune_cost_us']:.2f} us/call; calls match "
               f"{r['calls_match']}; verified {r['verified']}\n  {r['decision']}", flush=True)
         results.append(r)
-    record = {"benchmark": "autotune", **environment(), "results": results}
+    record = {"benchmark": "autotune", "environment": environment(), "results": results}
     with open(a.json, "w") as f:
         json.dump(record, f, indent=1, default=str)
     return 0 if all(all(r["verified"].values()) and r["calls_match"] for r in results) else 1

@@ -280,6 +280,40 @@ def readme_app() -> str:
             f"hand-written set-aside without a window {min(r['speedup']['helper'] for r in h100):.2f}x.")
 
 
+def readme_autotune() -> str:
+    """The README's autotune line: each gallery workload's speedup, beside tune-then-persist's, from the newest H200
+    record (scripts/bench_autotune.py)."""
+    r = newest("h200", "autotune")
+    if r is None:
+        return ""
+    parts = [f"{'`index_select`' if x['workload'] == 'index_select' else x['workload']} "
+             f"{x['autotune_speedup']:.2f}x ({x['tune+persist_speedup']:.2f}x)" for x in r["results"]]
+    return (f"H200, against the same step without l2ctl (in brackets: `tune` then `persist`): {', '.join(parts)}; "
+            f"decided within {max(x['decided_at_call'] for x in r['results'])} calls; "
+            f"{max(x['autotune_cost_us'] for x in r['results']):.0f} us a call at most.")
+
+
+def autotune_table(gpu: str) -> str:
+    """docs/results.md: autotune against the same step without l2ctl and against tune then persist."""
+    r = newest(gpu, "autotune")
+    if r is None:
+        return ""
+    rows = ["| workload | without l2ctl | autotune (95% CI) | `tune` + `persist` | ratio | decided at call | host cost "
+            "per call | step calls as made | what autotune chose |", "|---|---|---|---|---|---|---|---|---|"]
+    for x in r["results"]:
+        chosen = x["decision"].split("] ", 1)[1].split(", decided at")[0]
+        rows.append(f"| {x['workload']} | {x['baseline_median_ms']:.3f} ms | **{x['autotune_speedup']:.3f}x** "
+                    f"({x['autotune_ci'][0]:.3f}-{x['autotune_ci'][1]:.3f}) | {x['tune+persist_speedup']:.3f}x | "
+                    f"{x['autotune_vs_manual']:.3f} | {x['decided_at_call']} | {max(x['autotune_cost_us'], 0.0):.1f} us | "
+                    f"{'yes' if x['calls_match'] else 'no'} | {chosen} |")
+    env = r["environment"]
+    rows.append(f"\n{env['device']['name']}, CUDA driver API {env['driver_version'] // 1000}.{env['driver_version'] % 1000 // 10}, "
+                f"commit {env['commit']}; "
+                f"{r['results'][0]['config']['rounds']} rounds of {r['results'][0]['config']['calls']} calls per "
+                f"arm, every output verified.")
+    return "\n".join(rows)
+
+
 def _discovery() -> tuple[list[tuple[str, dict[str, Any]]], list[dict[str, Any]]]:
     """Issue 35's H100 records: the README's reduce-overhead step tuned by discovery, in fresh processes with fresh
     Inductor caches (its tensors marked static, and only ``acc`` marked), and the eager GNN layer's rows."""
@@ -761,13 +795,15 @@ GENERATORS: dict[str, Callable[[], str]] = {"readme-gallery": readme_gallery, "r
                                              "readme-findings": readme_findings,
                                              "readme-multigpu": readme_multigpu,
                                              "app-lifetime": app_lifetime, "readme-app": readme_app,
-                                             "readme-discovery": readme_discovery, "discovery": discovery}
+                                             "readme-discovery": readme_discovery, "discovery": discovery,
+                                             "readme-autotune": readme_autotune}
 for _gpu in GPUS:
     for _name, _fn in (("tax", tax), ("gallery", gallery), ("tune-models", tune_models), ("overhead", overhead),
                        ("overhead-targets", overhead_targets), ("overhead-forms", overhead_forms),
                        ("argument-forms", argument_forms), ("reset-data", reset_data),
                        ("argument-forms-speed", lambda g: argument_forms(g, "argument_forms_speed")),
-                       ("tuner", tuner), ("stride", stride), ("micro", micro), ("ncu", ncu)):
+                       ("tuner", tuner), ("stride", stride), ("micro", micro), ("ncu", ncu),
+                       ("autotune", autotune_table)):
         GENERATORS[f"{_name}-{_gpu}"] = (lambda f=_fn, g=_gpu: f(g))
 
 SECTION = re.compile(r"(<!-- generated:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n?<!-- end:(?P=name) -->)", re.S)
