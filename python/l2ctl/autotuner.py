@@ -125,6 +125,14 @@ def _current_stream() -> StreamLike:
     return None
 
 
+class _Range:
+    """A discovered range (ptr, nbytes) as an object (``__cuda_array_interface__``): a persist scope remembers its
+    pointer check while the object lives (a tuple is checked at every entry, a driver call)."""
+
+    def __init__(self, ptr: int, nbytes: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "version": 3}
+
+
 class _Timed:
     """One measured call: its arm (0: the baseline; k: the k-th point), its round and its two events."""
 
@@ -386,6 +394,8 @@ class AutoTuned(Generic[P, R]):
         """Every later call under the choice: its set-aside held, its window around each call."""
         d, pt = state.decision, confirmed.point
         buffer = state.named[pt.candidate][0]
+        if isinstance(buffer, tuple):  # a discovered range: an owner the entry's pointer check can remember
+            buffer = _Range(*buffer)
         state.limit = set_aside(pt.set_aside, state.device)
         with self._lock:
             self._limits.append(state.limit)
