@@ -355,13 +355,14 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
 def _tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stream: StreamLike, rounds: int,
           repeat: int, warmup: int, confidence: float, min_gain: float, tax_gain: float, seed: int, progress: bool,
           records: bool) -> TunedPolicy:
+    """The pipeline: the arguments checked, the target resolved, the candidates gathered, the points searched
+    (screen, refine), the choice made and confirmed (module docstring)."""
     start = time.monotonic()
     enqueue = enqueue_of(workload)
-    model = None if not is_module(candidates) else cast(SupportsNamedTensors, candidates)
     discover = isinstance(candidates, str) and candidates == "discover"
     if discover and hasattr(type(target), "_l2ctl_target") and not isinstance(target, (Graph, TorchCaptures)):
         raise ValueError(DISCOVER_HINT)
-    named = {} if model is not None or discover else resolve_candidates(candidates)
+    listed = {} if is_module(candidates) or discover else resolve_candidates(candidates)
     warmup, repeat = check_repeats(warmup, repeat)
     rounds = check_count(rounds, "rounds", minimum=3, maximum=1000)
     confidence = check_confidence(confidence)
@@ -371,6 +372,38 @@ def _tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, str
     check_count(seed, "seed", minimum=0)
     if not isinstance(progress, bool):
         raise TypeError("progress must be a bool")
+    where = _resolve_target(target, stream)
+    if records:  # torch's warm-up and recording, templates kept (tune's caller holds the block), no window
+        for _ in range(RECORDING_CALLS):
+            enqueue(where.stream)
+        cast(TorchCaptures, where.target)._refuse_unreached(where.device, ())  # the points vary the window
+    named, considered = _gather_candidates(enqueue, where, candidates, listed)
+    if not named:
+        assert considered is not None
+        found = "no CUDA graph of the step was recorded inside torch_captures()" \
+            if isinstance(where.target, TorchCaptures) and not considered.total \
+            else f"no range the {'step' if where.is_stream else 'graph'}'s kernels are given can be tried: " \
+                 f"{considered.summary()}"
+        return _nothing_to_try(found, where.device, start, confidence, considered)
+    search = _Search(workload, where, named, rounds=rounds, repeat=repeat, warmup=warmup, confidence=confidence,
+                     min_gain=min_gain, tax_gain=tax_gain, seed=seed, progress=progress)
+    search.screen()
+    search.refine()
+    return search.decide(start, considered)
+
+
+class _Where(NamedTuple):
+    """What a search runs against: the target (a stream or a graph), the stream the workload runs and is timed on,
+    the device and its properties."""
+
+    target: Any
+    stream: StreamLike
+    device: int
+    is_stream: bool
+    max_window: int
+
+
+def _resolve_target(target: Target, stream: StreamLike) -> _Where:
     target_ref, target = as_target(target)
     if target_ref is None:
         if stream is None:
@@ -385,122 +418,145 @@ def _tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, str
     if stream_device(resolve_stream(stream)) != device:
         raise ValueError(f"the stream is on device {stream_device(resolve_stream(stream))}, the graph on device {device}")
     info = require_persistence(device)
-    if records:  # torch's warm-up and recording, templates kept (tune's caller holds the block), no window
-        for _ in range(RECORDING_CALLS):
-            enqueue(stream)
-        cast(TorchCaptures, target)._refuse_unreached(device, ())  # the points vary the window
+    return _Where(target, stream, device, target_ref is not None, info.access_policy_max_window_size)
+
+
+def _gather_candidates(enqueue: Callable[[Any], Any], where: _Where, candidates: Candidates,
+                       listed: dict[str, tuple[BufferLike, BufferRef]]
+                       ) -> tuple[dict[str, tuple[BufferLike, BufferRef]], Optional[ModelCandidates]]:
+    """The buffers to try, by name, and what was considered (a model's tensors, a discovery's ranges); none when
+    nothing can be tried."""
     considered: Optional[ModelCandidates] = None
-    if model is not None:  # the model's tensors that a window could serve on this device, named by path
-        considered = from_module(model, device=device)
+    named = listed
+    if is_module(candidates):  # the model's tensors that a window could serve on this device, named by path
+        considered = from_module(cast(SupportsNamedTensors, candidates), device=where.device)
         if not considered.tried:
             raise ValueError(f"no tensor of the model can be tried: {considered.summary()}")
         named = resolve_candidates(dict(considered.tried))
-    elif discover:  # the memory the graph's (or the eager step's) kernels are given, yours or not
-        if target_ref is None:
-            considered = from_graph(target)
+    elif isinstance(candidates, str) and candidates == "discover":  # the memory the kernels are given, yours or not
+        if not where.is_stream:
+            considered = from_graph(where.target)
         else:  # the step runs eagerly: its launches recorded over a few steps (each in a fresh scope of nothing)
-            considered = from_steps(lambda: enqueue(stream), device)
-        if not considered.tried:
-            found = "no CUDA graph of the step was recorded inside torch_captures()" \
-                if isinstance(target, TorchCaptures) and not considered.total \
-                else f"no range the {'graph' if target_ref is None else 'step'}'s kernels are given can be tried: " \
-                     f"{considered.summary()}"
-            return _nothing_to_try(found, device, start, confidence, considered)
-        named = resolve_candidates(dict(considered.tried))
+            considered = from_steps(lambda: enqueue(where.stream), where.device)
+        named = resolve_candidates(dict(considered.tried)) if considered.tried else {}
     elif isinstance(candidates, ModelCandidates):
         considered = candidates
     for name, (_, buf) in named.items():
-        if buf.device is not None and buf.device != device:
-            raise ValueError(f"candidate {name!r} is on device {buf.device}, the stream on device {device}")
-    grid = set_aside_grid(device, include_zero=False)
-    cap = auto_set_aside_cap(device)
-    max_window = info.access_policy_max_window_size
-    results = {name: CandidateResult(name, min(buf.nbytes, max_window)) for name, (_, buf) in named.items()}
-    table: list[Record] = []
-    base_config = describe(workload)
+        if buf.device is not None and buf.device != where.device:
+            raise ValueError(f"candidate {name!r} is on device {buf.device}, the stream on device {where.device}")
+    return named, considered
 
-    def span(point: TunePoint) -> dict[str, Any]:  # persist's offset and num_bytes: none for the whole buffer
-        if point.offset == 0 and point.num_bytes == named[point.candidate][1].nbytes:
+
+class _Search:
+    """The points measured (``compare``: paired rounds) and what they gave, per candidate; screen, refine, decide."""
+
+    def __init__(self, workload: WorkloadLike, where: _Where, named: dict[str, tuple[BufferLike, BufferRef]], *,
+                 rounds: int, repeat: int, warmup: int, confidence: float, min_gain: float, tax_gain: float,
+                 seed: int, progress: bool) -> None:
+        self.workload, self.where, self.named = workload, where, named
+        self.rounds, self.repeat, self.warmup, self.confidence = rounds, repeat, warmup, confidence
+        self.min_gain, self.tax_gain, self.seed = min_gain, tax_gain, seed
+        self.grid = set_aside_grid(where.device, include_zero=False)
+        self.cap = auto_set_aside_cap(where.device)
+        self.results = {name: CandidateResult(name, min(buf.nbytes, where.max_window)) for name, (_, buf) in
+                        named.items()}
+        self.table: list[Record] = []
+        self.base_config = describe(workload)
+        self.screened = screen_points({name: res.window_bytes for name, res in self.results.items()}, self.grid,
+                                      self.cap)
+        # one total up front: the screen, the most the refine stage can take, the confirmation
+        self.planned = {"screen": self._blocks(len(self.screened)),
+                        "refine": self._blocks(REFINE_POINTS * min(REFINED_CANDIDATES, len(named))),
+                        "confirm": self._blocks(1)}
+        self.bar = Progress(sum(self.planned.values()), "tune", progress)
+
+    def _blocks(self, points: int) -> int:  # what compare runs: the baseline and each point, once a round
+        return self.rounds * (points + 1)
+
+    def span(self, point: TunePoint) -> dict[str, Any]:  # persist's offset and num_bytes: none for the whole buffer
+        if point.offset == 0 and point.num_bytes == self.named[point.candidate][1].nbytes:
             return {}
         return {"offset": point.offset, "num_bytes": point.num_bytes}
 
-    def arm(point: TunePoint) -> Arm:
+    def _arm(self, point: TunePoint) -> Arm:
+        target, buffer, span = self.where.target, self.named[point.candidate][0], self.span(point)
+
         def scope() -> Any:
-            return persist(target, named[point.candidate][0], point.hit_ratio, set_aside=None, **span(point))
+            return persist(target, buffer, point.hit_ratio, set_aside=None, **span)
 
-        return Arm(point.describe(), point.set_aside, scope, {**base_config, **point._asdict()})
+        return Arm(point.describe(), point.set_aside, scope, {**self.base_config, **point._asdict()})
 
-    def blocks(points: int) -> int:  # what compare runs: the baseline and each point, once a round
-        return rounds * (points + 1)
-
-    def run(points: list[TunePoint], stage: str, stage_seed: int) -> list[PointResult]:
-        assert blocks(len(points)) <= planned[stage], f"the {stage} stage outgrew its plan: see REFINE_POINTS"
-        bar.skip(planned[stage] - blocks(len(points)))  # what this stage does not need of its plan
-        base, comps = compare(workload, stream, [arm(p) for p in points], rounds=rounds, repeat=repeat, warmup=warmup,
-                              confidence=confidence, seed=stage_seed, benchmark="tune", progress=bar)
-        table.append(base.record("tune", {**base_config, "stage": stage}))
+    def run(self, points: list[TunePoint], stage: str, stage_seed: int) -> list[PointResult]:
+        assert self._blocks(len(points)) <= self.planned[stage], f"the {stage} stage outgrew its plan: see REFINE_POINTS"
+        self.bar.skip(self.planned[stage] - self._blocks(len(points)))  # what this stage does not need of its plan
+        base, comps = compare(self.workload, self.where.stream, [self._arm(p) for p in points], rounds=self.rounds,
+                              repeat=self.repeat, warmup=self.warmup, confidence=self.confidence, seed=stage_seed,
+                              benchmark="tune", progress=self.bar)
+        self.table.append(base.record("tune", {**self.base_config, "stage": stage}))
         out = []
         for p, c in zip(points, comps):
-            table.append(c.record("tune", {"stage": stage}))
+            self.table.append(c.record("tune", {"stage": stage}))
             out.append(PointResult(p, c.speedup, c.ci, c.median_ms, c.baseline_median_ms, stage, c.verified))
         return out
 
-    # 1. screen every candidate
-    screen = screen_points({name: res.window_bytes for name, res in results.items()}, grid, cap)
-    # one total up front: the screen, the most the refine stage can take, the confirmation
-    planned = {"screen": blocks(len(screen)), "refine": blocks(REFINE_POINTS * min(REFINED_CANDIDATES, len(named))),
-               "confirm": blocks(1)}
-    bar = Progress(sum(planned.values()), "tune", progress)
-    for pr in run(screen, "screen", seed):
-        results[pr.point.candidate].points.append(pr)
+    def points(self) -> list[PointResult]:
+        return [p for c in self.results.values() for p in c.points]
 
-    # 2. refine the candidates whose best screened point won
-    won = winners([p for c in results.values() for p in c.points], cap, min_gain, tax_gain)
-    leaders = sorted((c for c in results.values() if any(p in won for p in c.points)),
-                     key=lambda c: -max(p.speedup for p in c.points if p in won))[:REFINED_CANDIDATES]
-    refine: list[TunePoint] = []
-    for c in leaders:
-        anchor = max((p for p in c.points if p in won), key=lambda p: p.speedup).point
-        refine += refine_points(anchor, grid, c)
-    if not refine:
-        bar.skip(planned["refine"])
-    else:
-        fresh = run(refine, "refine", seed + 1)
+    def screen(self) -> None:
+        """1. Every candidate at the screened set-asides."""
+        for pr in self.run(self.screened, "screen", self.seed):
+            self.results[pr.point.candidate].points.append(pr)
+
+    def refine(self) -> None:
+        """2. The candidates whose best screened point won, around that point (the newer measurement counts)."""
+        won = winners(self.points(), self.cap, self.min_gain, self.tax_gain)
+        leaders = sorted((c for c in self.results.values() if any(p in won for p in c.points)),
+                         key=lambda c: -max(p.speedup for p in c.points if p in won))[:REFINED_CANDIDATES]
+        refine: list[TunePoint] = []
+        for c in leaders:
+            anchor = max((p for p in c.points if p in won), key=lambda p: p.speedup).point
+            refine += refine_points(anchor, self.grid, c)
+        if not refine:
+            self.bar.skip(self.planned["refine"])
+            return
+        fresh = self.run(refine, "refine", self.seed + 1)
         redone = {p.point for p in fresh}
-        for c in results.values():
+        for c in self.results.values():
             c.points = [p for p in c.points if p.point not in redone]
         for pr in fresh:
-            results[pr.point.candidate].points.append(pr)
+            self.results[pr.point.candidate].points.append(pr)
 
-    # 3. choose: the smallest set-aside among the winners within noise of the best
-    everything = [p for c in results.values() for p in c.points]
-    chosen = choose(everything, cap, min_gain, tax_gain)
-    grid_best = max(everything, key=lambda p: p.speedup) if everything else None
-    chosen_name: Optional[str] = None
-    policy, buffer = Policy(enabled=False), next(iter(named.values()))[0]  # persist ignores the buffer then
-    baseline_ms = float(np.median([p.baseline_ms for p in everything])) if everything else 0.0
-    best_ms, ci = baseline_ms, (1.0, 1.0)
-    if chosen is None:
-        bar.skip(planned["confirm"])
-        reason = no_winner_reason(grid_best, confidence)
-    else:
-        # 4. confirm in fresh rounds
-        (confirmed,) = run([chosen.point], "confirm", seed + 2)
-        results[chosen.point.candidate].points.append(confirmed)
-        if winners([confirmed], cap, min_gain, tax_gain):
-            pt = chosen.point
-            policy = Policy(set_aside=pt.set_aside, hit_ratio=pt.hit_ratio, offset=pt.offset,
-                            num_bytes=span(pt).get("num_bytes"))
-            chosen_name, buffer = pt.candidate, named[pt.candidate][0]
-            baseline_ms, best_ms, ci = confirmed.baseline_ms, confirmed.median_ms, confirmed.ci
-            reason = confirmed_reason(chosen)
+    def decide(self, start: float, considered: Optional[ModelCandidates]) -> TunedPolicy:
+        """3. The smallest set-aside among the winners within noise of the best; 4. confirmed in fresh rounds."""
+        everything = self.points()
+        chosen = choose(everything, self.cap, self.min_gain, self.tax_gain)
+        grid_best = max(everything, key=lambda p: p.speedup) if everything else None
+        chosen_name: Optional[str] = None
+        policy, buffer = Policy(enabled=False), next(iter(self.named.values()))[0]  # persist ignores the buffer then
+        baseline_ms = float(np.median([p.baseline_ms for p in everything])) if everything else 0.0
+        best_ms, ci = baseline_ms, (1.0, 1.0)
+        if chosen is None:
+            self.bar.skip(self.planned["confirm"])
+            reason = no_winner_reason(grid_best, self.confidence)
         else:
-            reason = unconfirmed_reason(chosen, confirmed, confidence)
-    bar.close()
-    tax = measure_tax(stream, policy.set_aside if policy.enabled and isinstance(policy.set_aside, int) else 0)
-    grid_tax = measure_tax(stream, grid_best.point.set_aside if grid_best is not None else 0)
-    return TunedPolicy(policy, chosen_name, buffer, baseline_ms, best_ms, ci, confidence, results, grid_best, tax, grid_tax,
-                       reason, table, time.monotonic() - start, cap, environment(device), considered)
+            (confirmed,) = self.run([chosen.point], "confirm", self.seed + 2)
+            self.results[chosen.point.candidate].points.append(confirmed)
+            if winners([confirmed], self.cap, self.min_gain, self.tax_gain):
+                pt = chosen.point
+                policy = Policy(set_aside=pt.set_aside, hit_ratio=pt.hit_ratio, offset=pt.offset,
+                                num_bytes=self.span(pt).get("num_bytes"))
+                chosen_name, buffer = pt.candidate, self.named[pt.candidate][0]
+                baseline_ms, best_ms, ci = confirmed.baseline_ms, confirmed.median_ms, confirmed.ci
+                reason = confirmed_reason(chosen)
+            else:
+                reason = unconfirmed_reason(chosen, confirmed, self.confidence)
+        self.bar.close()
+        stream = self.where.stream
+        tax = measure_tax(stream, policy.set_aside if policy.enabled and isinstance(policy.set_aside, int) else 0)
+        grid_tax = measure_tax(stream, grid_best.point.set_aside if grid_best is not None else 0)
+        return TunedPolicy(policy, chosen_name, buffer, baseline_ms, best_ms, ci, self.confidence, self.results,
+                           grid_best, tax, grid_tax, reason, self.table, time.monotonic() - start, self.cap,
+                           environment(self.where.device), considered)
 
 
 def _nothing_to_try(reason: str, device: int, start: float, confidence: float,
