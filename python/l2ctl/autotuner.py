@@ -7,10 +7,12 @@ It never calls the step more often than the app does. Each decision (one per sha
 1. **Discover** (``candidates="discover"``): the first calls run as they are, the launches of calls 2-4 recorded
    through CUPTI (l2ctl._kernel_buffers.StepRecorder), which gives the ranges the step's kernels are given, by the
    tuner's rule (l2ctl.candidates.from_recorded). Listed candidates skip this; their first call is a warm-up.
-2. **Search:** the tuner's screen points (tuner.screen_points), interleaved with calls under no window, in shuffled
-   rounds of one call each. Every call is timed with CUDA events on the step's stream, read back as they complete
-   (never more than ``MAX_LAG`` calls behind), so the app's stream is not synchronized on every call. A point's
-   call enters ``persist`` with the point's exact set-aside around the step, a baseline call nothing.
+2. **Search:** the tuner's screen points (tuner.screen_points), then its refine points around the best winner
+   (tuner.refine_points), each interleaved with calls under no window in shuffled rounds of one call each. A
+   point's call enters ``persist`` with the point's exact set-aside around the step, a baseline call nothing; the
+   step itself is timed inside the scope with CUDA events on its stream, read back as they complete (never more
+   than ``MAX_LAG`` calls behind; all of a stage's once it ends), so the app's stream is not synchronized on every
+   call.
 3. **Decide** by the tuner's rules (tuner.choose, tuner.winners: one copy), then **confirm** in fresh rounds.
 4. **Steady:** every call runs under the choice: the set-aside held (``l2ctl.set_aside``, restored by ``stop()``, the
    finalizer or interpreter exit) and a window-only ``persist`` around the step; or untouched.
