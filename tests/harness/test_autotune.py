@@ -222,3 +222,25 @@ def test_arguments_are_checked_before_any_call(fake, kwargs, error):
         l2ctl.autotune(lambda: None, **kwargs)
     with pytest.raises(TypeError, match="the step to call"):
         l2ctl.autotune(3)  # type: ignore[arg-type]
+
+
+def test_a_choice_the_confirmation_does_not_reproduce_is_no_persistence_saying_so(fake):
+    """The step changes what it does once the confirmation begins (a plain copy, which nothing persisted speeds up):
+    the choice of the search does not reproduce, and the answer says so, with the confirmation's numbers."""
+    step = Step(fake)
+    src = l2ctl.DeviceBuffer(step.out.nbytes, dtype=np.int32)
+    tuned = None
+
+    def changing() -> None:
+        if tuned is not None and tuned.report() and tuned.report()[0].phase == "confirm":
+            l2ctl.kernels.copy_words(step.out, src, step.stream)
+        else:
+            step()
+
+    tuned = l2ctl.autotune(changing, {"lut": step.lut}, stream=step.stream)
+    initial = fake.state()
+    _run(tuned, autotuner.MAX_CALLS)
+    (decision,) = tuned.report()
+    assert decision.phase == "decided" and not decision.policy.enabled, decision
+    assert decision.reason.startswith("the choice (lut: set-aside") and "did not reproduce" in decision.reason
+    assert fake.state() == initial
