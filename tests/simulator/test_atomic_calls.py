@@ -189,6 +189,14 @@ def test_a_signal_inside_a_call_lands_before_its_change_or_after_its_journal_ent
     _restored(fake, initial)
 
 
+def _testcapi() -> Any:
+    """CPython's test hooks (set_nomemory makes the allocations from one to another fail), or a skip."""
+    testcapi = pytest.importorskip("_testcapi", reason="needs CPython's _testcapi (set_nomemory)")
+    if not hasattr(testcapi, "set_nomemory"):
+        pytest.skip("this CPython's _testcapi has no set_nomemory")
+    return testcapi
+
+
 def _out_of_memory(block: Callable[[], None]) -> bool:
     """Runs ``block``: whether it failed for lack of memory (a MemoryError, or l2ctl's translation of the backend's);
     any other error is raised."""
@@ -206,9 +214,7 @@ def _out_of_memory(block: Callable[[], None]) -> bool:
 def test_an_allocation_failing_inside_a_call_changes_nothing(fake, scope_parts):
     """Every allocation of each kind of batch fails in turn (CPython's test hook): the call fails whole, the
     limit stays as it was, and restore_all() restores the device."""
-    testcapi = pytest.importorskip("_testcapi", reason="needs CPython's _testcapi (set_nomemory)")
-    if not hasattr(testcapi, "set_nomemory"):
-        pytest.skip("this CPython's _testcapi has no set_nomemory")
+    testcapi = _testcapi()
     initial = fake.state()
     blocks = _scopes(scope_parts)
     for block in blocks:
@@ -262,9 +268,7 @@ def test_an_allocation_failing_right_after_a_batch_returns_is_restored_by_restor
     what the batch had read (the base limit, the base windows), so nothing ever put them back; a later one, cutting
     the next batch (a scope's end) short after its scope left the registry, left the device dirty with no scope
     live, which restore_all() skipped. Before, 110 of the 240 trials left the device changed or its record dirty."""
-    testcapi = pytest.importorskip("_testcapi", reason="needs CPython's _testcapi (set_nomemory)")
-    if not hasattr(testcapi, "set_nomemory"):
-        pytest.skip("this CPython's _testcapi has no set_nomemory")
+    testcapi = _testcapi()
     initial = fake.state()
     blocks = _scopes(scope_parts)
     for block in blocks:
