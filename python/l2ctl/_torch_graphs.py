@@ -21,6 +21,7 @@ from torch 2.6 to 2.15; ``CUDAGraph``'s ``__init__`` (torch's C++ binding) takes
 from __future__ import annotations
 
 import itertools
+import logging
 import sys
 import threading
 import warnings
@@ -34,7 +35,7 @@ WindowTuple = tuple[int, int, float, int, int]
 __all__ = ["TOO_OLD_HINT", "KEEP_GRAPH_HINT", "CUPY_GRAPH_HINT", "CALLABLE_HINT", "foreign_target_error",
            "is_torch_graph", "template_of", "has_executable", "keep_templates", "kept", "is_kept", "describe",
            "allocator_blocks", "weak_get", "GraphTrees", "TorchGraphTrees", "trees", "use_trees", "without",
-           "recordings", "remember_recordings"]
+           "recordings", "remember_recordings", "SKIP_LOGGERS", "watch_skips"]
 
 TOO_OLD_HINT = ("this PyTorch cannot keep a CUDA graph's template (torch.cuda.CUDAGraph(keep_graph=True) needs "
                 "torch >= 2.9), so l2ctl can neither keep nor change the graphs it records: upgrade torch, or persist "
@@ -108,6 +109,10 @@ def _answers(read: Callable[[], object]) -> bool:
 class GraphTrees(Protocol):
     """How l2ctl reaches the streams and graphs PyTorch runs a step on (tests substitute a stand-in)."""
 
+    def in_use(self) -> bool:
+        """Whether PyTorch runs CUDA work in this process (imported, its CUDA initialized): where a step may be
+        torch's, compiled or graphed."""
+
     def capture_streams(self, device: int) -> list[object]:
         """The streams PyTorch captures on for ``device``: the graph trees' recording stream and
         torch.cuda.graph's default capture stream (made now if they do not exist yet)."""
@@ -132,6 +137,10 @@ class GraphTrees(Protocol):
 
 class TorchGraphTrees:
     """torch.compile's CUDA graph trees (one tree manager per device) and torch.cuda.graph's default stream."""
+
+    def in_use(self) -> bool:
+        torch = sys.modules.get("torch")  # never imported here
+        return torch is not None and bool(torch.cuda.is_available()) and bool(torch.cuda.is_initialized())
 
     def capture_streams(self, device: int) -> list[object]:
         import torch
@@ -335,6 +344,46 @@ def kept(device: int) -> list[Any]:
 
 
 trees: GraphTrees = TorchGraphTrees()
+
+#: Where torch.compile says that it runs compiled code without CUDA graphs ("skipping cudagraphs due to mutated
+#: inputs", "... cpu device", ...): the log_cudagraph_skip_and_bump_counter artifact loggers of
+#: torch._inductor.cudagraph_utils ("cudagraphs" from torch 2.6, "perf_hints" before). Read by name, so torch is
+#: never imported for it.
+SKIP_LOGGERS = ("torch._inductor.cudagraph_utils.__cudagraphs", "torch._inductor.cudagraph_utils.__perf_hints")
+_SKIP_PREFIX = "skipping cudagraphs"
+
+
+class _SkipHandler(logging.Handler):
+    """Passes torch's reason for a skip, its first sentence (the stack trace after "Found from" left out), on."""
+
+    def __init__(self, said: Callable[[str], None]) -> None:
+        super().__init__(logging.WARNING)
+        self._said = said
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+        except Exception:  # a record torch formats badly is not l2ctl's to raise
+            return
+        if message.startswith(_SKIP_PREFIX):
+            self._said(message.split(". Found from")[0].strip())
+
+
+def watch_skips(said: Callable[[str], None]) -> Callable[[], None]:
+    """Call ``said(reason)`` whenever torch.compile reports that it runs a step without CUDA graphs (torch logs it
+    once, when it compiles the step, whatever its log settings: the message is a warning); returns the call that
+    stops."""
+    handler = _SkipHandler(said)
+    loggers = [logging.getLogger(name) for name in SKIP_LOGGERS]
+    for logger in loggers:
+        logger.addHandler(handler)
+
+    def stop() -> None:
+        for logger in loggers:
+            logger.removeHandler(handler)
+
+    return stop
+
 
 
 def use_trees(source: GraphTrees) -> GraphTrees:

@@ -40,11 +40,15 @@ from ._device import require_persistence, stream_device
 from ._errors import NotSupportedError, PersistenceUnavailableWarning
 from ._interop import BufferRef, resolve_stream
 from ._kernel_buffers import StepRecorder
-from ._limit import SetAside, auto_set_aside_cap, set_aside
+from ._limit import auto_set_aside_cap, set_aside
 from ._memory import BufferLike, Event, StreamLike
 from ._persist import Policy, persist
+from ._targets import Target
+from . import _torch_graphs
 from .bench.paired import bootstrap_speedup, check_confidence
-from .candidates import ModelCandidates, from_recorded
+from .candidates import ModelCandidates, from_captures, from_recorded
+from .graph import TorchCaptures, torch_captures
+from .graph import buffers as graph_buffers
 from .sweep import set_aside_grid
 from .tuner import (REFINE_POINTS, TAX_GAIN, CandidateResult, PointResult, TunePoint, choose, confirmed_reason,
                     no_winner_reason, refine_points, resolve_candidates, screen_points, unconfirmed_reason, winners)
@@ -117,6 +121,41 @@ def _key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
                  for v in values)
 
 
+#: Said when discovery saw the step launch no kernel at all.
+NOTHING_SEEN_HINT = ("; the step launched no kernel that l2ctl could read: where it replays CUDA graphs made outside "
+                     "l2ctl.graph.torch_captures() (torch.cuda.graph, make_graphed_callables), make them inside `with "
+                     "l2ctl.graph.torch_captures():`, whose graphs keep their templates and take windows")
+
+
+def _torch_captures(device: int) -> Optional[TorchCaptures]:
+    """Where the step may run through torch (torch imported, its CUDA in use): a torch_captures() object for the
+    device, which the tuning calls run inside (what torch records there keeps its template) and which becomes the
+    target when torch replays graphs; None without torch, or where torch cannot keep a template (before 2.9)."""
+    if not _torch_graphs.trees.in_use():
+        return None
+    captures = torch_captures(device)
+    try:
+        with captures:
+            pass
+    except ValueError:  # torch < 2.9: the stream alone is the target
+        return None
+    return captures
+
+
+def _unreached_hint(state: _State) -> str:
+    """What a "no persistence" answer adds where torch's graph trees hold recordings no window reaches (made
+    before the step was wrapped, their templates gone): the step may replay them."""
+    if state.captures is None:
+        return ""
+    gone = [node for node in _torch_graphs.trees.recorded(state.device)
+            if not _torch_graphs.is_kept(getattr(node, "graph", None))]
+    if not gone:
+        return ""
+    return (f"; PyTorch's CUDA graph trees hold {len(gone)} recording(s) made before autotune saw the step, their "
+            "templates gone: if the step replays them, no window reaches them. Wrap the compiled step before its "
+            "first call (autotune then keeps what torch records), or call torch.compiler.reset() first")
+
+
 def _current_stream() -> StreamLike:
     """The stream the step's work is queued on when none is given: torch's current stream where torch is in use,
     else l2ctl's current one (``with l2ctl.Stream()``), else the legacy default."""
@@ -150,7 +189,9 @@ class _State:
     def __init__(self, key: tuple[Any, ...]) -> None:
         self.decision = Decision(key)
         self.busy = threading.Lock()  # one measured call at a time
-        self.stream: StreamLike = None
+        self.stream: StreamLike = None  # where the step's work is queued and timed
+        self.target: Target = None  # where the windows go: the stream, or torch's captures (graphs and streams)
+        self.captures: Optional[TorchCaptures] = None  # where torch runs the step
         self.device = -1
         self.recorder: Optional[StepRecorder] = None
         self.named: dict[str, tuple[BufferLike, BufferRef]] = {}
@@ -163,7 +204,7 @@ class _State:
         self.pending: collections.deque[_Timed] = collections.deque()
         self.events: list[Event] = []
         self.chosen: Optional[PointResult] = None
-        self.limit: Optional[SetAside] = None  # the steady state's set-aside
+        self.ends: list[Callable[[], None]] = []  # what the steady state holds, ended in order: graphs', the limit
         self.window: Optional[Callable[[], Any]] = None  # the steady state's per-call scope
 
 
@@ -188,8 +229,8 @@ class AutoTuned(Generic[P, R]):
         self._stopped = False
         self._warned = False
         # the set-asides held, released with this object or at stop(); interpreter exit restores them too
-        self._limits: list[SetAside] = []
-        self._finalizer = weakref.finalize(self, _restore, self._limits)
+        self._ends: list[Callable[[], None]] = []
+        self._finalizer = weakref.finalize(self, _restore, self._ends)
 
     # ---- the app's call -------------------------------------------------------------------------------------------
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -229,31 +270,46 @@ class AutoTuned(Generic[P, R]):
         return state
 
     def _tuning_call(self, state: _State, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+        if state.decision.calls == 1 and not self._start(state):
+            return self._fn(*args, **kwargs)
+        # torch's graphs recorded in a tuning call keep their templates, so every window reaches their replays
+        with state.captures if state.captures is not None else contextlib.nullcontext():
+            return self._measured_call(state, args, kwargs)
+
+    def _start(self, state: _State) -> bool:
+        """The decision's first call: its stream and device, whether the device can persist (False: it cannot,
+        and the decision is made), CUPTI's recorder for discovery, and torch's captures where torch runs."""
+        state.stream = self._stream if self._stream is not None else _current_stream()
+        state.device = stream_device(resolve_stream(state.stream))
+        try:
+            require_persistence(state.device)
+        except NotSupportedError as exc:
+            if self._strict:
+                raise
+            self._decide_nothing(state, str(exc))
+            if not self._warned:
+                warnings.warn(f"l2ctl.autotune(strict=False) changes nothing here: {exc}",
+                              PersistenceUnavailableWarning, stacklevel=4)
+                self._warned = True
+            return False
+        state.captures = _torch_captures(state.device)
+        if self._discover:
+            state.recorder = StepRecorder(state.device, steps=DISCOVERY_STEPS)
+        return True
+
+    def _measured_call(self, state: _State, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
         d = state.decision
-        if d.calls == 1:
-            state.stream = self._stream if self._stream is not None else _current_stream()
-            state.device = stream_device(resolve_stream(state.stream))
-            try:
-                require_persistence(state.device)
-            except NotSupportedError as exc:
-                if self._strict:
-                    raise
-                self._decide_nothing(state, str(exc))
-                if not self._warned:
-                    warnings.warn(f"l2ctl.autotune(strict=False) changes nothing here: {exc}",
-                                  PersistenceUnavailableWarning, stacklevel=3)
-                    self._warned = True
-                return self._fn(*args, **kwargs)
-            if self._discover:
-                state.recorder = StepRecorder(state.device, steps=DISCOVERY_STEPS)
         if d.phase == "discover":
             assert state.recorder is not None
             out = state.recorder.run(lambda: self._fn(*args, **kwargs))
             if state.recorder.done:
-                found = from_recorded(state.recorder.result(), state.device)
-                state.recorder, d.considered = None, found
+                recorded, state.recorder = state.recorder.result(), None
+                found = from_recorded(recorded, state.device) if state.captures is None else \
+                    from_captures(state.captures, recorded=recorded, every_kept=True)
+                d.considered = found
                 if not found.tried:
-                    self._decide_nothing(state, f"no range the step's kernels are given can be tried: {found.summary()}")
+                    self._decide_nothing(state, f"no range the step's kernels are given can be tried: {found.summary()}"
+                                         + ("" if found.total else NOTHING_SEEN_HINT))
                 else:
                     self._plan(state, resolve_candidates(dict(found.tried)))
             return out
@@ -294,6 +350,14 @@ class AutoTuned(Generic[P, R]):
             if buf.device is not None and buf.device != state.device:
                 raise ValueError(f"candidate {name!r} is on device {buf.device}, the step's stream on device "
                                  f"{state.device}")
+        state.target = state.stream
+        if state.captures is not None and _torch_graphs.kept(state.device):  # torch replays graphs: their nodes take the window too
+            try:
+                state.captures._refuse_unreached(state.device, ())
+            except ValueError as exc:
+                self._decide_nothing(state, str(exc))
+                return
+            state.target = state.captures
         max_window = require_persistence(state.device).access_policy_max_window_size
         grid, cap = set_aside_grid(state.device, include_zero=False), auto_set_aside_cap(state.device)
         # the largest candidates first, as many as the calls allow three rounds of
@@ -323,7 +387,7 @@ class AutoTuned(Generic[P, R]):
         if arm == 0:
             return None
         point = state.chosen.point if state.decision.phase == "confirm" else state.points[arm - 1]  # type: ignore
-        return persist(state.stream, state.named[point.candidate][0], point.hit_ratio, set_aside=point.set_aside,
+        return persist(state.target, state.named[point.candidate][0], point.hit_ratio, set_aside=point.set_aside,
                        **self._span(state, point))
 
     @staticmethod
@@ -377,7 +441,7 @@ class AutoTuned(Generic[P, R]):
             chosen = choose(d.points, cap, self._min_gain, self._tax_gain)
             if chosen is None:
                 best = max(d.points, key=lambda p: p.speedup) if d.points else None
-                self._decide_nothing(state, no_winner_reason(best, self._confidence))
+                self._decide_nothing(state, no_winner_reason(best, self._confidence) + _unreached_hint(state))
                 return
             state.chosen = chosen
             self._schedule(state, 2, max(self._rounds, 6), "confirm")
@@ -388,7 +452,8 @@ class AutoTuned(Generic[P, R]):
                                 float(np.median(baseline)), "confirm", False)
         d.points.append(confirmed)
         if not winners([confirmed], cap, self._min_gain, self._tax_gain):
-            self._decide_nothing(state, unconfirmed_reason(state.chosen, confirmed, self._confidence))
+            self._decide_nothing(state, unconfirmed_reason(state.chosen, confirmed, self._confidence)
+                                 + _unreached_hint(state))
             return
         self._steady(state, confirmed)
 
@@ -398,19 +463,29 @@ class AutoTuned(Generic[P, R]):
         buffer = state.named[pt.candidate][0]
         if isinstance(buffer, tuple):  # a discovered range: an owner the entry's pointer check can remember
             buffer = _Range(*buffer)
-        state.limit = set_aside(pt.set_aside, state.device)
-        with self._lock:
-            self._limits.append(state.limit)
         span = self._span(state, pt)
+        limit = set_aside(pt.set_aside, state.device)
+        state.ends.append(limit.restore)
+        if state.target is not state.stream:  # torch's kept graphs that are given the buffer: windowed once
+            ptr = state.named[pt.candidate][1].ptr
+            for kept_graph in _torch_graphs.kept(state.device):
+                if any(b.ptr <= ptr < b.ptr + b.nbytes for b in graph_buffers(kept_graph)):
+                    state.ends.insert(0, persist(kept_graph, buffer, pt.hit_ratio, set_aside=None, **span).start().stop)
+        with self._lock:
+            self._ends.extend(state.ends)
         stream, scopes = state.stream, threading.local()
+        # a range torch's graphs are given: their windows reach it (a stream window on the same bytes would ask the
+        # set-aside for them twice); a range only kernels launched outside graphs are given: the call's stream
+        graphs_hold = len(state.ends) > 1
 
         def window() -> Any:  # one scope object per thread, entered at each call: a lean scope's entry and end
             scope = getattr(scopes, "scope", None)
-            if scope is None:
-                scope = scopes.scope = persist(stream, buffer, pt.hit_ratio, set_aside=None, **span)
+            if scope is None:  # the lines stay persisting between calls: the set-aside is held for them anyway
+                scope = scopes.scope = persist(stream, buffer, pt.hit_ratio, set_aside=None, reset_on_exit=False,
+                                               **span)
             return scope
 
-        state.window = window
+        state.window = None if graphs_hold else window
         d.policy = Policy(set_aside=pt.set_aside, hit_ratio=pt.hit_ratio, offset=pt.offset,
                           num_bytes=span.get("num_bytes"))
         d.buffer_name, d.speedup, d.ci = pt.candidate, confirmed.speedup, confirmed.ci
@@ -444,19 +519,21 @@ class AutoTuned(Generic[P, R]):
 
     def _release(self, state: _State) -> None:
         state.window = None
-        limit, state.limit = state.limit, None
-        if limit is not None:
-            with self._lock:
-                if limit in self._limits:
-                    self._limits.remove(limit)
-            limit.restore()
+        ends, state.ends = state.ends, []
+        with self._lock:
+            for end in ends:
+                if end in self._ends:
+                    self._ends.remove(end)
+        for end in ends:  # the graphs' windows first, then the set-aside
+            end()
 
 
-def _restore(limits: list[SetAside]) -> None:
-    """The finalizer: the set-asides an AutoTuned held, restored (interpreter exit restores them in any case)."""
-    for limit in list(limits):
-        limit.restore()
-    limits.clear()
+def _restore(ends: list[Callable[[], None]]) -> None:
+    """The finalizer: what an AutoTuned held (graphs' windows, set-asides), ended (interpreter exit ends them in any
+    case)."""
+    for end in list(ends):
+        end()
+    ends.clear()
 
 
 def autotune(fn: Callable[P, R], candidates: Candidates = "discover", *, stream: StreamLike = None, rounds: int = 6,

@@ -40,12 +40,13 @@ from typing import Any, Callable, Optional, Protocol, Union
 from ._device import properties, resolve_device
 from ._interop import BufferRef, resolve_buffer
 from . import _torch_graphs
+from ._errors import CountersUnavailableError
 from ._kernel_buffers import GraphBuffer, StepBuffers, map_pointers, record_steps
 from ._memory import BufferLike
 from .graph import TorchCaptures, as_graph
 
 __all__ = ["Patterns", "SupportsNamedTensors", "CandidateRule", "ModelCandidates", "is_module", "rule_for",
-           "from_module", "from_graph", "from_steps", "from_recorded"]
+           "from_module", "from_graph", "from_steps", "from_captures", "from_recorded"]
 
 #: Tried at most, by default: each costs the tuner a screen of a few points.
 MOST = 8
@@ -100,6 +101,7 @@ class ModelCandidates(Mapping[str, BufferLike]):
     nbytes: dict[str, int] = field(default_factory=dict)
     details: dict[str, str] = field(default_factory=dict)  # a discovered range: what it is, which kernels use it
     kind: str = "tensor"  # what was listed: a model's tensors, or the ranges a graph's kernels are given
+    notes: tuple[str, ...] = ()  # what else the answer must say: torch ran the step without CUDA graphs, and why
 
     def __getitem__(self, name: str) -> BufferLike:
         return self.tried[name]
@@ -115,7 +117,8 @@ class ModelCandidates(Mapping[str, BufferLike]):
         reasons = Counter(why.split(":")[0] for why in self.skipped.values())
         why = "; ".join(f"{n} {key}" for key, n in reasons.most_common())
         return (f"{self.total} {self.kind}{'s' * (self.total != 1)}, {len(self.tried)} tried "
-                f"({self.rule.describe()})" + (f"; not tried: {why}" if why else ""))
+                f"({self.rule.describe()})" + (f"; not tried: {why}" if why else "")
+                + "".join(f"; {note}" for note in self.notes))
 
     def __str__(self) -> str:
         return self.summary()
@@ -178,6 +181,13 @@ def from_graph(graph: object, names: Optional[Mapping[str, object]] = None, *, m
     graphs = [as_graph(g) for g in graph.graphs()] if isinstance(graph, TorchCaptures) else [as_graph(graph)]
     device = graphs[0].device if graphs else resolve_device(getattr(graph, "_device", None))
     rule_for(device, most)  # checks ``most`` before the graphs are read
+    found, where = _graph_buffers(graph, graphs, device, names)
+    return _from_buffers(found, device, most, {}, where)
+
+
+def _graph_buffers(graph: object, graphs: list[Any], device: int, names: Optional[Mapping[str, object]]
+                   ) -> tuple[list[GraphBuffer], dict[int, list[str]]]:
+    """The ranges the kernel nodes of ``graphs`` are given, and, for a torch_captures() object, in which graphs."""
     nodes = [(g, k.node, k.function) for g in graphs for k in g.kernel_nodes()]
     found, per_node = map_pointers(device, [(node, function) for _, node, function in nodes], names)
     where: dict[int, list[str]] = {}  # a range (its address) -> the graphs whose kernels are given it
@@ -188,7 +198,40 @@ def from_graph(graph: object, names: Optional[Mapping[str, object]] = None, *, m
             for b in per_node.get(node, ()):
                 if labels[id(g)] not in where.setdefault(b.ptr, []):
                     where[b.ptr].append(labels[id(g)])
-    return _from_buffers(found, device, most, {}, where)
+    return found, where
+
+
+def from_captures(captures: TorchCaptures, step: Optional[Callable[[], object]] = None, *,
+                  recorded: Optional[StepBuffers] = None, names: Optional[Mapping[str, object]] = None, steps: int = 3,
+                  every_kept: bool = False, most: int = MOST) -> ModelCandidates:
+    """The tuner's candidates for a ``torch_captures()`` target, what its scope's window reaches: the ranges the
+    graphs ``captures`` saw recorded are given (:func:`from_graph`) and the ranges the kernels the step launches
+    outside any graph are given (read through CUPTI over ``steps`` runs of ``step`` after a warm-up, as
+    :func:`from_steps`; or ``recorded``, runs already recorded), one list by the same rule. A step torch.compile
+    runs without graphs (an input it mutates, graph breaks, CPU ops, dynamic shapes) is found through its eager
+    launches, and ``notes`` gives torch's reason. Where CUPTI cannot record, the graphs alone are read and
+    ``notes`` says why; with no graph either, CountersUnavailableError. ``every_kept``: the graphs of every
+    torch_captures() block and scope on the device (what a scope's window reaches), not only this object's."""
+    device = resolve_device(captures._device)
+    rule_for(device, most)
+    graphs = [as_graph(g) for g in (_torch_graphs.kept(device) if every_kept else captures.graphs())]
+    found, where = _graph_buffers(captures, graphs, device, names)
+    notes = [f"torch ran compiled code without CUDA graphs ({reason})" for reason in captures.skips()]
+    skipped: dict[str, str] = {}
+    if recorded is None and step is not None:
+        try:
+            recorded = record_steps(step, device, names, steps)
+        except CountersUnavailableError as exc:
+            if not graphs:
+                raise
+            notes.append(f"the launches outside the graphs were not read: {exc}")
+    if recorded is not None:
+        in_graphs = {b.ptr for b in found}
+        found = sorted(found + [b for b in recorded.stable if b.ptr not in in_graphs], key=lambda b: -b.nbytes)
+        skipped = dict(recorded.moved)
+    result = _from_buffers(found, device, most, skipped, where)
+    result.notes = tuple(notes)
+    return result
 
 
 def from_steps(step: Callable[[], object], device: object = None, names: Optional[Mapping[str, object]] = None, *,

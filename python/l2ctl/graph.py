@@ -361,6 +361,7 @@ class TorchCaptures:
         self._replays = replays
         self._graphs: "weakref.WeakKeyDictionary[Any, None]" = weakref.WeakKeyDictionary()
         self._blocks: list[Callable[[], None]] = []  # how to stop keeping, one per open with block
+        self._skips: dict[str, None] = {}  # torch's reasons for running compiled code without graphs, in order
 
     def __enter__(self) -> "TorchCaptures":
         stop = self._keep()
@@ -382,7 +383,26 @@ class TorchCaptures:
                 if also is not None:
                     also(graph)
 
-        return _torch_graphs.trees.keep_templates(captured)
+        stop = _torch_graphs.trees.keep_templates(captured)
+        if stop is None:
+            return None
+        unwatch = _torch_graphs.watch_skips(self._skipped)
+
+        def stop_both() -> None:
+            unwatch()
+            stop()
+
+        return stop_both
+
+    def _skipped(self, reason: str) -> None:
+        if len(self._skips) < 16:
+            self._skips[reason] = None
+
+    def skips(self) -> list[str]:
+        """torch's reasons, in its words, for running compiled code without CUDA graphs, given while this object's
+        blocks and scopes lived ("skipping cudagraphs due to mutated inputs (1 instances)"): what torch then runs
+        eagerly, on the streams the scope's window goes on."""
+        return list(self._skips)
 
     def graphs(self) -> list[Any]:
         """The torch graphs captured in this object's blocks and scopes that still hold their template, in the

@@ -47,7 +47,8 @@ from .graph import Graph, TorchCaptures
 from ._plan import check_count, normalize_hit_ratio
 from .bench import Progress, Record, Report, environment
 from .bench.records import simulated_label
-from .candidates import ModelCandidates, SupportsNamedTensors, from_graph, from_module, from_steps, is_module
+from .candidates import (ModelCandidates, SupportsNamedTensors, from_captures, from_graph, from_module, from_steps,
+                         is_module)
 from .bench.paired import Arm, check_confidence, compare
 from .bench.tax import NO_TAX, Tax, measure_tax
 from .bench.timing import check_repeats
@@ -380,10 +381,8 @@ def _tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, str
     named, considered = _gather_candidates(enqueue, where, candidates, listed)
     if not named:
         assert considered is not None
-        found = "no CUDA graph of the step was recorded inside torch_captures()" \
-            if isinstance(where.target, TorchCaptures) and not considered.total \
-            else f"no range the {'step' if where.is_stream else 'graph'}'s kernels are given can be tried: " \
-                 f"{considered.summary()}"
+        what = "graph" if not where.is_stream and not isinstance(where.target, TorchCaptures) else "step"
+        found = f"no range the {what}'s kernels are given can be tried: {considered.summary()}"
         return _nothing_to_try(found, where.device, start, confidence, considered)
     search = _Search(workload, where, named, rounds=rounds, repeat=repeat, warmup=warmup, confidence=confidence,
                      min_gain=min_gain, tax_gain=tax_gain, seed=seed, progress=progress)
@@ -434,7 +433,9 @@ def _gather_candidates(enqueue: Callable[[Any], Any], where: _Where, candidates:
             raise ValueError(f"no tensor of the model can be tried: {considered.summary()}")
         named = resolve_candidates(dict(considered.tried))
     elif isinstance(candidates, str) and candidates == "discover":  # the memory the kernels are given, yours or not
-        if not where.is_stream:
+        if isinstance(where.target, TorchCaptures):  # the recorded graphs' kernels and those launched outside them
+            considered = from_captures(where.target, lambda: enqueue(where.stream))
+        elif not where.is_stream:
             considered = from_graph(where.target)
         else:  # the step runs eagerly: its launches recorded over a few steps (each in a fresh scope of nothing)
             considered = from_steps(lambda: enqueue(where.stream), where.device)
@@ -550,6 +551,8 @@ class _Search:
                 reason = confirmed_reason(chosen)
             else:
                 reason = unconfirmed_reason(chosen, confirmed, self.confidence)
+        if considered is not None and considered.notes:  # torch ran the step without graphs: said with its reason
+            reason += "; " + "; ".join(considered.notes)
         self.bar.close()
         stream = self.where.stream
         tax = measure_tax(stream, policy.set_aside if policy.enabled and isinstance(policy.set_aside, int) else 0)

@@ -4,6 +4,8 @@ MAX_CALLS with the tuner's rules, the outputs stay right under every arm, and st
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 
@@ -39,3 +41,61 @@ def test_autotune_decides_on_the_apps_calls_and_restores_the_device(candidates):
         tuned.stop()
         s.synchronize()
         assert l2ctl.get_set_aside() == limit and l2ctl.get_window(s) == window
+
+
+@pytest.mark.parametrize("form", ["compiled-in-function", "compiled-module", "default-graph"])
+def test_autotune_on_torch_forms_keeps_the_outputs_and_the_calls_and_restores_the_device(scatter_add_case, form):
+    """A reduce-overhead step torch runs without graphs (written in a function: "mutated inputs"), one it records
+    (its tensors marked static) and a graph made with torch's defaults inside torch_captures(): each wrapped as an
+    app would, called on torch's current stream."""
+    import torch
+
+    state = scatter_add_case
+    calls = []
+    if form == "default-graph":
+        g = torch.cuda.CUDAGraph()
+        capture = torch.cuda.Stream()
+        with l2ctl.graph.torch_captures(), torch.cuda.stream(capture), torch.cuda.graph(g, stream=capture):
+            state.acc.zero_()
+            state.acc.index_add_(0, state.index, state.values)
+        run = g.replay
+    else:
+        torch.compiler.reset()
+        if form == "compiled-module":  # a module's top-level function over its tensors, marked static: graphed
+            module = types.ModuleType("app_step")
+            module.__dict__.update(acc=state.acc, index=state.index, values=state.values)
+            for t in (state.acc, state.index, state.values):
+                torch._dynamo.mark_static_address(t)
+            exec(compile("def zero_and_scatter():\n    acc.zero_()\n    acc.index_add_(0, index, values)\n",
+                         "app_step.py", "exec"), module.__dict__)
+            run = torch.compile(module.zero_and_scatter, mode="reduce-overhead")
+        else:
+            def zero_and_scatter() -> None:  # its tensors in closure cells: torch skips graphs
+                state.acc.zero_()
+                state.acc.index_add_(0, state.index, state.values)
+
+            run = torch.compile(zero_and_scatter, mode="reduce-overhead")
+
+    def step() -> None:
+        calls.append(1)
+        run()
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    limit = l2ctl.get_set_aside()
+    with torch.cuda.stream(s):
+        tuned = l2ctl.autotune(step)
+        for _ in range(autotuner.MAX_CALLS + 20):
+            tuned()
+        torch.cuda.synchronize()
+        assert torch.equal(state.acc.double(), state.expected)
+        (decision,) = tuned.report()
+        assert len(calls) == autotuner.MAX_CALLS + 20 and decision.phase == "decided", str(decision)
+        assert decision.considered is not None and decision.considered.tried, str(decision)
+        if form == "compiled-in-function":
+            assert "torch ran compiled code without CUDA graphs (skipping cudagraphs due to mutated inputs" \
+                in decision.considered.summary(), decision.considered.summary()
+        tuned.stop()
+    torch.cuda.synchronize()
+    assert l2ctl.get_set_aside() == limit
+    torch.compiler.reset()

@@ -179,7 +179,7 @@ def test_a_step_recorded_before_any_block_is_refused_saying_how(state):
     assert _right(state)
 
 
-def test_discover_on_a_step_torch_did_not_graph_says_no_persistence(state):
+def test_discover_on_a_step_torch_did_not_graph_reads_its_eager_launches_and_says_why(state):
     def scatter(acc):  # acc is an input mutated in place, not marked static: torch skips its graphs
         acc.index_add_(0, state.index, state.values)
 
@@ -190,5 +190,10 @@ def test_discover_on_a_step_torch_did_not_graph_says_no_persistence(state):
         with torch.cuda.stream(stream):
             compiled(other)
 
-    tuned = l2ctl.tune(run, graph.torch_captures(), "discover", stream=_stream(), **FAST)
-    assert not tuned.persists and "no CUDA graph of the step was recorded" in tuned.reason, str(tuned)
+    captures = graph.torch_captures()
+    tuned = l2ctl.tune(run, captures, "discover", stream=_stream(), **FAST)
+    assert not captures.graphs() and any("mutated inputs" in why for why in captures.skips()), captures.skips()
+    assert "torch ran compiled code without CUDA graphs (skipping cudagraphs due to mutated inputs" in tuned.reason
+    assert tuned.considered is not None and tuned.considered.tried, str(tuned.report())  # found through CUPTI
+    if tuned.persists:  # what it persists is the accumulator the step's eager kernel updates
+        assert tuned.buffer[0] == other.data_ptr(), str(tuned.report())

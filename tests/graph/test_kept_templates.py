@@ -175,7 +175,7 @@ def test_discover_on_a_step_recorded_before_any_block_is_refused_saying_how(fake
         assert fake.state() == state
 
 
-def test_discover_on_a_step_torch_did_not_graph_says_no_persistence(fake, trees):
+def test_discover_on_a_step_torch_did_not_graph_finds_its_eager_kernels_and_says_why(fake, trees):
     with l2ctl.Stream() as s, ModeledWorkload.scatter_add(0) as w:
         compiled = _FakeCompiledStep(trees, w, graphs=False)  # torch.compile skipped graphs: eager kernels
 
@@ -183,9 +183,17 @@ def test_discover_on_a_step_torch_did_not_graph_says_no_persistence(fake, trees)
             with trees.stream(stream), w.on_stream(stream):
                 compiled()
 
-        tuned = l2ctl.tune(step, graph.torch_captures(), "discover", stream=s)
-        assert not tuned.persists and tuned.reason == "no CUDA graph of the step was recorded inside torch_captures()"
-        assert tuned.reason in str(tuned)
+        captures = graph.torch_captures()
+        tuned = l2ctl.tune(step, captures, "discover", stream=s)
+        assert not trees.recorded(0) and not captures.graphs()
+        assert tuned.persists and tuned.speedup > 1.1, str(tuned)  # the accumulator, found through CUPTI
+        assert tuned.buffer[0] == w.buffers["acc"].ptr
+        said = "torch ran compiled code without CUDA graphs (skipping cudagraphs due to mutated inputs (1 instances))"
+        assert captures.skips() == ["skipping cudagraphs due to mutated inputs (1 instances)"]
+        assert said in tuned.reason and said in str(tuned.report())
+        with tuned.persist(captures):  # the scope's window reaches the step where torch runs it: the current stream
+            step(s)
+        assert tuned.persists
 
 
 def test_no_torch_graph_can_keep_a_template_before_torch_2_9(fake):

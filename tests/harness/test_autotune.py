@@ -244,3 +244,77 @@ def test_a_choice_the_confirmation_does_not_reproduce_is_no_persistence_saying_s
     assert decision.phase == "decided" and not decision.policy.enabled, decision
     assert decision.reason.startswith("the choice (lut: set-aside") and "did not reproduce" in decision.reason
     assert fake.state() == initial
+
+
+# ---- torch's forms (the simulator's graph trees and compiled step stand in for torch's) ----------------------------
+
+def _compiled(trees, workload, graphs: bool = True):
+    """A step compiled with mode="reduce-overhead" as the app calls it: no arguments, on the current stream."""
+    from l2ctl.testing.workloads import _FakeCompiledStep
+
+    compiled = _FakeCompiledStep(trees, workload, graphs=graphs)
+    s = l2ctl.Stream()
+
+    def step() -> None:
+        with trees.stream(s), workload.on_stream(s):
+            compiled()
+
+    return step, compiled, s
+
+
+def test_a_compiled_step_torch_graphs_is_tuned_on_its_recorded_graph(fake, trees):
+    from l2ctl.testing.workloads import ModeledWorkload
+
+    initial = fake.state()
+    with ModeledWorkload.scatter_add_into_temporary() as w:
+        step, compiled, s = _compiled(trees, w)
+        tuned = l2ctl.autotune(step, stream=s)
+        for _ in range(260):
+            tuned()
+        assert compiled.calls == 260 and len(trees.recorded(0)) == 1  # one recording, replayed since
+        (decision,) = tuned.report()
+        assert decision.policy.enabled and decision.speedup > 1.1, str(decision)
+        # the temporary Inductor scatters into, which only the recorded graph's kernel arguments show
+        assert decision.buffer_name.startswith("memory of triton_poi_fused_zero_0"), str(decision)
+        assert "a recording of torch.compile's CUDA graph trees" in decision.considered.details[decision.buffer_name]
+        tuned()  # a replay in steady state: its kernel nodes carry the window
+        assert fake.launched[-1][1][1][0] == w.buffers["tmp"].ptr, fake.launched[-1]
+        tuned.stop()
+    assert fake.state()[:2] == initial[:2]
+
+
+def test_a_compiled_step_torch_did_not_graph_is_tuned_on_its_eager_kernels_and_torch_s_reason_is_said(fake, trees):
+    from l2ctl.testing.workloads import ModeledWorkload
+
+    with ModeledWorkload.scatter_add(0) as w:
+        step, compiled, s = _compiled(trees, w, graphs=False)
+        tuned = l2ctl.autotune(step, stream=s)
+        for _ in range(240):
+            tuned()
+        assert compiled.calls == 240 and not trees.recorded(0)
+        (decision,) = tuned.report()
+        assert decision.policy.enabled and decision.speedup > 1.1, str(decision)
+        assert "torch ran compiled code without CUDA graphs (skipping cudagraphs due to mutated inputs" \
+            in decision.considered.summary()
+        tuned.stop()
+
+
+def test_no_persistence_where_torch_holds_recordings_no_window_reaches_says_the_step_may_replay_them(fake, trees):
+    from l2ctl.testing.workloads import ModeledWorkload
+
+    with ModeledWorkload.scatter_add_into_temporary() as w:
+        old, _, _ = _compiled(trees, w)
+        for _ in range(3):
+            old()  # recorded outside any torch_captures(): its template is gone
+    src, dst = l2ctl.DeviceBuffer(16 << 20, dtype=np.int32), l2ctl.DeviceBuffer(16 << 20, dtype=np.int32)
+    s = l2ctl.Stream()
+    tuned = l2ctl.autotune(lambda: l2ctl.kernels.copy_words(dst, src, s), {"src": src}, stream=s)
+    _run(tuned, 250)
+    (decision,) = tuned.report()
+    assert decision.phase == "decided" and not decision.policy.enabled, str(decision)
+    assert decision.reason.startswith("no point was faster than the baseline"), decision.reason
+    assert "hold 1 recording(s) made before autotune saw the step" in decision.reason, decision.reason
+    trees.reset()
+    again = l2ctl.autotune(lambda: l2ctl.kernels.copy_words(dst, src, s), {"src": src}, stream=s)
+    _run(again, 250)
+    assert "recording(s)" not in again.report()[0].reason  # none held: nothing to say

@@ -119,6 +119,9 @@ class FakeGraphTrees:
         self._watchers: dict[int, tuple[int, Callable[[object], None]]] = {}
         self._tokens = itertools.count(1)
 
+    def in_use(self) -> bool:
+        return True  # the stand-in is torch, in use
+
     def capture_streams(self, device: int) -> list[object]:
         from .._memory import Stream
 

@@ -10,11 +10,13 @@ device's L2 size, like the real gallery's.
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from .. import _backend
 from .._device import resolve_device
+from .._torch_graphs import SKIP_LOGGERS
 from .._interop import resolve_stream
 from .._memory import DeviceBuffer
 from ..workloads._base import fraction_of_l2
@@ -243,6 +245,10 @@ class _FakeCompiledStep:
         self.calls += 1
         caller = self.base._current
         if not self.graphs:
+            if self.calls == 1:  # torch says why when it compiles the step, through its cudagraphs log
+                logging.getLogger(SKIP_LOGGERS[0]).warning(
+                    "skipping cudagraphs due to mutated inputs (1 instances). Found from : \n  File \"step.py\", "
+                    "line 3, in step\n    acc.index_add_(0, index, values)\n")
             self.base.step()
             return
         if self.calls == 1:
