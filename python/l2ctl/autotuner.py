@@ -480,9 +480,8 @@ class AutoTuned(Generic[P, R]):
 
         def window() -> Any:  # one scope object per thread, entered at each call: a lean scope's entry and end
             scope = getattr(scopes, "scope", None)
-            if scope is None:  # the lines stay persisting between calls: the set-aside is held for them anyway
-                scope = scopes.scope = persist(stream, buffer, pt.hit_ratio, set_aside=None, reset_on_exit=False,
-                                               **span)
+            if scope is None:  # lines reset at each end, as the confirmation measured (other work gets them back)
+                scope = scopes.scope = persist(stream, buffer, pt.hit_ratio, set_aside=None, **span)
             return scope
 
         state.window = None if graphs_hold else window

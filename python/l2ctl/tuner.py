@@ -434,7 +434,7 @@ def _gather_candidates(enqueue: Callable[[Any], Any], where: _Where, candidates:
         named = resolve_candidates(dict(considered.tried))
     elif isinstance(candidates, str) and candidates == "discover":  # the memory the kernels are given, yours or not
         if isinstance(where.target, TorchCaptures):  # the recorded graphs' kernels and those launched outside them
-            considered = from_captures(where.target, lambda: enqueue(where.stream))
+            considered = from_captures(where.target, lambda: enqueue(where.stream), every_kept=True)
         elif not where.is_stream:
             considered = from_graph(where.target)
         else:  # the step runs eagerly: its launches recorded over a few steps (each in a fresh scope of nothing)

@@ -4,6 +4,7 @@ MAX_CALLS with the tuner's rules, the outputs stay right under every arm, and st
 
 from __future__ import annotations
 
+import sys
 import types
 
 import numpy as np
@@ -53,16 +54,18 @@ def test_autotune_on_torch_forms_keeps_the_outputs_and_the_calls_and_restores_th
     state = scatter_add_case
     calls = []
     if form == "default-graph":
-        g = torch.cuda.CUDAGraph()
         capture = torch.cuda.Stream()
-        with l2ctl.graph.torch_captures(), torch.cuda.stream(capture), torch.cuda.graph(g, stream=capture):
-            state.acc.zero_()
-            state.acc.index_add_(0, state.index, state.values)
+        with l2ctl.graph.torch_captures():
+            g = torch.cuda.CUDAGraph()  # made inside the block: torch keeps its template
+            with torch.cuda.stream(capture), torch.cuda.graph(g, stream=capture):
+                state.acc.zero_()
+                state.acc.index_add_(0, state.index, state.values)
         run = g.replay
     else:
         torch.compiler.reset()
         if form == "compiled-module":  # a module's top-level function over its tensors, marked static: graphed
             module = types.ModuleType("app_step")
+            sys.modules["app_step"] = module  # Dynamo reads a function's globals through its module
             module.__dict__.update(acc=state.acc, index=state.index, values=state.values)
             for t in (state.acc, state.index, state.values):
                 torch._dynamo.mark_static_address(t)
@@ -99,3 +102,4 @@ def test_autotune_on_torch_forms_keeps_the_outputs_and_the_calls_and_restores_th
     torch.cuda.synchronize()
     assert l2ctl.get_set_aside() == limit
     torch.compiler.reset()
+    sys.modules.pop("app_step", None)
