@@ -1,7 +1,9 @@
 """Regenerates the tables of docs/results.md and README.md from the benchmark records in
 benchmarks/results/<gpu>/ (the JSON each command wrote). A table lives between
 ``<!-- generated:NAME -->`` and ``<!-- end:NAME -->``; tests/test_docs.py fails when a table differs
-from what its records give, so the documents cannot drift from the measurements.
+from what its records give, so the documents cannot drift from the measurements. A table whose record is not
+measured yet stands as ``<!-- pending:NAME -->`` on a line of its own: it stays so while its generator gives
+nothing, and becomes a generated table the first time its record is there.
 
     python scripts/make_results.py          # rewrite the tables in place
     python scripts/make_results.py --check  # exit 1 when a table is out of date
@@ -788,6 +790,39 @@ def ncu(gpu: str) -> str:
     return "\n".join(lines)
 
 
+def tuner_grid(gpu: str) -> str:
+    """docs/results.md: tune against the grid's best point that the tax rule allows, per LUT over independent runs
+    (scripts/bench_tuner_grid.py); nothing while the record is not there."""
+    r = newest(gpu, "tuner_grid")
+    if r is None:
+        return ""
+    cfg, env = r["config"], r["environment"]
+    rows = ["| LUT | runs within 3% | tuned / grid best allowed, each run | grid best allowed, MiB | tuned, MiB "
+            "(hit ratio) | grid fastest, MiB | baseline |", "|---|---|---|---|---|---|---|"]
+    for lut in cfg["lut_mib"]:
+        runs = [x for x in r["results"] if x["lut_mib"] == lut]
+        grid = [mib(x["grid_best_allowed"]["set_aside"]) if x["grid_best_allowed"] else "none" for x in runs]
+        tuned = [f"{mib(x['tuned']['set_aside'])} ({x['tuned']['hit_ratio']:.2f})" if x["tuned"]["persists"] else "none"
+                 for x in runs]
+        ratios = ", ".join(f"{x['ratio']:.3f}" if x["within_3pct"] else f"**{x['ratio']:.3f}**" for x in runs)
+        baseline = statistics.median(x["remeasured"]["baseline_ms"] for x in runs)
+        rows.append(f"| {lut:g} MiB | {sum(x['within_3pct'] for x in runs)} of {len(runs)} | {ratios} | "
+                    f"{', '.join(grid)} | {', '.join(tuned)} | "
+                    f"{', '.join(mib(x['grid_fastest']['set_aside']) for x in runs)} | {baseline:.3f} ms |")
+    within = sum(x["within_3pct"] for x in r["results"])
+
+    def version(v: int) -> str:
+        return f"{v // 1000}.{v % 1000 // 10}"
+
+    rows.append(f"\n{within} of {len(r['results'])} within 3%. {env['device']['name']}, CUDA driver API "
+                f"{version(env['driver_version'])}, runtime {version(env['runtime_version'])}, commit {env['commit']}; "
+                f"reset-data ({cfg['variant']}, {mib(cfg['out_bytes'])} MiB output); the grid: "
+                f"{len(cfg['grid_set_asides'])} set-asides at hit ratio {cfg['grid_hit_ratio']:.1f}, {cfg['grid_rounds']} "
+                f"paired rounds; the side-by-side check {cfg['check_rounds']} rounds of {cfg['repeat']} runs; tax-free "
+                f"cap {mib(cfg['cap'])} MiB, tax gain {cfg['tax_gain']:.0%}; {r['summary']['seconds']:.0f} s in all.")
+    return "\n".join(rows)
+
+
 GENERATORS: dict[str, Callable[[], str]] = {"readme-gallery": readme_gallery, "readme-graphs": readme_graphs,
                                              "readme-compile": readme_compile,
                                              "readme-graphed-callable": readme_graphed_callable,
@@ -803,20 +838,28 @@ for _gpu in GPUS:
                        ("argument-forms", argument_forms), ("reset-data", reset_data),
                        ("argument-forms-speed", lambda g: argument_forms(g, "argument_forms_speed")),
                        ("tuner", tuner), ("stride", stride), ("micro", micro), ("ncu", ncu),
-                       ("autotune", autotune_table)):
+                       ("autotune", autotune_table), ("tuner-grid", tuner_grid)):
         GENERATORS[f"{_name}-{_gpu}"] = (lambda f=_fn, g=_gpu: f(g))
 
 SECTION = re.compile(r"(<!-- generated:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n?<!-- end:(?P=name) -->)", re.S)
+PENDING = re.compile(r"^<!-- pending:(?P<name>[\w-]+) -->$", re.M)
 
 
 def render(text: str) -> str:
-    def replace(m: re.Match[str]) -> str:
-        name = m.group("name")
+    def generate(name: str) -> str:
         if name not in GENERATORS:
             raise KeyError(f"no generator for the section {name!r}")
-        return f"{m.group(1)}{GENERATORS[name]()}\n<!-- end:{name} -->"
+        return GENERATORS[name]()
 
-    return SECTION.sub(replace, text)
+    def replace(m: re.Match[str]) -> str:
+        name = m.group("name")
+        return f"{m.group(1)}{generate(name)}\n<!-- end:{name} -->"
+
+    def arrive(m: re.Match[str]) -> str:  # a pending table, once its record is there
+        name, body = m.group("name"), generate(m.group("name"))
+        return f"<!-- generated:{name} -->\n{body}\n<!-- end:{name} -->" if body.strip() else m.group(0)
+
+    return PENDING.sub(arrive, SECTION.sub(replace, text))
 
 
 def main(argv: list[str]) -> int:

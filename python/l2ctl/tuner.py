@@ -6,13 +6,15 @@ bytes):
 
 1. **Screen.** One paired comparison (bench.compare: shuffled rounds, a baseline block in each) of every
    candidate at set-asides of 1, 2, 3, 4, 6, 8 granules and the max, up to the first that holds all of
-   N_c (a larger one holds the same window and only costs more), each with the hit ratio that fits,
+   N_c, and the next ``ABOVE_HOLDING`` (2) set-asides above that one, each with the hit ratio that fits,
    min(1, set-aside / N_c): a chosen policy never oversubscribes its set-aside, so ``persist(policy=...)``
-   raises no warning. Where the buffer is larger than a set-aside at or below the tax-free limit, the
-   buffer's first set-aside bytes with hit ratio 1.0 are screened too.
-2. **Refine** the two candidates whose best screened point won: that point again, the neighbouring
-   granules, lower hit ratios (0.5 and 0.75 of the fitting one) and the window cut to the first
-   set-aside bytes of the buffer with hit ratio 1.0.
+   raises no warning. A larger set-aside holds the same window, but the time is not monotonic in it: on an
+   H200 an 8 MiB LUT ran 0.42 ms under 11.25 MiB (the first that holds it), 0.36 ms under 15 MiB and 0.48 ms
+   under 18.75 MiB; further up only the tax grows. Where the buffer is larger than a set-aside at or below
+   the tax-free limit, the buffer's first set-aside bytes with hit ratio 1.0 are screened too.
+2. **Refine** the two candidates whose best screened point won: that point again, its neighbouring
+   granules on the whole grid (above the screened ones too), lower hit ratios (0.5 and 0.75 of the fitting
+   one) and the window cut to the first set-aside bytes of the buffer with hit ratio 1.0.
 3. **Choose.** A point *wins* when its speedup's lower confidence bound is above 1 and the speedup is at
    least ``1 + min_gain``. A set-aside above the driver's default limit (where the bystander tax begins,
    l2ctl.auto_set_aside_cap) must also gain 2% at its lower bound, and 2% over the best point below it.
@@ -83,6 +85,9 @@ MiB = 1 << 20
 #: best point below it): the bystander tax there is real (docs/results.md).
 TAX_GAIN = 0.02
 COARSE_GRANULES = (1, 2, 3, 4, 6, 8)
+#: Set-asides screened above the first that holds a candidate's whole window (the module docstring's step 1):
+#: each costs a point of the screen for every candidate whose window a set-aside below the max holds.
+ABOVE_HOLDING = 2
 REFINED_CANDIDATES = 2
 #: The most points the refine stage measures per candidate (_refine_points: the anchor, its two neighbouring
 #: set-asides, two lower hit ratios, the window cut to the set-aside): what the progress bar plans for.
@@ -624,22 +629,25 @@ def unconfirmed_reason(chosen: PointResult, confirmed: PointResult, confidence: 
 
 def _screen_sizes(grid: list[int], window_bytes: int) -> list[int]:
     """The screened set-asides: granule counts 1, 2, 3, 4, 6, 8 and the max, up to the first size that holds
-    the whole window."""
-    useful = [s for s in grid if s < window_bytes] + [s for s in grid if s >= window_bytes][:1]
+    the whole window, and the ``ABOVE_HOLDING`` sizes after that one (the time need not fall, or stay, as the
+    set-aside grows past the window: the module docstring)."""
+    holding = [s for s in grid if s >= window_bytes]
+    useful = [s for s in grid if s < window_bytes] + holding[:1]
     if len(useful) <= len(COARSE_GRANULES):
-        return useful
-    picked = {useful[k - 1] for k in COARSE_GRANULES if k <= len(useful)} | {useful[-1]}
-    return sorted(picked)
+        picked = set(useful)
+    else:
+        picked = {useful[k - 1] for k in COARSE_GRANULES if k <= len(useful)} | {useful[-1]}
+    return sorted(picked | set(holding[1:1 + ABOVE_HOLDING]))
 
 
 def refine_points(anchor: TunePoint, grid: list[int], result: CandidateResult) -> list[TunePoint]:
-    """The anchor again, its neighbouring set-asides, lower hit ratios and the window cut to the set-aside."""
+    """The anchor again, its neighbouring set-asides on the grid (either side, whether or not the screen went
+    there), lower hit ratios and the window cut to the set-aside."""
     n = result.window_bytes
     seen = {(p.point.set_aside, round(p.point.hit_ratio, 6), p.point.num_bytes) for p in result.points}
-    useful = [s for s in grid if s < n] + [s for s in grid if s >= n][:1]
-    k = useful.index(anchor.set_aside) if anchor.set_aside in useful else 0
+    k = grid.index(anchor.set_aside) if anchor.set_aside in grid else 0
     points = [anchor]
-    for s in useful[max(0, k - 1): k + 2]:
+    for s in grid[max(0, k - 1): k + 2]:
         if (s, round(_fit(s, n), 6), n) not in seen and s != anchor.set_aside:
             points.append(TunePoint(anchor.candidate, s, _fit(s, n), 0, n))
     fit = _fit(anchor.set_aside, n)

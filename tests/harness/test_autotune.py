@@ -19,6 +19,7 @@ import pytest
 import l2ctl
 from l2ctl import autotuner
 from l2ctl.testing import FakeBackend, FakeDevice
+from l2ctl.testing.workloads import SetAsideSurface
 
 MiB = 1 << 20
 
@@ -99,6 +100,21 @@ def test_discovery_that_finds_nothing_says_so(fake):
     assert len(calls) == 10 and decision.phase == "decided" and not decision.policy.enabled
     assert decision.decided_at == 1 + autotuner.DISCOVERY_STEPS
     assert "no range the step's kernels are given can be tried" in decision.reason
+
+
+def test_a_surface_that_is_not_monotonic_above_the_window_gets_its_best_point(fake):
+    """The tuner's screen and refine stage, on the app's calls: the H200's 8 MiB surface replayed, where the fastest
+    set-aside (4 granules, above the tax-free cap by the tax rule's margin) is one above the first that holds the
+    window."""
+    s = l2ctl.Stream()
+    with SetAsideSurface.h200_lut_8mib() as w:
+        tuned = l2ctl.autotune(lambda: w.enqueue(s), {"lut": w.buf}, stream=s)
+        _run(tuned, autotuner.MAX_CALLS + 10)
+        (decision,) = tuned.report()
+        assert decision.phase == "decided" and decision.policy.enabled, decision
+        assert decision.policy.set_aside == 4 * w.granularity and decision.policy.hit_ratio == 1.0, decision
+        assert w.calls == autotuner.MAX_CALLS + 10
+        tuned.stop()
 
 
 def test_a_decision_per_argument_shape_within_its_bound(fake):

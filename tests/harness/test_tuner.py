@@ -17,8 +17,8 @@ import l2ctl
 from l2ctl import bench, benchmark_gallery, tuner
 from l2ctl.bench.paired import Arm, bootstrap_speedup, compare
 from l2ctl.testing import FakeBackend, FakeDevice
-from l2ctl.testing.workloads import ModeledKernel, ModeledWorkload
-from l2ctl.tuner import PointResult, TunePoint, choose, winners
+from l2ctl.testing.workloads import ModeledKernel, ModeledWorkload, SetAsideSurface
+from l2ctl.tuner import CandidateResult, PointResult, TunePoint, choose, refine_points, screen_points, winners
 from l2ctl.workloads import ResetDataWorkload, gallery
 
 MiB = 1 << 20
@@ -235,6 +235,39 @@ def test_the_choice_is_the_smallest_within_noise_and_above_the_cap_only_for_more
             assert "taxes NCCL's collectives" in str(tuned)
         with _in_a_distributed_job(1):
             assert "NCCL" not in str(tuned)
+
+
+def test_the_screen_and_the_refine_stage_look_past_the_first_set_aside_that_holds_the_window(sim):
+    fake, s = sim
+    grid = l2ctl.sweep.set_aside_grid(include_zero=False)
+    g = grid[0]
+    window = 5 * g // 2
+    sizes = [p.set_aside for p in screen_points({"b": window}, grid, 3 * g) if p.num_bytes == window]
+    assert sizes == [g, 2 * g, 3 * g, 4 * g, 5 * g]  # up to the first that holds 2.5 granules, and two more
+    big = int(6.5 * g)  # held first by 7 granules: the coarse screen below it, 8 and 9 above it
+    assert [p.set_aside for p in screen_points({"b": big}, grid, 3 * g) if p.num_bytes == big] == \
+        [k * g for k in (1, 2, 3, 4, 6, 7, 8, 9)]
+    assert [p.set_aside for p in screen_points({"b": 200 * g}, grid, 3 * g) if p.num_bytes == 200 * g] == \
+        [k * g for k in (1, 2, 3, 4, 6, 8, 10)]  # nothing holds it: as before
+    anchor = TunePoint("b", 5 * g, 1.0, 0, window)
+    refined = refine_points(anchor, grid, CandidateResult("b", window))
+    assert {p.set_aside for p in refined} == {4 * g, 5 * g, 6 * g}  # the neighbour above the screen too
+
+
+def test_a_surface_that_is_not_monotonic_above_the_window_gets_its_best_point(sim):
+    """The H200's 8 MiB surface replayed: tune must find 4 granules (above the tax-free cap, but 16% faster than
+    the best point at or below it), where a screen that stops at the first set-aside holding the window picks 3."""
+    fake, s = sim
+    cap = l2ctl.auto_set_aside_cap()
+    with SetAsideSurface.h200_lut_8mib() as w:
+        assert cap == 3 * w.granularity and w.best_granules() == 4
+        tuned = l2ctl.tune(w, s, {"lut": w.buf})
+        assert tuned.persists and tuned.policy.set_aside == 4 * w.granularity, "\n".join(tuned.candidate_table())
+        assert tuned.policy.hit_ratio == 1.0 and tuned.policy.num_bytes is None
+        assert tuned.speedup == pytest.approx(w.baseline_ms / w.times_ms[4], rel=0.02)
+        # what the tax rule allows of the whole grid is the same point
+        best = max(winners(tuned.candidates["lut"].points, cap, 0.01), key=lambda p: p.speedup)
+        assert best.point.set_aside == tuned.policy.set_aside
 
 
 @contextlib.contextmanager

@@ -51,6 +51,26 @@ def test_every_generated_table_has_its_records():
             assert make_results.GENERATORS[name]().strip(), f"{path.name}: no records behind the table {name}"
 
 
+
+def test_a_pending_table_waits_for_its_record_and_then_is_generated(tmp_path, monkeypatch):
+    """``<!-- pending:NAME -->`` stays while its generator gives nothing and becomes a generated table once the record
+    is there; the tuner-grid table, from a record scripts/bench_tuner_grid.py wrote on the simulator."""
+    import subprocess
+
+    text = "before\n<!-- pending:tuner-grid-h200 -->\nafter\n"
+    monkeypatch.setattr(make_results, "RECORDS", tmp_path)
+    assert make_results.render(text) == text
+    record = tmp_path / "h200" / "tuner_grid.json"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_tuner_grid.py"), "--quick", "--sizes", "4,8",
+                           "--json", str(record)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    table = make_results.tuner_grid("h200")
+    assert table.startswith("| LUT | runs within 3% |") and "| 4 MiB | " in table and "| 8 MiB | " in table
+    assert "(simulated)" in table  # the device's name: a simulated record never passes for a measured one
+    rendered = make_results.render(text)
+    assert rendered == f"before\n<!-- generated:tuner-grid-h200 -->\n{table}\n<!-- end:tuner-grid-h200 -->\nafter\n"
+    assert make_results.render(rendered) == rendered
+
 def test_links_between_the_documents_resolve():
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         for target in re.findall(r"\]\(((?!https?:)[^)#]+)", path.read_text()):
