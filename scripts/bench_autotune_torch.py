@@ -200,6 +200,9 @@ def measure(name: str, rounds: int, calls: int, seed: int) -> dict[str, Any]:
                         if r == rounds - 1:
                             verified[arm] = form.check()
                 elif arm == "untouched":  # the limit autotune holds put back for the block: the app without l2ctl
+                    # (lines other arms' windows left persisting are reset first: autotune's graphs keep theirs
+                    # between calls, and the twin reads the same tensors)
+                    l2ctl.reset_persisting_lines()
                     with l2ctl.set_aside(initial):
                         times[arm].append(_block_ms(untouched, s, calls))
                         if r == rounds - 1:

@@ -316,6 +316,39 @@ def autotune_table(gpu: str) -> str:
     return "\n".join(rows)
 
 
+def defaults_table(gpu: str) -> str:
+    """docs/results.md: the two forms of the default window (issue 42, item 3), each against no l2ctl and against
+    each other (scripts/bench_defaults.py); "" while the record is missing."""
+    r = newest(gpu, "defaults")
+    if r is None:
+        return ""
+    wins = {"first": "first bytes", "whole": "whole window", "tie": "within noise"}
+    rows = ["| workload | target | window / granted | without l2ctl | whole window (hit ratio) | first bytes at 1.0 | "
+            "first / whole | faster |", "|---|---|---|---|---|---|---|---|"]
+    for x in r["results"]:
+        s, ci = x["speedup"], x["ci"]
+
+        def cell(arm: str) -> str:
+            mark = " (slower)" if x["loses"][arm] else ""
+            return f"{s[arm]:.3f}x ({ci[arm][0]:.3f}-{ci[arm][1]:.3f}){mark}"
+
+        same = x["forms_identical"]
+        rows.append(f"| {x['workload']}{' (modeled)' if x.get('modeled') else ''} | {x['target']} | {mib(x['window_bytes'])} / {mib(x['granted'])} MiB | "
+                    f"{x['median_ms']['none']:.3f} ms | hit {x['whole_hit_ratio']:.2f}: {cell('whole')} | "
+                    f"{mib(x['first_bytes'])} MiB: {cell('first')} | {x['first_vs_whole']:.3f}x "
+                    f"({x['first_vs_whole_ci'][0]:.3f}-{x['first_vs_whole_ci'][1]:.3f}) | "
+                    f"{'one scope (the window fits)' if same else wins[x['winner']]} |")
+    env, cfg, summary = r["environment"], r["config"], r["summary"]
+    verified = all(v is not False for x in r["results"] for v in x["verified"].values())
+    never = [arm for arm in ("whole", "first") if summary["never_loses"][arm]]
+    rows.append(f"\n{env['device']['name']}, CUDA driver API {env['driver_version'] // 1000}."
+                f"{env['driver_version'] % 1000 // 10}, commit {env['commit']}; {cfg['rounds']} shuffled rounds of "
+                f"{cfg['repeat']} runs per arm, 95% paired-bootstrap intervals, "
+                f"{'every output verified' if verified else 'NOT every output verified'}. Never slower than without "
+                f"l2ctl beyond the noise: {' and '.join(wins[a] for a in never) if never else 'neither form'}.")
+    return "\n".join(rows)
+
+
 def _discovery() -> tuple[list[tuple[str, dict[str, Any]]], list[dict[str, Any]]]:
     """Issue 35's H100 records: the README's reduce-overhead step tuned by discovery, in fresh processes with fresh
     Inductor caches (its tensors marked static, and only ``acc`` marked), and the eager GNN layer's rows."""
@@ -838,7 +871,7 @@ for _gpu in GPUS:
                        ("argument-forms", argument_forms), ("reset-data", reset_data),
                        ("argument-forms-speed", lambda g: argument_forms(g, "argument_forms_speed")),
                        ("tuner", tuner), ("stride", stride), ("micro", micro), ("ncu", ncu),
-                       ("autotune", autotune_table), ("tuner-grid", tuner_grid)):
+                       ("autotune", autotune_table), ("tuner-grid", tuner_grid), ("defaults", defaults_table)):
         GENERATORS[f"{_name}-{_gpu}"] = (lambda f=_fn, g=_gpu: f(g))
 
 SECTION = re.compile(r"(<!-- generated:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n?<!-- end:(?P=name) -->)", re.S)

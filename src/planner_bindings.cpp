@@ -383,7 +383,8 @@ pl::Entered enter_scope(const std::shared_ptr<Registry_object>& r, const std::sh
       else if (!holder.is_none())
         holder.attr(L2CTL_NAME("_scope")) = scope_object(record);
       if (scope.core->fit_hit_ratio && scope.core->has_window && !scope.window.is_none())
-        scope.window = scope.window.attr("_replace")("hit_ratio"_a = scope.core->window.hit_ratio);
+        scope.window = scope.window.attr("_replace")("num_bytes"_a = scope.core->window.num_bytes,
+                                                     "hit_ratio"_a = scope.core->window.hit_ratio);
       return entered;
     });
   } L2CTL_THREAD_ENDED catch (...) {
@@ -764,6 +765,10 @@ void bind_planner(py::module_& core) {
   }, "form"_a, "bytes"_a, "fraction"_a, "maximum"_a, "clamp"_a);
   m.def("plan_auto_set_aside", &pl::auto_set_aside, "demand"_a, "current"_a, "granularity"_a, "maximum"_a);
   m.def("plan_default_hit_ratio", &pl::default_hit_ratio, "granted"_a, "window_bytes"_a);
+  m.def("plan_fit_window", [](long long room, long long window_bytes) {
+    const pl::Fitted_window fitted = pl::fit_window(room, window_bytes);
+    return std::make_pair(fitted.num_bytes, fitted.hit_ratio);
+  }, "room"_a, "window_bytes"_a);
   m.def("plan_shared_hit_ratios", &pl::shared_hit_ratios, "requests"_a, "set_aside"_a);
   m.def("plan_probe_rounding", [](py::function ask, long long maximum) {
     return pl::probe_rounding([&](long long n) { return ask(n).cast<long long>(); }, maximum);

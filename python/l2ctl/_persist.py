@@ -190,7 +190,7 @@ def _announce(scope: "Persist", clip: Optional[tuple[int, int, int]], limit: int
             f"device {device}: set_aside='auto' kept the persisting limit at {limit} bytes, the driver's default "
             f"({DEFAULT_LIMIT_FRACTION:.0%} of the max): the windows in force ask for {demand:.0f} bytes, but a "
             "larger set-aside slows every other kernel on the GPU (l2ctl.bench.measure_tax measures it here). "
-            f"{'The hit ratio was fitted to it. ' if scope._requested_hit_ratio is None else ''}"
+            f"{_fitted(scope) if scope._requested_hit_ratio is None else ''}"
             "Pass set_aside=<bytes> or 'max' to pay that knowingly; l2ctl.tune measures both sides",
             SetAsideTaxWarning, stacklevel=2)
     elif scope.window.hit_prop == AccessProperty.PERSISTING and oversubscribed(demand, limit):
@@ -199,6 +199,14 @@ def _announce(scope: "Persist", clip: Optional[tuple[int, int, int]], limit: int
             f"but the set-aside is {limit} bytes; lines will evict each other (thrash). Use "
             "share=True, a smaller hit_ratio, or a larger set_aside",
             L2BudgetWarning, stacklevel=2)
+
+
+def _fitted(scope: "Persist") -> str:
+    """What ``hit_ratio=None`` made of a window larger than the set-aside (the planner's fit_window)."""
+    window = scope.window
+    if window.hit_ratio == 1.0:
+        return f"The window was cut to its first {window.num_bytes} bytes, which it holds, at hit ratio 1.0. "
+    return f"The hit ratio was fitted to it ({window.hit_ratio:.3g}). "
 
 
 #: (device, reason) pairs a best-effort scope has warned of: once each per process.
@@ -244,8 +252,11 @@ class Persist:
     ...     run_my_kernels(stream)
 
     - ``hit_ratio``: fraction of the window's lines given ``hit_prop``. None: as much as the set-aside
-      holds next to the other windows in force, min(1, room / window bytes). Values in (1, 1 + 1e-6]
-      count as 1.0; NaN, negatives and larger values raise ValueError.
+      holds next to the other windows in force (the room): a window that fits is kept whole at 1.0, a
+      larger one is cut to its first room bytes (in 256-byte units) at 1.0 (``window`` says so), not
+      spread over the whole window at room / window (docs/results.md measures both). An explicit
+      ``hit_ratio`` or ``num_bytes`` is applied as given. Values in (1, 1 + 1e-6] count as 1.0; NaN,
+      negatives and larger values raise ValueError.
     - ``set_aside="auto"`` raises the device's persisting limit just enough for the windows in force
       (rounded up to the driver's granularity), never below what it was, and never past the driver's
       default limit (30% of persistingL2CacheMaxSize: 9.375 MiB on an H100, 11.25 MiB on an H200).

@@ -15,7 +15,7 @@ _native = _core._planner  # the planner's rules (src/l2ctl/planner.cpp), typed b
 
 __all__ = ["HIT_RATIO_TOLERANCE", "normalize_hit_ratio", "hit_ratio_grid", "round_up", "parse_set_aside_request",
            "granted_set_aside", "check_set_aside_request", "auto_set_aside", "oversubscribed", "tax_free_limit",
-           "DEFAULT_LIMIT_FRACTION", "default_hit_ratio", "clip_window", "shared_hit_ratios", "check_nbytes",
+           "DEFAULT_LIMIT_FRACTION", "default_hit_ratio", "fit_window", "clip_window", "shared_hit_ratios", "check_nbytes",
            "check_count", "is_integer"]
 
 #: Hit ratios in (1, 1 + HIT_RATIO_TOLERANCE] are taken as 1.0: they are rounding noise (0.1 added ten
@@ -178,8 +178,18 @@ def oversubscribed(demand: float, limit: int) -> bool:
 
 
 def default_hit_ratio(granted: int, window_bytes: int) -> float:
-    """``hit_ratio=None``: the share of the window the granted set-aside can hold, min(1, granted / window)."""
+    """The share of a window that ``granted`` bytes of set-aside hold, min(1, granted / window): the whole window's
+    hit ratio (``hit_ratio=None`` keeps it only where fewer than 256 bytes are left; see fit_window)."""
     return float(_native.plan_default_hit_ratio(int(granted), int(window_bytes)))
+
+
+def fit_window(room: int, window_bytes: int) -> tuple[int, float]:
+    """``hit_ratio=None``: (bytes, hit ratio) of the window a scope gets when ``room`` bytes of the set-aside are
+    left for it. It fits: the whole window at 1.0. Larger: its first ``room`` bytes in 256-byte units at 1.0 (not
+    the whole window at room / window: docs/results.md measures both). Less than 256 bytes of room:
+    the whole window at default_hit_ratio(room, window)."""
+    nbytes, ratio = _native.plan_fit_window(int(room), int(window_bytes))
+    return int(nbytes), float(ratio)
 
 
 def clip_window(offset: int, num_bytes: int | None, buffer_nbytes: int, max_window: int) -> tuple[int, bool]:

@@ -144,6 +144,14 @@ double default_hit_ratio(long long granted, long long window_bytes) {
   return normalize_hit_ratio(std::min(1.0, static_cast<double>(granted) / static_cast<double>(window_bytes)));
 }
 
+Fitted_window fit_window(long long room, long long window_bytes) {
+  const double whole = default_hit_ratio(room, window_bytes);  // refuses an empty window
+  if (whole >= 1.0) return {window_bytes, 1.0};
+  const long long cut = room / fit_unit * fit_unit;
+  if (cut < fit_unit) return {window_bytes, whole};
+  return {cut, 1.0};
+}
+
 std::vector<double> shared_hit_ratios(const std::vector<std::pair<double, long long>>& requests, long long set_aside) {
   double demand = 0.0;
   for (const auto& [ratio, nbytes] : requests) demand += ratio * static_cast<double>(nbytes);
@@ -571,8 +579,10 @@ Entered Registry::enter(const Scope_ptr& scope, long long maximum) {
       for (const Scope* s : planned.in_force)
         if (s != scope.get() && s->has_window) others += s->window.demand();
       const double room = std::max(0.0, static_cast<double>(planned.limit.value_or(0)) - others);
-      scope->window.hit_ratio =
-          default_hit_ratio(static_cast<long long>(room), static_cast<long long>(scope->window.num_bytes));
+      const Fitted_window fitted =
+          fit_window(static_cast<long long>(room), static_cast<long long>(scope->window.num_bytes));
+      scope->window.num_bytes = static_cast<std::size_t>(fitted.num_bytes);
+      scope->window.hit_ratio = fitted.hit_ratio;
     } else if (st.shared) {
       learn_base_limit(st);  // sharing needs the limit's value to plan
     }

@@ -362,6 +362,16 @@ enum class Set_aside_form : int { bytes = 0, max = 1, fraction = 2 };
 long long requested_set_aside(Set_aside_form form, long long bytes, double fraction, long long maximum, bool clamp);
 long long auto_set_aside(double demand, long long current, long long granularity, long long maximum);
 double default_hit_ratio(long long granted, long long window_bytes);
+// hit_ratio=None: the window a scope gets when `room` bytes of the set-aside are left for it. A window that fits
+// is kept whole at hit ratio 1.0; a larger one is cut to its first `room` bytes (256-byte units) at 1.0, not spread
+// over the whole window at room / window (docs/results.md measures both: scripts/bench_defaults.py); a room under
+// 256 bytes keeps the whole window at default_hit_ratio(room, window).
+struct Fitted_window {
+  long long num_bytes;
+  double hit_ratio;
+};
+constexpr long long fit_unit = 256;
+Fitted_window fit_window(long long room, long long window_bytes);
 std::vector<double> shared_hit_ratios(const std::vector<std::pair<double, long long>>& requests, long long set_aside);
 // (granularity, direction) of the driver's rounding, from a few requests; `ask(n)` sets the limit, returns the grant.
 std::pair<long long, std::string> probe_rounding(const std::function<long long(long long)>& ask, long long maximum);

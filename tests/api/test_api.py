@@ -116,11 +116,13 @@ def test_persist_auto_never_shrinks_and_default_hit_ratio(fake):
     with l2ctl.persist(s, l2ctl.DeviceBuffer(MiB)) as p:
         assert p.set_aside == 9_830_400 and p.window.hit_ratio == 1.0
     big = l2ctl.DeviceBuffer(64 * MiB)
-    with pytest.warns(l2ctl.SetAsideTaxWarning, match="hit ratio was fitted"):
-        with l2ctl.persist(s, big) as p:  # the hit ratio fits the default limit: no tax, and a warning
-            assert p.set_aside == 9_830_400 and p.window.hit_ratio == pytest.approx(9_830_400 / (64 * MiB))
+    with pytest.warns(l2ctl.SetAsideTaxWarning, match="window was cut to its first 9830400 bytes"):
+        with l2ctl.persist(s, big) as p:  # the window fits the default limit: no tax, and a warning
+            assert p.set_aside == 9_830_400
+            assert (p.window.base_ptr, p.window.num_bytes, p.window.hit_ratio) == (big.ptr, 9_830_400, 1.0)
+            assert l2ctl.get_window(s) == p.window
     with l2ctl.persist(s, big, set_aside="max") as p:
-        assert p.set_aside == 32_768_000 and p.window.hit_ratio == pytest.approx(32_768_000 / (64 * MiB))
+        assert p.set_aside == 32_768_000 and (p.window.num_bytes, p.window.hit_ratio) == (32_768_000, 1.0)
     with l2ctl.persist(s, big, set_aside=None) as p:
         assert p.set_aside == 9_830_400
     with pytest.warns(l2ctl.L2BudgetWarning, match="set-aside is 0 bytes"):

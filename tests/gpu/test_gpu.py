@@ -119,7 +119,8 @@ def test_auto_stops_at_the_cap_and_says_so(stream, info):
         with pytest.warns(l2ctl.SetAsideTaxWarning, match="default"):
             with l2ctl.persist(stream, lut) as p:
                 assert p.set_aside == max(before, cap) == l2ctl.get_set_aside()
-                assert p.window.hit_ratio == pytest.approx(p.set_aside / lut.nbytes, rel=1e-6)
+                assert (p.window.num_bytes, p.window.hit_ratio) == (p.set_aside // 256 * 256, 1.0)
+                assert l2ctl.get_window(stream) == p.window
         assert l2ctl.get_set_aside() == before
 
 
@@ -128,7 +129,7 @@ def test_persist_default_hit_ratio_uses_granted(stream, info):
     with l2ctl.DeviceBuffer(big) as buf:
         with l2ctl.persist(stream, buf, set_aside="max") as p:
             assert p.set_aside == info.persisting_l2_cache_max_size
-            assert p.window.hit_ratio == pytest.approx(p.set_aside / big, rel=1e-6)
+            assert (p.window.num_bytes, p.window.hit_ratio) == (p.set_aside // 256 * 256, 1.0)
 
 
 def test_persist_restores_after_exception_and_nesting(stream):

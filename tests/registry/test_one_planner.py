@@ -25,6 +25,7 @@ DEVICE_CHANGES = {"apply_window", "apply_state", "set_persisting_limit", "set_st
 #: The planner's arithmetic, named in _plan.py for the API and its tests: each only calls the compiled one.
 ARITHMETIC = {"round_up": "plan_round_up", "tax_free_limit": "plan_tax_free_limit",
               "auto_set_aside": "plan_auto_set_aside", "default_hit_ratio": "plan_default_hit_ratio",
+              "fit_window": "plan_fit_window",
               "shared_hit_ratios": "plan_shared_hit_ratios", "granted_set_aside": "plan_granted_set_aside",
               "normalize_hit_ratio": "plan_check_hit_ratio", "parse_set_aside_request": "plan_requested_set_aside",
               "oversubscribed": "plan_oversubscribed"}
@@ -184,8 +185,10 @@ def test_each_name_of_the_arithmetic_reaches_the_planner(name, monkeypatch):
     monkeypatch.setattr(_plan, "_native", Stand_in())
     if name == "normalize_hit_ratio":
         answer = (0.25, 0)  # (the ratio as CUDA takes it, no fault)
+    if name == "fit_window":
+        answer = (7, 0.5)  # (bytes, hit ratio)
     args = {"round_up": (5, 4), "tax_free_limit": (100, 10), "auto_set_aside": (5.0, 0, 1, 100),
-            "default_hit_ratio": (1, 2), "shared_hit_ratios": ([(0.5, 10)], 100),
+            "default_hit_ratio": (1, 2), "fit_window": (1, 2), "shared_hit_ratios": ([(0.5, 10)], 100),
             "granted_set_aside": (5, 10), "normalize_hit_ratio": (0.5,), "parse_set_aside_request": ("max", 10),
             "oversubscribed": (5.0, 10)}[name]
     assert getattr(_plan, name)(*args) == {"normalize_hit_ratio": 0.25, "oversubscribed": True}.get(name, answer)

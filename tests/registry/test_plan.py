@@ -86,6 +86,19 @@ def test_default_hit_ratio(granted, window):
     assert hr == pytest.approx(min(1.0, granted / window), abs=1e-7)
 
 
+@given(st.integers(min_value=0, max_value=1 << 40), st.integers(min_value=1, max_value=1 << 40))
+def test_fit_window(room, window):
+    """hit_ratio=None: a window that fits is whole at 1.0; a larger one its first room bytes (256-byte units) at 1.0;
+    with less than 256 bytes of room, the whole window at room / window."""
+    nbytes, hr = plan.fit_window(room, window)
+    if room >= window:
+        assert (nbytes, hr) == (window, 1.0)
+    elif room >= 256:
+        assert (nbytes, hr) == (room // 256 * 256, 1.0) and nbytes <= room < nbytes + 256
+    else:
+        assert (nbytes, hr) == (window, plan.default_hit_ratio(room, window))
+
+
 @given(st.integers(min_value=1, max_value=1 << 34), st.data())
 def test_clip_window(buffer, data):
     offset = data.draw(st.integers(min_value=0, max_value=buffer - 1))

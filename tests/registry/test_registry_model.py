@@ -249,7 +249,13 @@ class RegistryMachine(RuleBasedStateMachine):
         if ratio is None:  # as much as the set-aside holds next to the other windows in force
             planned = model.limit(trial)
             others = sum(s.demand() for s in model.in_force(trial) if s is not scope)
-            scope.ratio = min(1.0, max(0.0, planned - others) / nbytes)
+            room = max(0.0, planned - others)
+            if room >= nbytes:
+                scope.ratio = 1.0
+            elif room >= 256:  # the window's first bytes it holds whole, in 256-byte units
+                scope.nbytes, scope.ratio = int(room) // 256 * 256, 1.0
+            else:
+                scope.ratio = room / nbytes
         model.scopes = trial
         ratios = model.effective()
         in_force = model.in_force(trial)

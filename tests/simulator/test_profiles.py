@@ -84,16 +84,19 @@ def test_fitted_hit_ratio(machine):
     with l2ctl.persist(s, l2ctl.DeviceBuffer(_bytes(dev.granularity / 2))) as p:
         assert p.set_aside == cap and p.window.hit_ratio == 1.0  # "auto" never shrinks the limit
     big = l2ctl.DeviceBuffer(_bytes(2 * cap))
-    with pytest.warns(l2ctl.SetAsideTaxWarning, match="hit ratio was fitted"):
-        with l2ctl.persist(s, big) as p:
-            assert p.set_aside == cap and p.window.hit_ratio == pytest.approx(cap / big.nbytes, rel=1e-6)
+    with pytest.warns(l2ctl.SetAsideTaxWarning, match="window was cut to its first"):
+        with l2ctl.persist(s, big) as p:  # larger than the set-aside: its first bytes that fit, at 1.0
+            assert p.set_aside == cap and (p.window.num_bytes, p.window.hit_ratio) == (cap // 256 * 256, 1.0)
+            assert machine.windows[s.handle][:3] == (big.ptr, cap // 256 * 256, 1.0)
     assert mx < w  # so a window between the two exists
     huge = l2ctl.DeviceBuffer(_bytes((mx + w) / 2))
     with warnings.catch_warnings():
         warnings.simplefilter("error", l2ctl.WindowClippedWarning)
         with l2ctl.persist(s, huge, set_aside="max") as p:
-            assert p.set_aside == mx and p.window.hit_ratio == pytest.approx(mx / huge.nbytes, rel=1e-6)
-            assert machine.windows[s.handle][2] == pytest.approx(p.window.hit_ratio)
+            assert p.set_aside == mx and (p.window.num_bytes, p.window.hit_ratio) == (mx // 256 * 256, 1.0)
+            assert machine.windows[s.handle][1:3] == (p.window.num_bytes, p.window.hit_ratio)
+        with l2ctl.persist(s, huge, 0.25, set_aside="max") as p:  # a hit ratio given: the window as asked
+            assert (p.window.num_bytes, p.window.hit_ratio) == (huge.nbytes, 0.25)
     assert dev.limit == cap and not machine.windows
 
 

@@ -268,6 +268,11 @@ int main() {
     const std::vector<double> half = pl::shared_hit_ratios({{1.0, 16384}, {1.0, 16384}}, 16384);
     expect(half == std::vector<double>({0.5, 0.5}), "the source documents' example");
     expect(pl::default_hit_ratio(1, 4) == 0.25 && pl::default_hit_ratio(8, 4) == 1.0, "default hit ratio");
+    const pl::Fitted_window fits = pl::fit_window(4096, 1000), cut = pl::fit_window(1000, 4096),
+                            tiny = pl::fit_window(100, 4096);
+    expect(fits.num_bytes == 1000 && fits.hit_ratio == 1.0, "a window that fits: whole, at 1.0");
+    expect(cut.num_bytes == 768 && cut.hit_ratio == 1.0, "a larger one: its first bytes, 256-byte units, at 1.0");
+    expect(tiny.num_bytes == 4096 && tiny.hit_ratio == pl::default_hit_ratio(100, 4096), "under 256 bytes: whole");
     expect(pl::normalize_hit_ratio(1.0000001) == 1.0, "never above 1.0f");
     expect(pl::granted_set_aside(maximum, maximum, false) == maximum, "the max itself is granted");
     expect(pl::granted_set_aside(maximum + 1, maximum, true) == maximum, "clamped to the max on request");
