@@ -19,7 +19,7 @@ holds put back for its block), the step wrapped by autotune, and today's manual 
 block. Also recorded: the calls autotune took to decide, that the step ran exactly as often as the app called it,
 and autotune's host cost per call in steady state.
 
-    python scripts/bench_autotune_torch.py --json autotune_torch.json [--forms compiled-module,default-graph]
+    python scripts/bench_autotune_torch.py --json torch_autotune.json [--forms compiled-module,default-graph]
 """
 
 from __future__ import annotations

