@@ -184,16 +184,20 @@ class StepRecorder:
             raise CountersUnavailableError(
                 f"eager discovery cannot record the launches: {exc} (another CUPTI user, such as l2ctl.counters, "
                 f"Nsight or torch.profiler, holds the process's one subscription: run discovery without it)") from exc
+        # a recorded run's allocations through torch, by their own extents (the warm-up's are not compared)
+        traced = _torch_graphs.trace_allocations(self.device) if self._runs else None
         try:
             out = run()
         finally:
             launches = self._recorder.stop()
+            temporaries = traced() if traced is not None else []
         if self._recorder.dropped:
             raise ValueError(f"the step launched more than {MAX_LAUNCHES} kernels: too many to discover from")
         if self._runs:
             ours = [(i, str(name), list(words))  # numbered among this device's launches: matched by position
                     for i, (name, words) in enumerate((n, w) for n, _stream, dev, w in launches if dev == self.device)]
-            self._recorded.append((ours, _torch_blocks(self.device, True)))
+            blocks = [(base, nbytes, STEP_TEMPORARY) for base, nbytes in temporaries]
+            self._recorded.append((ours, blocks + _torch_blocks(self.device, True)))
         self._runs += 1
         return out
 

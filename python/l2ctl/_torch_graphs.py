@@ -35,7 +35,7 @@ WindowTuple = tuple[int, int, float, int, int]
 __all__ = ["TOO_OLD_HINT", "KEEP_GRAPH_HINT", "CUPY_GRAPH_HINT", "CALLABLE_HINT", "foreign_target_error",
            "is_torch_graph", "template_of", "has_executable", "keep_templates", "kept", "is_kept", "describe",
            "allocator_blocks", "weak_get", "GraphTrees", "TorchGraphTrees", "trees", "use_trees", "without",
-           "recordings", "remember_recordings", "SKIP_LOGGERS", "watch_skips"]
+           "recordings", "remember_recordings", "SKIP_LOGGERS", "watch_skips", "trace_allocations", "allocations_in"]
 
 TOO_OLD_HINT = ("this PyTorch cannot keep a CUDA graph's template (torch.cuda.CUDAGraph(keep_graph=True) needs "
                 "torch >= 2.9), so l2ctl can neither keep nor change the graphs it records: upgrade torch, or persist "
@@ -401,6 +401,40 @@ def describe(graph: object, index: int, count: int) -> str:
     tree = device is not None and any(getattr(node, "graph", None) is graph for node in trees.recorded(device))
     made = "a recording of torch.compile's CUDA graph trees" if tree else "a torch.cuda.CUDAGraph"
     return f"graph {index + 1} of {count} ({made})"
+
+
+def trace_allocations(device: int) -> Optional[Callable[[], list[tuple[int, int]]]]:
+    """Start recording the allocations torch's caching allocator makes on ``device`` (its memory history, without
+    stack frames); returns the call that stops recording and gives them as (address, bytes), largest first. A
+    temporary a step allocates and frees inside is then known by its own extent, not by the cached block it was
+    carved from (which, after the step, may have merged with free memory around it: hundreds of MiB). None where
+    torch is not in use or cannot record. A memory history the app itself records is switched off at the stop."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    memory = torch.cuda.memory
+    record, snapshot = getattr(memory, "_record_memory_history", None), getattr(memory, "_snapshot", None)
+    if record is None or snapshot is None:
+        return None
+    try:
+        record(enabled="all", context=None, stacks="python", max_entries=1 << 16, clear_history=True)
+    except (TypeError, RuntimeError):  # an older signature, or no CUDA allocator to record
+        return None
+
+    def stop() -> list[tuple[int, int]]:
+        try:
+            traces = snapshot().get("device_traces", [])
+        finally:
+            record(enabled=None)
+        return allocations_in(traces[device] if device < len(traces) else [])
+
+    return stop
+
+
+def allocations_in(trace: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    """The (address, bytes) of the "alloc" actions of a device's memory trace, once each, largest first."""
+    found = {(int(e["addr"]), int(e["size"])) for e in trace if e.get("action") == "alloc" and e.get("size")}
+    return sorted(found, key=lambda item: (-item[1], item[0]))
 
 
 def allocator_blocks(device: int, *, freed: bool = False) -> list[tuple[int, int, bool, bool]]:

@@ -57,9 +57,12 @@ def test_autotune_on_torch_forms_keeps_the_outputs_and_the_calls_and_restores_th
         capture = torch.cuda.Stream()
         with l2ctl.graph.torch_captures():
             g = torch.cuda.CUDAGraph()  # made inside the block: torch keeps its template
-            with torch.cuda.stream(capture), torch.cuda.graph(g, stream=capture):
-                state.acc.zero_()
+            with torch.cuda.stream(capture):
+                state.acc.zero_()  # warmed up on the capture stream first, as torch.cuda.graph asks
                 state.acc.index_add_(0, state.index, state.values)
+                with torch.cuda.graph(g, stream=capture):
+                    state.acc.zero_()
+                    state.acc.index_add_(0, state.index, state.values)
         run = g.replay
     else:
         torch.compiler.reset()

@@ -156,7 +156,8 @@ def test_tune_discovers_on_a_reduce_overhead_step_as_written(state):
         kept = captures.graphs()
         assert kept, "torch recorded no graph of the step"
         details = tuned.considered.details.values()  # what each tried range is, in which graph, given to which kernels
-        assert any("a recording of torch.compile's CUDA graph trees" in d and "triton" in d for d in details), details
+        assert any("a recording of torch.compile's CUDA graph trees" in d and "triton" in d for d in details), \
+            (details, captures.skips(), len(kept), [graph.buffers(g) for g in kept], tuned.considered.skipped)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", l2ctl.SetAsideTaxWarning)
             with tuned.persist(captures) as p:

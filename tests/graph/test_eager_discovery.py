@@ -131,6 +131,39 @@ def test_torch_blocks_freed_inside_the_step_are_its_temporaries(fake, monkeypatc
         assert owners == {held: "torch's cache", freed: "a temporary of the step"}
 
 
+def test_a_temporary_torch_traced_is_known_by_its_own_extent_not_its_merged_cached_block(fake, monkeypatch):
+    """With torch: a temporary carved from a large cached block that merges back with the free memory around it
+    once the step frees it is found by the allocation torch's memory history traced (its own extent), so a
+    256 MiB free block does not hide a 4 MiB temporary behind the candidate rule's "too large"."""
+    with l2ctl.Stream() as s, l2ctl.DeviceBuffer(256 << 20) as seg:
+        temporary = (seg.ptr + (64 << 20), 4 << 20)
+        merged = [(seg.ptr, 256 << 20, False, False)]  # after the step: one free cached block
+        monkeypatch.setattr(_torch_graphs, "allocator_blocks",
+                            lambda device, freed=False: merged if freed else [])
+        traced = []
+
+        def trace(device):
+            traced.append(device)
+            return lambda: _torch_graphs.allocations_in([
+                {"action": "segment_alloc", "addr": seg.ptr, "size": 256 << 20},
+                {"action": "alloc", "addr": temporary[0], "size": temporary[1]},
+                {"action": "free_requested", "addr": temporary[0], "size": temporary[1]},
+                {"action": "alloc", "addr": temporary[0], "size": temporary[1]}])
+
+        monkeypatch.setattr(_torch_graphs, "trace_allocations", trace)
+        found = _kernel_buffers.record_steps(lambda: fake.launch_modeled_kernel(
+            s.handle, "k", streamed_bytes=1e6, args=(temporary[0] + 512,)), 0)
+        assert traced == [0, 0, 0]  # the three recorded runs, not the warm-up
+        assert [(b.ptr, b.nbytes, b.owner) for b in found.stable] == [(*temporary, "a temporary of the step")]
+
+
+def test_allocations_in_a_trace_are_its_alloc_actions_once_each_largest_first():
+    trace = [{"action": "alloc", "addr": 4096, "size": 512}, {"action": "segment_alloc", "addr": 0, "size": 1 << 20},
+             {"action": "alloc", "addr": 8192, "size": 2048}, {"action": "alloc", "addr": 4096, "size": 512},
+             {"action": "free_completed", "addr": 8192, "size": 2048}, {"action": "alloc", "addr": 0, "size": 0}]
+    assert _torch_graphs.allocations_in(trace) == [(8192, 2048), (4096, 512)]
+
+
 def test_record_steps_checks_its_arguments_before_running(fake):
     ran = []
     for steps in (1, 17, True, 2.0):
