@@ -22,9 +22,12 @@ FAST = {"rounds": 3, "repeat": 2, "warmup": 1}
 
 @pytest.fixture
 def state(scatter_add_case):
-    """scatter_add_case, with torch.compile's caches and graph trees reset before and after."""
+    """scatter_add_case, with torch.compile's caches and graph trees reset before and after, and Inductor's FX graph
+    cache off: its key does not tell a step whose accumulator is marked static from the same step unmarked, so a
+    graph cached by an earlier test or process brings that one's "skipping cudagraphs due to mutated inputs"."""
     torch.compiler.reset()
-    yield scatter_add_case
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        yield scatter_add_case
     torch.cuda.synchronize()
     torch.compiler.reset()
 
@@ -157,7 +160,7 @@ def test_tune_discovers_on_a_reduce_overhead_step_as_written(state):
         assert kept, "torch recorded no graph of the step"
         details = tuned.considered.details.values()  # what each tried range is, in which graph, given to which kernels
         assert any("a recording of torch.compile's CUDA graph trees" in d and "triton" in d for d in details), \
-            (details, captures.skips(), len(kept), [graph.buffers(g) for g in kept], tuned.considered.skipped)
+            (details, captures.skips())
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", l2ctl.SetAsideTaxWarning)
             with tuned.persist(captures) as p:
