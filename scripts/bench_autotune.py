@@ -42,6 +42,30 @@ def _block_ms(run: Callable[[], None], stream: torch.cuda.Stream, calls: int) ->
     return start.elapsed_time(end) / calls
 
 
+def speedups_over_untouched(times: dict[str, list[float]], seed: int) -> dict[str, dict[str, Any]]:
+    """Each arm's speedup over "untouched" (a paired bootstrap over the rounds), its interval and median."""
+    base = np.array(times["untouched"]).reshape(-1, 1)
+    speedups = {}
+    for arm in ("autotune", "tune+persist"):
+        x, ci = bootstrap_speedup(base, np.array(times[arm]).reshape(-1, 1), 0.95, seed=seed)
+        speedups[arm] = {"speedup": x, "ci": list(ci), "median_ms": statistics.median(times[arm])}
+    return speedups
+
+
+def host_cost_us(untouched: Callable[[], Any], wrapped: Callable[[], Any], blocks: int) -> dict[str, list[float]]:
+    """The host time per call of blocks of ``HOST_CALLS`` calls, unwrapped and wrapped, interleaved (the wrapper's
+    cost in steady state), each block started on an idle device."""
+    host: dict[str, list[float]] = {"autotune": [], "untouched": []}
+    for _ in range(blocks):
+        for arm, run in (("untouched", untouched), ("autotune", wrapped)):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(HOST_CALLS):
+                run()
+            host[arm].append((time.perf_counter() - t0) / HOST_CALLS * 1e6)
+    return host
+
+
 def measure(name: str, rounds: int, calls: int, seed: int) -> dict[str, Any]:
     entry = gallery.entry(name)
     with entry.make() as w:
@@ -79,20 +103,8 @@ def measure(name: str, rounds: int, calls: int, seed: int) -> dict[str, Any]:
                     times[arm].append(_block_ms(arms[arm], s, calls))
                 if r == rounds - 1:
                     verified[arm] = bool(w.verify(s))
-        base = np.array(times["untouched"]).reshape(-1, 1)
-        speedups = {}
-        for arm in ("autotune", "tune+persist"):
-            x, ci = bootstrap_speedup(base, np.array(times[arm]).reshape(-1, 1), 0.95, seed=seed)
-            speedups[arm] = {"speedup": x, "ci": list(ci), "median_ms": statistics.median(times[arm])}
-        # the host cost of the wrapper in steady state: blocks of calls, wrapped and not, interleaved
-        host: dict[str, list[float]] = {"autotune": [], "untouched": []}
-        for _ in range(HOST_BLOCKS):
-            for arm, run in (("untouched", lambda: w.enqueue(s)), ("autotune", tuned)):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(HOST_CALLS):
-                    run()
-                host[arm].append((time.perf_counter() - t0) / HOST_CALLS * 1e6)
+        speedups = speedups_over_untouched(times, seed)
+        host = host_cost_us(lambda: w.enqueue(s), tuned, HOST_BLOCKS)
         torch.cuda.synchronize()
         steady_calls = made[0] - app_calls  # the step's calls through the wrapper after the decision
         expected = app_calls + rounds * calls + HOST_BLOCKS * HOST_CALLS

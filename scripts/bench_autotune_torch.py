@@ -39,13 +39,13 @@ import torch
 
 import l2ctl
 from l2ctl import graph
-from l2ctl.bench.paired import bootstrap_speedup
 from l2ctl.bench.records import environment
 
-from bench_autotune import _block_ms  # the same blocks as the eager benchmark (scripts/ is on the path)
+from bench_autotune import (HOST_CALLS, _block_ms, host_cost_us,  # the eager benchmark's (scripts/ is on the path)
+                            speedups_over_untouched)
 
 FORMS = ("compiled-module", "compiled-in-function", "default-graph", "graphed-callables")
-HOST_BLOCKS, HOST_CALLS = 21, 40
+HOST_BLOCKS = 21  # blocks of bench_autotune.HOST_CALLS calls
 MAX_APP_CALLS = 400  # the calls made before the decision is read (autotune decides within MAX_CALLS)
 
 MODULE_SOURCE = '''
@@ -210,19 +210,8 @@ def measure(name: str, rounds: int, calls: int, seed: int) -> dict[str, Any]:
                     times[arm].append(_block_ms(tuned, s, calls))
                     if r == rounds - 1:
                         verified[arm] = form.check()
-        base = np.array(times["untouched"]).reshape(-1, 1)
-        speedups = {}
-        for arm in ("autotune", "tune+persist"):
-            x, ci = bootstrap_speedup(base, np.array(times[arm]).reshape(-1, 1), 0.95, seed=seed)
-            speedups[arm] = {"speedup": x, "ci": list(ci), "median_ms": statistics.median(times[arm])}
-        host: dict[str, list[float]] = {"autotune": [], "untouched": []}
-        for _ in range(HOST_BLOCKS):
-            for arm, fn in (("untouched", untouched), ("autotune", tuned)):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                for _ in range(HOST_CALLS):
-                    fn()
-                host[arm].append((time.perf_counter() - t0) / HOST_CALLS * 1e6)
+        speedups = speedups_over_untouched(times, seed)
+        host = host_cost_us(untouched, tuned, HOST_BLOCKS)
         torch.cuda.synchronize()
         expected_calls = app_calls + rounds * calls + HOST_BLOCKS * HOST_CALLS
         tuned.stop()
