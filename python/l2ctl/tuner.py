@@ -338,8 +338,10 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
     an earlier ``with torch_captures()`` block: a recording whose template is gone refuses the first point.
     A workload that records its step anew under each window (``l2ctl.workloads.Compiled``) is run as it is.
     ``candidates="discover"`` tries the memory the workload's kernels are given, nobody naming it: a graph
-    target's kernel nodes' arguments, those of the graphs torch recorded for a ``torch_captures()`` target
-    (``captures.graphs()``), or, on a stream, the arguments of the kernels the step launches as it runs
+    target's kernel nodes' arguments; for a ``torch_captures()`` target those of every kept graph on the device and
+    of the kernels the step launches outside graphs (l2ctl.candidates.from_captures: what the scope reaches; where
+    torch ran the step without graphs, the answer quotes its reason); or, on a stream, the arguments of the
+    kernels the step launches as it runs
     (l2ctl.candidates.from_steps: read through CUPTI over three steps after a warm-up; a temporary the step
     allocates inside is tried when it comes back at the same address every step, one that moves is listed as
     such and never tried). Where no range can be tried, the answer is "no persistence", saying why.
