@@ -170,11 +170,13 @@ class StepRecorder:
         except CountersUnavailableError as exc:  # CuptiError is one
             raise CountersUnavailableError(f"{exc}; {CUPTI_HINT}") from exc
         self._runs = 0
+        #: why the runs cannot be compared (set after a run that launched too many kernels): ``result()`` raises it
+        self.refused: Optional[str] = None
         self._recorded: list[tuple[list[tuple[int, str, list[tuple[int, int, int]]]], list[tuple[int, int, str]]]] = []
 
     @property
     def done(self) -> bool:
-        return self._runs > self.steps
+        return self._runs > self.steps or self.refused is not None
 
     def run(self, run: Callable[[], T]) -> T:
         """``run()``, its launches recorded; what it returned."""
@@ -191,8 +193,9 @@ class StepRecorder:
         finally:
             launches = self._recorder.stop()
             temporaries = traced() if traced is not None else []
-        if self._recorder.dropped:
-            raise ValueError(f"the step launched more than {MAX_LAUNCHES} kernels: too many to discover from")
+        if self._recorder.dropped:  # the run itself happened: its result is the caller's, the refusal is kept
+            self.refused = f"the step launched more than {MAX_LAUNCHES} kernels: too many to discover from"
+            return out
         if self._runs:
             ours = [(i, str(name), list(words))  # numbered among this device's launches: matched by position
                     for i, (name, words) in enumerate((n, w) for n, _stream, dev, w in launches if dev == self.device)]
@@ -202,6 +205,8 @@ class StepRecorder:
         return out
 
     def result(self) -> StepBuffers:
+        if self.refused is not None:
+            raise ValueError(self.refused)
         if not self.done:
             raise RuntimeError(f"{self._runs} of the {self.steps + 1} runs recorded")
         return _compare_steps(self._recorded, self._named)

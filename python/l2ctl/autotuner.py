@@ -37,7 +37,7 @@ from typing import Any, Callable, Generic, Optional, ParamSpec, TypeVar, Union
 import numpy as np
 
 from ._device import require_persistence, stream_device
-from ._errors import NotSupportedError, PersistenceUnavailableWarning
+from ._errors import CountersUnavailableError, NotSupportedError, PersistenceUnavailableWarning
 from ._interop import BufferRef, resolve_stream
 from ._kernel_buffers import StepRecorder
 from ._limit import auto_set_aside_cap, set_aside
@@ -288,22 +288,34 @@ class AutoTuned(Generic[P, R]):
             if self._strict:
                 raise
             self._decide_nothing(state, str(exc))
-            if not self._warned:
-                warnings.warn(f"l2ctl.autotune(strict=False) changes nothing here: {exc}",
-                              PersistenceUnavailableWarning, stacklevel=4)
-                self._warned = True
+            self._warn_once(f"l2ctl.autotune(strict=False) changes nothing here: {exc}")
             return False
         state.captures = _torch_captures(state.device)
         if self._discover:
-            state.recorder = StepRecorder(state.device, steps=DISCOVERY_STEPS)
+            try:
+                state.recorder = StepRecorder(state.device, steps=DISCOVERY_STEPS)
+            except CountersUnavailableError as exc:  # raised before the step ran: strict raises, else says why
+                if self._strict:
+                    raise
+                self._decide_nothing(state, f"discovery cannot record the step's launches: {exc}")
+                self._warn_once(f"l2ctl.autotune(strict=False) changes nothing here: {exc}")
+                return False
         return True
+
+    def _warn_once(self, message: str) -> None:
+        if not self._warned:
+            warnings.warn(message, PersistenceUnavailableWarning, stacklevel=5)
+            self._warned = True
 
     def _measured_call(self, state: _State, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
         d = state.decision
         if d.phase == "discover":
             assert state.recorder is not None
             out = state.recorder.run(lambda: self._fn(*args, **kwargs))
-            if state.recorder.done:
+            if state.recorder.refused is not None:  # the step ran; what it launched cannot be compared
+                self._decide_nothing(state, f"no range can be discovered: {state.recorder.refused}")
+                state.recorder = None
+            elif state.recorder.done:
                 recorded, state.recorder = state.recorder.result(), None
                 found = from_recorded(recorded, state.device) if state.captures is None else \
                     from_captures(state.captures, recorded=recorded, every_kept=True)

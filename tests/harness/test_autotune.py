@@ -186,6 +186,42 @@ def test_best_effort_where_the_device_cannot_persist():
         assert fake.state() == before
 
 
+def test_discovery_without_cupti_raises_before_the_step_runs_or_with_strict_false_says_why():
+    with FakeBackend.installed(cupti=False) as fake:
+        step = Step(fake)
+        before = fake.state()
+        with pytest.raises(l2ctl.CountersUnavailableError, match="nvidia-cuda-cupti"):
+            l2ctl.autotune(step, stream=step.stream)()
+        assert step.calls == 0 and fake.state() == before
+        tuned = l2ctl.autotune(step, stream=step.stream, strict=False)
+        with pytest.warns(l2ctl.PersistenceUnavailableWarning, match="nvidia-cuda-cupti"):
+            results = _run(tuned, 3)
+        (decision,) = tuned.report()
+        assert results == [1, 2, 3] and step.calls == 3 and not decision.policy.enabled
+        assert decision.reason.startswith("discovery cannot record the step's launches"), decision.reason
+        assert fake.state() == before
+
+
+def test_a_step_that_launches_too_many_kernels_to_discover_from_keeps_its_results_and_says_why(fake, monkeypatch):
+    from l2ctl import _kernel_buffers
+
+    monkeypatch.setattr(_kernel_buffers, "MAX_LAUNCHES", 4)
+    step = Step(fake)
+
+    def many() -> int:
+        for _ in range(5):
+            step()
+        return step.calls
+
+    tuned = l2ctl.autotune(many, stream=step.stream)
+    results = _run(tuned, 6)  # the first run overflows the recorder: the step ran, its result is kept
+    (decision,) = tuned.report()
+    assert results == [5, 10, 15, 20, 25, 30] and decision.phase == "decided" and not decision.policy.enabled
+    assert decision.reason == ("no range can be discovered: the step launched more than 4 kernels: too many to "
+                               "discover from"), decision.reason
+    assert decision.decided_at == 1 and fake.subscriber is None
+
+
 def test_calls_from_several_threads_are_all_made_and_the_decision_is_reached(fake):
     step = Step(fake)
     lock = threading.Lock()
