@@ -244,7 +244,11 @@ OWN = nb([
 You have a training or inference step and some tensors you suspect are hot. This notebook wraps a step
 as an l2ctl workload, lets `l2ctl.tune` decide **which** tensor to keep in L2 (or none) and how, shows the
 measured surface for the chosen tensor and the tax a set-aside puts on everything else, and applies the
-policy. Sizes follow this GPU's L2, so the same notebook means the same thing on an H100 or an H200."""),
+policy. Sizes follow this GPU's L2, so the same notebook means the same thing on an H100 or an H200.
+
+**This notebook needs a CUDA GPU and PyTorch.** The simulator (`L2CTL_SIMULATE`) cannot run PyTorch's
+kernels: there every cell after the setup prints "skipped" and measures nothing. The outputs saved with
+the notebook are those of an H100 run; notebooks 01 to 04 run on the simulator."""),
     new_code_cell(TORCH_SETUP),
     new_markdown_cell("""## The step
 

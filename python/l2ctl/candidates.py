@@ -43,6 +43,7 @@ from . import _torch_graphs
 from ._errors import CountersUnavailableError
 from ._kernel_buffers import GraphBuffer, StepBuffers, map_pointers, record_steps
 from ._memory import BufferLike
+from ._units import format_bytes
 from .graph import TorchCaptures, as_graph
 
 __all__ = ["Patterns", "SupportsNamedTensors", "CandidateRule", "ModelCandidates", "is_module", "rule_for",
@@ -52,7 +53,6 @@ __all__ = ["Patterns", "SupportsNamedTensors", "CandidateRule", "ModelCandidates
 MOST = 8
 #: Names to pick or leave out: one shell-style pattern, or several.
 Patterns = Union[str, Sequence[str], None]
-MiB = 1 << 20
 
 
 class SupportsNamedTensors(Protocol):
@@ -76,7 +76,7 @@ class CandidateRule:
     most: int
 
     def describe(self) -> str:
-        return (f"tensors of {self.min_bytes / MiB:.2f} MiB (1/64 of the L2) to {self.max_bytes / MiB:.2f} MiB "
+        return (f"tensors of {format_bytes(self.min_bytes)} (1/64 of the L2) to {format_bytes(self.max_bytes)} "
                 f"(4 x the largest set-aside), tied ones once, the {self.most} largest")
 
 
@@ -159,15 +159,15 @@ def _filtered(entries: list[tuple[list[str], Any, BufferRef]], skipped: dict[str
         if len(tried) < rule.most:
             tried[label], nbytes[label] = obj, ref.nbytes
         else:
-            skipped[label] = f"ranked below the {rule.most} largest: {ref.nbytes / MiB:.2f} MiB"
+            skipped[label] = f"ranked below the {rule.most} largest: {format_bytes(ref.nbytes)}"
     return tried, nbytes
 
 
 def _size_reason(nbytes: int, rule: CandidateRule) -> Optional[str]:
     if nbytes < rule.min_bytes:
-        return f"too small: {nbytes / MiB:.2f} MiB"
+        return f"too small: {format_bytes(nbytes)}"
     if nbytes > rule.max_bytes:
-        return f"too large: {nbytes / MiB:.2f} MiB"
+        return f"too large: {format_bytes(nbytes)}"
     return None
 
 

@@ -15,6 +15,7 @@ from ._device import require_persistence, stream_device
 from ._limit import set_aside_granularity
 from ._interop import resolve_buffer, resolve_stream
 from ._plan import check_nbytes, hit_ratio_grid, normalize_hit_ratio, round_up
+from ._units import format_bytes
 from .kernels import check_variant
 from .bench import (Progress, Record, Report, check, check_repeats, clean_state, environment, measure_ceilings,
                     time_gpu)
@@ -23,8 +24,6 @@ from .workloads import ResetDataWorkload, describe, enqueue_of, verifier_of
 
 __all__ = ["ResetDataWorkload", "measure_point", "sweep_hit_ratio", "sweep_set_aside", "sweep_surface",
            "sweep_lut_size", "sweep_tax", "set_aside_grid", "SweepResult"]
-
-MiB = 1 << 20
 
 
 def measure_point(workload: Any, stream: StreamLike, buf: BufferLike, set_aside: int, hit_ratio: Optional[float], *,
@@ -116,7 +115,7 @@ def _run(kind: str, workload: Any, stream: StreamLike, buf: BufferLike, points: 
         rec = measure_point(workload, stream, buf, set_aside, hit_ratio, warmup=warmup, repeat=repeat, label=kind)
         rec.metrics["speedup_vs_baseline"] = baseline.median_ms / rec.median_ms
         records.append(rec)
-        bar.step(f"set-aside {set_aside / MiB:.2f} MiB, hit ratio {hit_ratio}")
+        bar.step(f"set-aside {format_bytes(set_aside)}, hit ratio {hit_ratio}")
     return SweepResult(kind, records, baseline, environment(device))
 
 
@@ -179,12 +178,12 @@ def sweep_lut_size(lut_sizes: Sequence[int], stream: StreamLike, *, out_bytes: i
     for lut in luts:
         with ResetDataWorkload(lut, out_bytes, variant=variant, device=device) as w:
             base = measure_point(w, stream, w.buf, 0, None, warmup=warmup, repeat=repeat, label="baseline")
-            bar.step(f"LUT {lut / MiB:g} MiB baseline")
+            bar.step(f"LUT {format_bytes(lut)} baseline")
             size = cap if policy == "max" else min(cap, round_up(lut, g))
             rec = measure_point(w, stream, w.buf, size, min(1.0, size / lut), warmup=warmup, repeat=repeat, label=policy)
             rec.metrics["speedup_vs_baseline"] = base.median_ms / rec.median_ms
             records += [base, rec]
-            bar.step(f"LUT {lut / MiB:g} MiB {policy}")
+            bar.step(f"LUT {format_bytes(lut)} {policy}")
     return Report("sweep-lut-size", environment(device), records)
 
 
@@ -205,7 +204,7 @@ def sweep_tax(stream: StreamLike, *, set_asides: Optional[Sequence[int]] = None,
             c.copy_ms, c.copy_ms, c.copy_ms, 0.0, repeat, True,
             {"write_gbps": c.write_gbps, "copy_gbps": c.copy_gbps, "read_gbps": c.read_gbps,
              "write_ms": c.write_ms, "copy_ms": c.copy_ms, "read_ms": c.read_ms}))
-        bar.step(f"set-aside {granted / MiB:.2f} MiB: copy {c.copy_gbps:,.0f} GB/s")
+        bar.step(f"set-aside {format_bytes(granted)}: copy {c.copy_gbps:,.0f} GB/s")
     report = Report("sweep-tax", environment(device), records)
     first = records[0].metrics
     report.summary = {"copy_slowdown_at_max": first["copy_gbps"] / records[-1].metrics["copy_gbps"],

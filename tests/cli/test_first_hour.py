@@ -193,3 +193,70 @@ def test_a_lut_larger_than_the_output_is_refused(restored, capsys, argv, flag):
         cli.parse_args(["--simulate", *argv])
     assert exit_.value.code == cli.EXIT_USAGE
     assert f"is smaller than {flag} " in one_line(capsys.readouterr().err)
+
+
+# ------------------------------------------------------------------------------------------ issue 43
+
+
+TUNE_TWO_SIZES = ["--simulate", "tune", "--lut-sizes", "4M,16M", "--rounds", "3", *QUICK]
+
+
+def test_tune_of_several_sizes_writes_one_json_document_to_stdout():
+    """One document a reader of stdout can parse (an array, one report per size), not one per size in a row."""
+    r = run(*TUNE_TWO_SIZES, "--json", "-")
+    assert r.returncode == 0, r.stderr
+    reports = json.loads(r.stdout)
+    assert [d["records"][0]["config"]["lut_bytes"] for d in reports] == [4 << 20, 16 << 20]
+
+
+def test_tune_of_several_sizes_writes_one_csv_header_to_stdout():
+    r = run(*TUNE_TWO_SIZES, "--csv", "-")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines.count(lines[0]) == 1, "the header is repeated"
+    rows = list(csv.DictReader(io.StringIO(r.stdout)))
+    assert {int(row["config.lut_bytes"]) for row in rows} == {4 << 20, 16 << 20}
+
+
+def test_tune_of_several_sizes_still_writes_a_file_per_size(tmp_path):
+    r = run(*TUNE_TWO_SIZES, "--json", f"{tmp_path}/t.json")
+    assert r.returncode == 0, r.stderr
+    assert sorted(os.listdir(tmp_path)) == sorted([f"t_{4 << 20}.json", f"t_{16 << 20}.json"])
+
+
+@pytest.mark.parametrize("argv,said,not_said", [
+    (["--bogus", "info"], "unknown option --bogus", "did you mean"),
+    (["--bogus"], "unknown option --bogus", "did you mean"),
+    (["--simulat", "info"], "unknown option --simulat; did you mean --simulate?", ""),
+    (["--lut-size", "4M", "bench"], "unknown option --lut-size; did you mean --lut-sizes?", ""),
+    (["info", "--prob"], "unknown option --prob; did you mean --probe?", ""),
+])
+def test_an_unknown_option_is_matched_only_against_what_that_command_takes(capsys, argv, said, not_said):
+    """A global option is matched against the options every command takes, or the command named; never
+    against some other command's (--bogus was once answered "did you mean --rounds?", which info does not take)."""
+    assert cli.main(argv) == cli.EXIT_USAGE
+    err = one_line(capsys.readouterr().err)
+    assert said in err and (not not_said or not_said not in err), err
+
+
+@pytest.mark.parametrize("nbytes,text", [(0, "0 B"), (1000, "1000 B"), (1023, "1023 B"), (1024, "1.0 KiB"),
+                                         (1536, "1.5 KiB"), (MiB := 1 << 20, "1.00 MiB"), (4 * MiB, "4.00 MiB")])
+def test_sizes_are_written_in_a_unit_that_fits(nbytes, text):
+    from l2ctl._units import format_bytes
+
+    assert format_bytes(nbytes) == text
+
+
+def test_the_reset_data_verdict_names_a_small_size_in_bytes():
+    r = run("--simulate", "bench", "--lut-sizes", "1000,2000", "--out-bytes", "64M", "--columns",
+            "baseline,right_sized", *QUICK)
+    assert r.returncode == 0, r.stderr
+    verdict = next(line for line in r.stdout.splitlines() if line.startswith("Verdict:"))
+    assert " MiB)" not in verdict and ("at 1000 B)" in verdict or "at 2000 B)" in verdict), verdict
+
+
+def test_the_graph_table_keeps_its_times_in_one_column():
+    r = run("--simulate", "bench", "graph", *QUICK)
+    assert r.returncode == 0, r.stderr
+    rows = [line for line in r.stdout.splitlines() if line.startswith("  replay")]
+    assert len(rows) == 3 and len({line.index(" ms") for line in rows}) == 1, "\n".join(rows)

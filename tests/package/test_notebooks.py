@@ -16,7 +16,7 @@ import pytest
 nbformat = pytest.importorskip("nbformat")
 
 ROOT = pathlib.Path(__file__).parents[2]
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))  # not a run's copy (the README's simulated.ipynb)
 #: Cells (indices in the notebook) whose code scripts/make_notebooks.py has changed since the committed copy was
 #: executed on a GPU. Regenerate those notebooks, execute them on a GPU (see the test at the end), commit them and
 #: empty their entry.
@@ -130,7 +130,7 @@ def test_the_readmes_simulated_jupyter_run_works(tmp_path):
     import re
     import shutil
 
-    command = re.search(r"`L2CTL_SIMULATE=(\w+) jupyter execute (\S+)`", (ROOT / "README.md").read_text())
+    command = re.search(r"`L2CTL_SIMULATE=(\w+) jupyter execute --output=\S+ (\S+)`", (ROOT / "README.md").read_text())
     assert command, "the README no longer says how to run a notebook on the simulator"
     jupyter = shutil.which("jupyter-execute", path=os.path.dirname(sys.executable)) or shutil.which("jupyter-execute")
     if jupyter is None or importlib.util.find_spec("ipykernel") is None:
@@ -142,6 +142,33 @@ def test_the_readmes_simulated_jupyter_run_works(tmp_path):
     said = "".join(o.get("text", "") for c in nbformat.read(out, as_version=4).cells if c.cell_type == "code"
                    for o in c.outputs)
     assert "(simulated)" in said and "L2CTL_SIMULATE is set: simulated by l2ctl.testing" in said
+
+
+def test_the_readmes_notebook_command_keeps_what_it_ran():
+    """`jupyter execute` alone runs a notebook and throws its outputs away: the README's line writes them to a
+    notebook of their own (not over the committed GPU run), which the [notebooks] extra can run (nbclient 0.10
+    has --output) and open (JupyterLab)."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    command = re.search(r"`L2CTL_SIMULATE=\w+ jupyter execute --output=(\w+) notebooks/(\S+)`", readme)
+    assert command, "the README's notebook command does not keep its results (--output=NAME)"
+    assert f"notebooks/{command.group(1)}.ipynb" in readme, "the README does not say where the results go"
+    assert command.group(1) + ".ipynb" != command.group(2), "the run would overwrite the committed GPU outputs"
+    assert f"/notebooks/{command.group(1)}.ipynb" in (ROOT / ".gitignore").read_text().splitlines()
+    extra = re.search(r"^notebooks = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
+    assert extra, "pyproject.toml has no [notebooks] extra"
+    needs = dict(re.findall(r'"([\w-]+)>=([\d.]+)"', extra.group(1)))
+    assert tuple(map(int, needs.get("nbclient", "0").split("."))) >= (0, 10), "jupyter execute --output needs nbclient 0.10"
+    assert "ipykernel" in needs and ({"jupyterlab", "notebook"} & set(needs)), "nothing to run or open a notebook with"
+
+
+def test_the_gpu_only_notebook_says_so_first():
+    """A notebook whose cells all skip on the simulator says, in its first cell, that it needs a GPU."""
+    for path in NOTEBOOKS:
+        book = nbformat.read(path, as_version=4)
+        if any("import torch" in c.source for c in book.cells):
+            assert "needs a CUDA GPU" in book.cells[0].source and "simulator" in book.cells[0].source, path.name
 
 
 @pytest.mark.gpu

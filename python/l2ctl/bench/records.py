@@ -11,7 +11,7 @@ import platform
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional, TextIO
+from typing import Any, Optional, Sequence, TextIO
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from .._limit import device_info
 from .ceilings import Ceilings
 from .timing import Timing
 
-__all__ = ["Record", "Report", "environment", "simulated_label"]
+__all__ = ["Record", "Report", "environment", "simulated_label", "write_json_array", "write_csv_table"]
 
 
 def _commit() -> str:
@@ -149,19 +149,35 @@ class Report:
     def write_csv(self, file: TextIO) -> None:
         """One row per record; every row names the device and, for a simulated one, what simulated it (a
         simulated number must never pass for a measured one, in a spreadsheet too)."""
+        write_csv_table([self], file)
+
+    def csv_rows(self) -> list[dict[str, Any]]:
+        """The CSV's rows: one per record, the device (and what simulated it) first."""
         device = {"device": self.environment.get("device", {}).get("name", ""),
                   "simulated": self.environment.get("simulated", "")}
-        rows = [{**device, **r.flat()} for r in self.records]
-        columns = list(dict.fromkeys(k for row in rows for k in row)) or list(device)
-        writer = csv.DictWriter(file, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
+        return [{**device, **r.flat()} for r in self.records]
 
     def find(self, variant: str, **config: Any) -> Record:
         for r in self.records:
             if r.variant == variant and all(r.config.get(k) == v for k, v in config.items()):
                 return r
         raise KeyError(f"no record {variant} {config}")
+
+
+def write_json_array(reports: Sequence[Report], file: TextIO) -> None:
+    """Several reports as one JSON document (an array of what ``write_json`` writes for each): what a reader
+    of one stream can parse, where the documents one after another could not be."""
+    json.dump([r.to_dict() for r in reports], file, indent=2, default=_json_default)
+    file.write("\n")
+
+
+def write_csv_table(reports: Sequence[Report], file: TextIO) -> None:
+    """The records of ``reports`` as one CSV table: one header (every column any of them has), then their rows."""
+    rows = [row for r in reports for row in r.csv_rows()]
+    columns = list(dict.fromkeys(k for row in rows for k in row)) or ["device", "simulated"]
+    writer = csv.DictWriter(file, fieldnames=columns)
+    writer.writeheader()
+    writer.writerows(rows)
 
 
 def _json_default(value: Any) -> Any:

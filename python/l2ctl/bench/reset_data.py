@@ -13,6 +13,7 @@ from .._device import DeviceProperties, require_persistence
 from .._limit import set_aside_granularity
 from .._memory import DeviceBuffer, StreamLike
 from .._plan import check_nbytes, round_up
+from .._units import format_bytes
 from .progress import Progress
 from .records import Record, Report, environment
 from .state import clean_state, in_window, owned_stream
@@ -119,7 +120,7 @@ def bench_reset_data(
                         if baseline_ms is not None:
                             rec.metrics["speedup_vs_baseline"] = baseline_ms / rec.median_ms
                         records.append(rec)
-                        bar.step(f"LUT {lut_bytes / MiB:.2f} MiB {column}")
+                        bar.step(f"LUT {format_bytes(lut_bytes)} {column}")
     report = Report("reset-data", env, records, ceilings)
     report.environment["device"]["set_aside_granularity"] = granularity
     report.summary = _reset_summary(report, sizes, names)
@@ -179,7 +180,7 @@ def _reset_summary(report: Report, sizes: Sequence[int], names: Sequence[str]) -
         wins = sum(x > 1.02 for x in sp)
         best = max(range(len(sp)), key=lambda i: sp[i])
         verdict.append(f"a right-sized set-aside beats no persistence at {wins}/{len(sp)} LUT sizes "
-                       f"(best {sp[best]:.2f}x at {sizes[best] / MiB:g} MiB)")
+                       f"(best {sp[best]:.2f}x at {format_bytes(sizes[best])})")
     if "recipe_hr1" in names or "recipe_fit" in names:
         recipe = [min(row.get("recipe_hr1", math.inf), row.get("recipe_fit", math.inf)) for row in table]
         sp = [row["baseline"] / r for row, r in zip(table, recipe)]

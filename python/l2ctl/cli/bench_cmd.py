@@ -14,7 +14,7 @@ from .options import (COLUMN_NAMES, COMMON, CSV, DEVICE, EVERYWHERE, GALLERY_NAM
                       OUT_BYTES, PLOT, QUIET, REPEAT, ROUNDS, SET_ASIDE, SIMULATE, SIZE_HELP, WARMUP, Option,
                       collective_sizes, columns, count, gallery_names, strides)
 from .exitcodes import EXIT_OK, EXIT_UNSUPPORTED, EXIT_USAGE
-from .output import done, fmt_bytes, header, measure, note
+from .output import done, format_bytes, header, measure, note
 from .parsing import Command, Group
 
 __all__ = ["cmd_bench_reset", "cmd_bench_stride", "cmd_bench_cs", "cmd_bench_graph", "cmd_bench_concurrent",
@@ -34,7 +34,7 @@ def _lut_table(report: Report, names: list[str], cell: Callable[[dict[str, Any],
     """reset-data's table: a row per LUT size, ``cell(row, name)`` per column."""
     print(f"{'LUT':>10} " + " ".join(f"{n:>17}" for n in names))
     for row in report.summary["table_ms"]:
-        print(f"{fmt_bytes(row['lut_bytes']):>10} " + " ".join(f"{cell(row, n):>17}" for n in names))
+        print(f"{format_bytes(row['lut_bytes']):>10} " + " ".join(f"{cell(row, n):>17}" for n in names))
 
 
 def cmd_bench_reset(args: argparse.Namespace) -> int:
@@ -45,7 +45,7 @@ def cmd_bench_reset(args: argparse.Namespace) -> int:
     c = report.ceilings
     ceilings = ("" if c is None else f"; write-only ceiling {c.write_ms:.3f} ms ({c.write_gbps:,.0f} GB/s), "
                 f"copy {c.copy_gbps:,.0f} GB/s, read {c.read_gbps:,.0f} GB/s")
-    print(f"reset-data: {fmt_bytes(report.records[0].config['out_bytes'])} output, median of {args.repeat} "
+    print(f"reset-data: {format_bytes(report.records[0].config['out_bytes'])} output, median of {args.repeat} "
           f"(CUDA events), every output verified{ceilings}")
     names = [r.variant for r in report.records if r.config["lut_bytes"] == report.records[0].config["lut_bytes"]]
     _lut_table(report, names, lambda row, n: f"{row[n]:8.3f} {row['baseline'] / row[n]:6.2f}x" if "baseline" in row
@@ -99,14 +99,17 @@ def cmd_bench_graph(args: argparse.Namespace) -> int:
 
     report = _measured(args, bench.bench_graph, args.lut_bytes)
     plain = report.records[0]
-    print(f"graph of {plain.config['kernels_per_graph']} reset-data kernels, LUT {fmt_bytes(plain.config['lut_bytes'])}, "
-          f"output {fmt_bytes(plain.config['out_bytes'])}; outputs verified")
-    print(f"  replay, no window:                                 {plain.median_ms:8.3f} ms")
+    print(f"graph of {plain.config['kernels_per_graph']} reset-data kernels, LUT {format_bytes(plain.config['lut_bytes'])}, "
+          f"output {format_bytes(plain.config['out_bytes'])}; outputs verified")
+    rows = [("replay, no window:", plain.median_ms, "")]
     for r in report.records[1:]:
         how = r.variant.replace("replay_window_", "")
-        print(f"  replay, window on nodes, instance refreshed by {how:<11} {r.median_ms:8.3f} ms  "
-              f"({r.metrics['speedup_vs_no_window']:.2f}x; set-aside {fmt_bytes(r.config['set_aside_granted'])}, "
-              f"hit ratio {r.config['hit_ratio']:.3f})")
+        rows.append((f"replay, window on nodes, instance refreshed by {how}:", r.median_ms,
+                     f"  ({r.metrics['speedup_vs_no_window']:.2f}x; set-aside "
+                     f"{format_bytes(r.config['set_aside_granted'])}, hit ratio {r.config['hit_ratio']:.3f})"))
+    width = max(len(label) for label, _, _ in rows)  # the times in one column, however long a variant's name
+    for label, ms, speedup in rows:
+        print(f"  {label:<{width}} {ms:8.3f} ms{speedup}")
     return done(args, report)
 
 
@@ -115,8 +118,8 @@ def cmd_bench_concurrent(args: argparse.Namespace) -> int:
 
     report = _measured(args, bench.bench_concurrent, set_aside=args.set_aside)
     r0 = report.records[0]
-    print(f"two reset-data kernels on two streams at once, set-aside {fmt_bytes(r0.config['set_aside_granted'])}, "
-          f"each LUT {fmt_bytes(r0.config['lut_bytes_each'])}; outputs verified")
+    print(f"two reset-data kernels on two streams at once, set-aside {format_bytes(r0.config['set_aside_granted'])}, "
+          f"each LUT {format_bytes(r0.config['lut_bytes_each'])}; outputs verified")
     print(f"{'variant':>18} {'hit ratios':>14} {'kernel 1 ms':>12} {'kernel 2 ms':>12} {'both ms':>9} {'speedup':>8}")
     for r in report.records:
         hr = r.config["hit_ratios"]
@@ -183,7 +186,7 @@ def cmd_bench_workloads(args: argparse.Namespace) -> int:
     s = report.summary
     print(f"framework workloads, paired rounds against the baseline ({s['rounds']} rounds x {s['repeat']} runs per "
           f"arm), speedup over the baseline; every output verified; recipe set-aside "
-          f"{fmt_bytes(s['recipe_set_aside'])}")
+          f"{format_bytes(s['recipe_set_aside'])}")
     print(f"{'workload':<14} {'base ms':>8} {'recipe':>7} {'copy':>6} {'hit 1.0':>8} {'tuned (' + str(s['runs']) + ' runs)':>20}"
           f" {'copy':>6} {'tune s':>7}  choice")
     for r in s["rows"]:
@@ -191,15 +194,15 @@ def cmd_bench_workloads(args: argparse.Namespace) -> int:
         if r["tuned_buffer"] is None:
             choice = "no persistence"
         else:
-            span = "" if r["tuned_num_bytes"] is None else f" (first {fmt_bytes(r['tuned_num_bytes'])})"
-            choice = (f"{r['tuned_buffer']}{span}: set-aside {fmt_bytes(r['tuned_set_aside'])}, hit ratio "
+            span = "" if r["tuned_num_bytes"] is None else f" (first {format_bytes(r['tuned_num_bytes'])})"
+            choice = (f"{r['tuned_buffer']}{span}: set-aside {format_bytes(r['tuned_set_aside'])}, hit ratio "
                       f"{r['tuned_hit_ratio']:.2f}")
         print(f"{r['workload']:<14} {r['baseline_ms']:8.3f} {r['recipe_speedup']:6.2f}x {r['recipe_copy_slowdown']:5.2f}x "
               f"{r['hit1_speedup']:7.2f}x {tuned:>19}x {r['tuned_copy_slowdown']:5.2f}x {r['tune_seconds']:7.1f}  {choice}")
     for r in s["rows"]:
         g = r["grid_best"]
         if g is not None:
-            print(f"  {r['workload']}: grid best {g['candidate']} set-aside {fmt_bytes(g['set_aside'])} hit ratio "
+            print(f"  {r['workload']}: grid best {g['candidate']} set-aside {format_bytes(g['set_aside'])} hit ratio "
                   f"{g['hit_ratio']:.2f}: {g['speedup']:.3f}x (copy {copy_pace(g['copy_slowdown'])}); "
                   f"{r['tune_reason']}")
     for name, reason in s["skipped"].items():

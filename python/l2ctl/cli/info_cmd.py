@@ -7,7 +7,7 @@ from typing import Any
 
 from .exitcodes import EXIT_OK, EXIT_UNSUPPORTED
 from .options import CSV, DEVICE, JSON, QUIET, SIMULATE, Option
-from .output import NO_GPU_HINT, fmt_bytes, note, simulated_line, write_table
+from .output import NO_GPU_HINT, format_bytes, note, simulated_line, write_table
 from .parsing import Command
 
 __all__ = ["cmd_info", "INFO"]
@@ -40,7 +40,7 @@ def cmd_info(args: argparse.Namespace) -> int:
                  "accessPolicyMaxWindowSize": info.access_policy_max_window_size,
                  "current set-aside limit": info.persisting_l2_cache_size}
         for label, size in sizes.items():
-            print(f"  {label:<31}{size:>13,} B  ({fmt_bytes(size)})")
+            print(f"  {label:<31}{size:>13,} B  ({format_bytes(size)})")
         if gran:
             print(f"  set-aside granularity          {gran:>13,} B  (requests are rounded {rounding} to multiples)")
         print(f"  persistence supported          "

@@ -21,7 +21,7 @@ from ..bench.collectives import collective_size_problem
 from ..kernels import ResetVariant, check_variant
 from ..testing import SIMULATE_HELP, FakeDevice
 from ..workloads import gallery
-from .output import STDOUT, fmt_bytes, note
+from .output import STDOUT, format_bytes, note
 
 __all__ = ["Option", "COLUMN_NAMES", "VARIANT_NAMES", "parse_size", "items", "simulated_gpus", "lut_size", "lut_sizes",
            "collective_sizes", "count", "repeat_count", "warmup_count", "strides", "columns", "variant",
@@ -112,7 +112,7 @@ def measured_once(values: Sequence[Item], parts: Sequence[str], what: str,
 def lut_sizes(text: str) -> list[int]:
     """Comma-separated LUT sizes: 1M,4M,8M; each measured once."""
     parts = items(text, "size", "1M,4M,8M")
-    return measured_once([lut_size(part) for part in parts], parts, "size", fmt_bytes)
+    return measured_once([lut_size(part) for part in parts], parts, "size", format_bytes)
 
 
 def _world_size() -> int:
@@ -132,7 +132,7 @@ def collective_sizes(text: str) -> list[int]:
         problem = collective_size_problem(value, _world_size())
         if problem:
             raise _bad(problem)
-    return measured_once(values, parts, "size", fmt_bytes)
+    return measured_once(values, parts, "size", format_bytes)
 
 
 def count(minimum: int, maximum: Optional[int] = None, what: str = "count") -> Callable[[str], int]:

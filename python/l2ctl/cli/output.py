@@ -12,23 +12,20 @@ import os
 import sys
 from typing import Any, Callable, Iterator, Optional, TextIO
 
+from .._units import format_bytes
 from ..bench import Report
+from ..bench.records import write_csv_table, write_json_array
 from .exitcodes import EXIT_OK
 
-__all__ = ["MiB", "NO_GPU_HINT", "STDOUT", "OutputError", "data_to_stdout", "fmt_bytes", "simulated_line", "header",
-           "note", "write_report", "write_table", "save_plot", "plot_problem", "numbered_path", "measure", "done"]
+__all__ = ["NO_GPU_HINT", "STDOUT", "OutputError", "data_to_stdout", "format_bytes", "simulated_line", "header",
+           "note", "write_report", "write_reports_to_stdout", "write_table", "save_plot", "plot_problem", "numbered_path", "measure", "done"]
 
-MiB = 1 << 20
 #: Said wherever a command finds no GPU: a new user's next step.
 NO_GPU_HINT = "no GPU here? add --simulate to run this command on a simulated H100"
 
 
 class OutputError(Exception):
     """A result file could not be written (exit 2; the table was already printed)."""
-
-
-def fmt_bytes(n: int) -> str:
-    return f"{n / MiB:.2f} MiB" if n >= MiB else f"{n / 1024:.1f} KiB"
 
 
 def simulated_line(provenance: str) -> str:
@@ -42,8 +39,8 @@ def header(report: Report) -> str:
     when the GPU was simulated)."""
     env = report.environment
     d = env["device"]
-    return (f"{d['name']} (cc {d['compute_capability']}, L2 {fmt_bytes(d['l2_cache_size'])}, persisting max "
-            f"{fmt_bytes(d['persisting_l2_cache_max_size'])}), driver {env['driver_version']}, runtime "
+    return (f"{d['name']} (cc {d['compute_capability']}, L2 {format_bytes(d['l2_cache_size'])}, persisting max "
+            f"{format_bytes(d['persisting_l2_cache_max_size'])}), driver {env['driver_version']}, runtime "
             f"{env['runtime_version']}{simulated_line(env.get('simulated', ''))}")
 
 
@@ -95,6 +92,16 @@ def write_report(report: Report, json_path: Optional[str], csv_path: Optional[st
             _writing(path, write)
 
 
+def write_reports_to_stdout(reports: list[Report], json_path: Optional[str], csv_path: Optional[str]) -> None:
+    """Several reports of one run (tune's, one per LUT size) where --json or --csv is ``-``: one JSON document
+    (an array, one report per element) and one CSV table under one header, as a reader of stdout parses them.
+    The paths that name files are left to the caller (one file per report)."""
+    if json_path == STDOUT:
+        _writing(STDOUT, lambda f: write_json_array(reports, f))
+    if csv_path == STDOUT:
+        _writing(STDOUT, lambda f: write_csv_table(reports, f))
+
+
 def write_table(json_path: Optional[str], csv_path: Optional[str], document: dict[str, Any],
                 rows: list[dict[str, Any]]) -> None:
     """What is not a benchmark report (info): ``document`` as JSON and ``rows`` as CSV, where asked."""
@@ -112,10 +119,11 @@ def write_table(json_path: Optional[str], csv_path: Optional[str], document: dic
             _writing(path, write)
 
 
-def numbered_path(path: str, nbytes: int) -> str:
-    """``out.json`` -> ``out_4194304.json``: one file per LUT size (``-``: each in turn on stdout)."""
-    if path == STDOUT:
-        return path
+def numbered_path(path: Optional[str], nbytes: int) -> Optional[str]:
+    """``out.json`` -> ``out_4194304.json``: one file per LUT size. None for none and for ``-``: stdout gets
+    every size at once, in one document (``write_reports_to_stdout``), never one document after another."""
+    if path is None or path == STDOUT:
+        return None
     stem, ext = os.path.splitext(path)
     return f"{stem}_{nbytes}{ext}"
 

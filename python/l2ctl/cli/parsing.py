@@ -138,6 +138,30 @@ def command_words(entries: Sequence[Entry]) -> set[str]:
     return {e.name for e in entries} | {c.name for e in entries if isinstance(e, Group) for c in e.commands}
 
 
+def _command_of(entries: Sequence[Entry], before: Sequence[str], after: Sequence[str]) -> Optional[Entry]:
+    """The command (or group) an option at this point of the line goes to: the one the words name, those
+    typed before it or, for an option typed first, after it (``l2ctl --x bench stride``); None for none."""
+    level: Sequence[Entry] = entries
+    chosen: Optional[Entry] = None
+    for word in (*before, *after):
+        found = next((e for e in level if e.name == word), None)
+        if found is not None:
+            chosen = found
+            level = found.commands if isinstance(found, Group) else ()
+    return chosen
+
+
+def _close_option(flag: str, command: Optional[Entry]) -> Optional[str]:
+    """The option ``flag`` was likely meant to be, among those ``command`` takes (with no command, those every
+    command takes), or None. Compared without the dashes, which every flag shares: with them, any
+    flag resembles any other (--bogus read as --rounds)."""
+    options = command.all_options() if command is not None else EVERYWHERE
+    flags = [o.flag for o in options] + ["--help"] + (["--version"] if command is None else [])
+    names = {f.lstrip("-"): f for f in flags}
+    close = difflib.get_close_matches(flag.lstrip("-"), sorted(names), n=1)
+    return names[close[0]] if close else None
+
+
 def normalize(parser: argparse.ArgumentParser, argv: Sequence[str], entries: Sequence[Entry]) -> list[str]:
     """``argv`` with each option's value joined to it (``--lut-bytes -4M`` -> ``--lut-bytes=-4M``: argparse
     would take -4M for a flag) and an optional value made explicit (``--simulate info`` ->
@@ -165,8 +189,8 @@ def normalize(parser: argparse.ArgumentParser, argv: Sequence[str], entries: Seq
         else:
             flag = token.split("=", 1)[0]
             if flag.startswith("-") and len(flag) > 1 and not _NUMBER.match(flag) and flag not in known:
-                close = difflib.get_close_matches(flag, sorted(known), n=1)
-                parser.error(f"unknown option {flag}" + (f"; did you mean {close[0]}?" if close else ""))
+                close = _close_option(flag, _command_of(entries, out, rest))
+                parser.error(f"unknown option {flag}" + (f"; did you mean {close}?" if close else ""))
         flag, _, value = token.partition("=")
         if flag in options:
             if flag in given:

@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from .options import COMMON, LUT_BYTES, OUT_BYTES, PLOT, SET_ASIDE, VARIANT, Option
-from .output import done, fmt_bytes, header, measure
+from .output import done, format_bytes, header, measure
 from .parsing import Command, Group
 
 __all__ = ["cmd_sweep_hit_ratio", "cmd_sweep_set_aside", "cmd_sweep_surface", "cmd_sweep_tax", "HIT_RATIO",
@@ -26,11 +26,11 @@ def _reset_data_sweep(args: argparse.Namespace, kind: str, **options: Any) -> in
         result = getattr(sweep, f"sweep_{kind}")(w, s, w.buf, **options, **measure(args))
     report = result.report()
     print(header(report))
-    print(f"reset-data ({args.variant}), LUT {fmt_bytes(args.lut_bytes)}: baseline {result.baseline.median_ms:.3f} ms; "
+    print(f"reset-data ({args.variant}), LUT {format_bytes(args.lut_bytes)}: baseline {result.baseline.median_ms:.3f} ms; "
           "every output verified")
     print(f"{'set-aside':>12} {'hit ratio':>9} {'ms':>8} {'speedup':>8}")
     for r in result.records:
-        print(f"{fmt_bytes(r.config['set_aside_granted']):>12} {r.config['hit_ratio']:9.3f} {r.median_ms:8.3f} "
+        print(f"{format_bytes(r.config['set_aside_granted']):>12} {r.config['hit_ratio']:9.3f} {r.median_ms:8.3f} "
               f"{r.metrics['speedup_vs_baseline']:7.2f}x")
     return done(args, report, getattr(plot, kind), result)
 
@@ -57,7 +57,7 @@ def cmd_sweep_tax(args: argparse.Namespace) -> int:
     print(header(report))
     print(f"{'set-aside':>12} {'write GB/s':>11} {'copy GB/s':>10}")
     for r in report.records:
-        print(f"{fmt_bytes(r.config['set_aside_granted']):>12} {r.metrics['write_gbps']:11,.0f} "
+        print(f"{format_bytes(r.config['set_aside_granted']):>12} {r.metrics['write_gbps']:11,.0f} "
               f"{r.metrics['copy_gbps']:10,.0f}")
     return done(args, report, plot.tax)
 
