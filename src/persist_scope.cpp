@@ -295,11 +295,13 @@ Plan check(Persist* self, Registry_object& registry, const Where& where) {
   plan.window.hit_prop = self->hit_prop;
   plan.window.miss_prop = self->miss_prop;
   plan.request = self->limit_bytes;
-  if (self->limit == Limit::max || self->limit == Limit::exact) {
+  if (self->limit == Limit::max || self->limit == Limit::exact || self->limit == Limit::fraction) {
     try {
       plan.request = pl::requested_set_aside(
-          self->limit == Limit::max ? pl::Set_aside_form::max : pl::Set_aside_form::bytes, plan.request, 0.0,
-          plan.limits.persisting_max, self->clamp);
+          self->limit == Limit::max        ? pl::Set_aside_form::max
+          : self->limit == Limit::fraction ? pl::Set_aside_form::fraction
+                                           : pl::Set_aside_form::bytes,
+          plan.request, self->limit_fraction, plan.limits.persisting_max, self->clamp);
     } catch (const std::invalid_argument& e) {
       value_error(std::string("device ") + std::to_string(device) + ": " + e.what() +
                   " (clamp=True grants the max instead, with a warning)");
@@ -378,7 +380,8 @@ void announce(Persist* self, const std::shared_ptr<Scope_object>& scope, const p
                                  : py::object(py::none());
   py::object clamp = plan.clamped ? py::object(py::make_tuple(self->limit_bytes, plan.request)) : py::object(py::none());
   call_host(host.announce, reinterpret_cast<PyObject*>(self), clip.ptr(), py::int_(entered.limit).ptr(),
-            py::float_(entered.demand).ptr(), entered.capped ? Py_True : Py_False, clamp.ptr());
+            py::float_(entered.demand).ptr(), entered.capped ? Py_True : Py_False, clamp.ptr(),
+            py::float_(entered.asked).ptr());
 }
 
 // After the scope was registered, something failed (a graph's update, a warning filter, an interrupt, an

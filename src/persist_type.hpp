@@ -23,7 +23,7 @@ enum Arg { a_stream, a_buf, a_hit_ratio, a_num_bytes, a_offset, a_hit_prop, a_mi
 extern const char* const arg_names[n_args];
 extern PyObject* interned_args[n_args];
 
-enum class Limit { none, automatic, max, exact };
+enum class Limit { none, automatic, max, exact, fraction };
 
 struct Persist {
   PyObject_HEAD
@@ -47,6 +47,7 @@ struct Persist {
   int hit_prop, miss_prop;
   Limit limit;
   long long limit_bytes;
+  double limit_fraction;  // Limit::fraction: the share of the max asked for, in (0, 1)
   bool reset_on_exit, share, enabled;
   bool strict;  // false: where the device cannot persist, the scope changes nothing and says why (`reason`)
   bool clamp;   // an exact set-aside above the device's max is granted the max, with a warning

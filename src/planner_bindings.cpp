@@ -763,6 +763,8 @@ void bind_planner(py::module_& core) {
                                                    : throw std::invalid_argument("form: 'bytes', 'max' or 'fraction'");
     return pl::requested_set_aside(f, bytes, fraction, maximum, clamp);
   }, "form"_a, "bytes"_a, "fraction"_a, "maximum"_a, "clamp"_a);
+  m.def("plan_check_set_aside_fraction",
+        [](double fraction) { return static_cast<int>(pl::check_set_aside_fraction(fraction)); }, "fraction"_a);
   m.def("plan_auto_set_aside", &pl::auto_set_aside, "demand"_a, "current"_a, "granularity"_a, "maximum"_a);
   m.def("plan_default_hit_ratio", &pl::default_hit_ratio, "granted"_a, "window_bytes"_a);
   m.def("plan_fit_window", [](long long room, long long window_bytes) {

@@ -444,6 +444,9 @@ void take_prepared(Persist* self, PyObject* const* v) {
     self->limit = Limit::none;
   } else if (PyUnicode_Check(limit.ptr())) {
     self->limit = PyUnicode_Compare(limit.ptr(), L2CTL_NAME("max").ptr()) == 0 ? Limit::max : Limit::automatic;
+  } else if (PyFloat_Check(limit.ptr())) {  // a fraction of the max, checked by _prepare (check_set_aside)
+    self->limit = Limit::fraction;
+    self->limit_fraction = PyFloat_AS_DOUBLE(limit.ptr());
   } else {
     self->limit = Limit::exact;
     self->limit_bytes = limit.cast<long long>();

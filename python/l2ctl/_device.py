@@ -84,8 +84,14 @@ def no_device_error(backend: Backend) -> NoDeviceError:
 
 
 def device_count() -> int:
-    """Number of visible CUDA devices; 0 without a GPU or a usable driver (never raises for that)."""
-    return int(_backend.current().device_count())
+    """Number of visible CUDA devices; 0 without a GPU or a usable driver (never raises for that). Where
+    L2CTL_SIMULATE names no simulated GPU (a setting to correct, not a machine without GPUs), NoDeviceError saying
+    what is wrong and the values it takes, as every other device call."""
+    backend = _backend.current()
+    count = int(backend.device_count())
+    if count == 0 and getattr(backend, "refuses_device_count", False):
+        raise no_device_error(backend)
+    return count
 
 
 def _index_of(device: object) -> Optional[int]:

@@ -16,7 +16,7 @@ from . import _backend, _core, _device, _errors, _interop, _memory, _persist, _r
 class Host:
     # The persist scope's Python (l2ctl._persist): argument forms the fast path leaves, and the entry's warnings.
     prepare: Callable[..., tuple[Any, ...]]  # _prepare(13 arguments) -> the normalised tuple
-    announce: Callable[..., None]  # _announce(scope, clip, limit, demand, capped, clamped)
+    announce: Callable[..., None]  # _announce(scope, clip, limit, demand, capped, clamped, asked)
     unavailable: Callable[[Any], None]  # _unavailable(scope): a best-effort scope that changes nothing, said once
     # Devices (l2ctl._device): first-time checks of a foreign stream or pointer, and the properties a scope needs.
     stream_device: Callable[[_interop.StreamRef], int]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
 from . import _backend, _registry
 from ._device import DeviceProperties, properties, require_persistence, resolve_device
-from ._plan import check_set_aside_request, parse_set_aside_request, tax_free_limit
+from ._plan import check_set_aside, parse_set_aside_request, tax_free_limit
 
 __all__ = ["DeviceInfo", "device_info", "get_set_aside", "set_aside", "SetAside", "reset_persisting_lines",
            "set_aside_granularity", "set_aside_rounding", "auto_set_aside_cap"]
@@ -105,8 +105,9 @@ class SetAside(int):
 def set_aside(nbytes: Union[int, float, Literal["max"]], device: object = None) -> SetAside:
     """Set the persisting-L2 set-aside (``cudaLimitPersistingL2CacheSize``) and return what was granted.
 
-    ``nbytes`` is a byte count, ``"max"`` (``persistingL2CacheMaxSize``) or a float fraction of the max
-    (``0.5``). The driver rounds the request to its granularity (on an H100, up to a multiple of max/10),
+    ``nbytes`` is an int of bytes (``1`` is one byte), ``"max"`` (``persistingL2CacheMaxSize``) or a float strictly
+    between 0 and 1, that fraction of the max (``0.5``); ``1.0`` is refused (write ``"max"`` or an int), as ``persist``,
+    ``Policy`` and the CLI's ``--set-aside`` refuse it. The driver rounds the request to its granularity (on an H100, up to a multiple of max/10),
     so the returned value is read back from the driver, never assumed. Use it as ``with l2ctl.set_aside(n): ...``
     to end the request with the block.
 
@@ -114,7 +115,7 @@ def set_aside(nbytes: Union[int, float, Literal["max"]], device: object = None) 
     other kernel streams through a smaller L2 (plain copies ran 2.4x slower at the max on an H100:
     docs/results.md). Set it no larger than needed, and put it back.
     """
-    check_set_aside_request(nbytes)  # arguments first, then the device
+    check_set_aside(nbytes)  # arguments first, then the device
     props = require_persistence(device)
     requested = parse_set_aside_request(nbytes, props.persisting_l2_cache_max_size)
     previous = _read_limit(props.index)

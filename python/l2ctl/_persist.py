@@ -17,21 +17,24 @@ from ._errors import (L2BudgetWarning, NotSupportedError, PersistenceUnavailable
                       WindowClippedWarning)
 from ._interop import BufferRef, StreamRef, remembered, resolve_buffer, stream_remembered
 from ._memory import BufferLike, Stream
-from ._plan import DEFAULT_LIMIT_FRACTION, check_nbytes, clip_window, is_integer, normalize_hit_ratio, oversubscribed
+from ._plan import (DEFAULT_LIMIT_FRACTION, SetAsideRequest, check_nbytes, check_set_aside, clip_window, is_integer,
+                    normalize_hit_ratio, oversubscribed)
 from ._targets import Target, as_target
 from ._window import AccessPolicyWindow, AccessProperty, check_property
 
 __all__ = ["persist", "Persist", "Policy", "Budget", "budget"]
 
-#: What a scope asks of the set-aside: bytes, "auto" (enough for the windows in force, kept within the driver's
-#: default limit), "max", or None (the limit as it is). A Literal, so that a type checker refuses "lots".
-LimitRequest = Union[int, Literal["auto", "max"], None]
+#: What a scope asks of the set-aside: bytes, "max", a fraction of the max strictly between 0 and 1, "auto" (enough
+#: for the windows in force, kept within the driver's default limit), or None (the limit as it is); checked by
+#: _plan.check_set_aside, the one place of the rule. A Literal, so that a type checker refuses "lots".
+LimitRequest = SetAsideRequest
 _PERSISTING, _STREAMING = AccessProperty.PERSISTING, AccessProperty.STREAMING
 
 
 @dataclass(frozen=True)
 class Policy:
-    """A persistence policy: the set-aside (bytes, ``"auto"``, ``"max"`` or None to leave it), the hit
+    """A persistence policy: the set-aside (bytes, ``"max"``, a fraction of the max in (0, 1), ``"auto"`` or None to
+    leave it; as l2ctl.set_aside and persist take it), the hit
     ratio (None: as much as the set-aside holds) and, optionally, the byte range of the buffer the window
     covers (``offset``, ``num_bytes``; None: to the buffer's end). ``enabled=False`` means "no
     persistence": ``persist`` then changes nothing. The tuner returns one of these."""
@@ -80,23 +83,11 @@ def budget(device: object = None) -> Budget:
                   tuple((scope.slots[0][1] if scope.slots else 0, w.num_bytes, w.hit_ratio) for scope, w in snap.in_force))
 
 
-def _check_limit_request(value: object) -> LimitRequest:
-    if value is None:
-        return None
-    if isinstance(value, str) and value in ("auto", "max"):
-        return "auto" if value == "auto" else "max"
-    if isinstance(value, str):
-        raise ValueError(f"set_aside must be 'auto', 'max', None or a byte count, got {value!r}")
-    if not is_integer(value):
-        raise TypeError(f"set_aside must be 'auto', 'max', None or an int byte count, not {type(value).__name__}")
-    return check_nbytes(value, "set_aside", allow_zero=True)
-
-
 def _check_policy_fields(hit_ratio: object, set_aside: object, enabled: object, offset: object,
                          num_bytes: object) -> tuple[Optional[float], LimitRequest, bool, int, Optional[int]]:
     if not isinstance(enabled, bool):
         raise TypeError("policy.enabled must be a bool")
-    return ((None if hit_ratio is None else normalize_hit_ratio(hit_ratio)), _check_limit_request(set_aside), enabled,
+    return ((None if hit_ratio is None else normalize_hit_ratio(hit_ratio)), check_set_aside(set_aside, scope=True), enabled,
             check_nbytes(offset, "policy.offset", allow_zero=True),
             None if num_bytes is None else check_nbytes(num_bytes, "policy.num_bytes"))
 
@@ -133,7 +124,7 @@ def _prepare(stream: object, buf: object, hit_ratio: object, num_bytes: object, 
     """``persist``'s arguments checked and normalised, before any device query or CUDA call: every form the
     compiled scope does not take as it is (the one place their rules are written)."""
     requested = None if hit_ratio is None else normalize_hit_ratio(hit_ratio)
-    limit = set_aside if set_aside is None or set_aside == "auto" else _check_limit_request(set_aside)
+    limit = check_set_aside(set_aside, scope=True)
     enabled = True
     if policy is not None:
         if hit_ratio is not None or set_aside != "auto":
@@ -167,10 +158,11 @@ def _prepare(stream: object, buf: object, hit_ratio: object, num_bytes: object, 
 
 
 def _announce(scope: "Persist", clip: Optional[tuple[int, int, int]], limit: int, demand: float, capped: bool,
-              clamped: Optional[tuple[int, int]]) -> None:
+              clamped: Optional[tuple[int, int]], asked: float) -> None:
     """The entered scope's warnings: a clipped window (``clip``: bytes asked, bytes kept, the device's largest
     window), a set-aside clamped to the max (``clamped``: bytes asked, bytes granted), an "auto" limit kept at the
-    tax-free one, windows asking more than the set-aside. The compiled entry
+    tax-free one, windows asking more than the set-aside. ``demand``: the windows in force as entered; ``asked``: the
+    same with this scope's window as asked, before ``hit_ratio=None`` cut it to the room. The compiled entry
     calls this after the registry's lock is released (a filter may raise: the scope then ends, or run user code),
     with no Python frame of l2ctl's between: stacklevel 2 names the user's line."""
     device = scope.device
@@ -188,7 +180,7 @@ def _announce(scope: "Persist", clip: Optional[tuple[int, int, int]], limit: int
     if capped:
         warnings.warn(
             f"device {device}: set_aside='auto' kept the persisting limit at {limit} bytes, the driver's default "
-            f"({DEFAULT_LIMIT_FRACTION:.0%} of the max): the windows in force ask for {demand:.0f} bytes, but a "
+            f"({DEFAULT_LIMIT_FRACTION:.0%} of the max): the windows in force ask for {asked:.0f} bytes, but a "
             "larger set-aside slows every other kernel on the GPU (l2ctl.bench.measure_tax measures it here). "
             f"{_fitted(scope) if scope._requested_hit_ratio is None else ''}"
             "Pass set_aside=<bytes> or 'max' to pay that knowingly; l2ctl.tune measures both sides",
@@ -264,8 +256,11 @@ class Persist:
       tax on everything else, L2 reserved for persisting lines is lost to every other kernel on the GPU
       (plain copies ran 2.4x slower at the max on an H100: docs/results.md), and below the default limit
       the measured tax is nil. An int asks for exactly that many bytes (the driver rounds it;
-      ``p.set_aside`` is what it granted), ``"max"`` for persistingL2CacheMaxSize; None leaves the
-      limit alone. l2ctl.tune() measures what a larger set-aside buys and costs.
+      ``p.set_aside`` is what it granted), ``"max"`` for persistingL2CacheMaxSize, a float strictly between 0
+      and 1 for that fraction of it (``1.0`` is refused: write ``"max"`` or an int); None leaves the limit
+      alone. Under MPS, where a client cannot set the limit, ``"auto"`` takes the limit MPS gives, as None
+      does; an explicit request raises NotSupportedError. l2ctl.tune() measures what a larger set-aside buys
+      and costs.
     - A window larger than accessPolicyMaxWindowSize is clipped to it, with a WindowClippedWarning.
     - ``share=True``: hit ratios of all shared scopes in force on the device are scaled so their total
       demand fits what the other windows leave of the set-aside (two windows as large as the set-aside

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Sequence, TypeGuard
+from typing import Literal, Sequence, TypeGuard, Union
 
 import numpy as np
 
@@ -13,8 +13,12 @@ from . import _core
 
 _native = _core._planner  # the planner's rules (src/l2ctl/planner.cpp), typed by _core.pyi
 
+#: A set-aside request as check_set_aside returns it: bytes, "max", a fraction of the max in (0, 1), and for a persist
+#: scope "auto" or None. A Literal, so that a type checker refuses "lots".
+SetAsideRequest = Union[int, float, Literal["auto", "max"], None]
+
 __all__ = ["HIT_RATIO_TOLERANCE", "normalize_hit_ratio", "hit_ratio_grid", "round_up", "parse_set_aside_request",
-           "granted_set_aside", "check_set_aside_request", "auto_set_aside", "oversubscribed", "tax_free_limit",
+           "granted_set_aside", "check_set_aside", "SetAsideRequest", "SET_ASIDE_FORMS", "auto_set_aside", "oversubscribed", "tax_free_limit",
            "DEFAULT_LIMIT_FRACTION", "default_hit_ratio", "fit_window", "clip_window", "shared_hit_ratios", "check_nbytes",
            "check_count", "is_integer"]
 
@@ -59,7 +63,8 @@ def normalize_hit_ratio(value: object, name: str = "hit_ratio") -> float:
     ratio, fault = _native.plan_check_hit_ratio(x)
     if fault:
         raise ValueError(_HIT_RATIO_REFUSALS[fault].format(name=name, x=x, tolerance=HIT_RATIO_TOLERANCE))
-    return x if ratio == x else ratio  # the caller's object where it is unchanged (a window stays canonical)
+    # the caller's object where it is unchanged (a window stays canonical); a zero is the planner's (-0.0 is 0.0)
+    return x if ratio == x and x != 0.0 else ratio
 
 
 def hit_ratio_grid(points: int, start: float = 0.0, stop: float = 1.0) -> list[float]:
@@ -113,39 +118,61 @@ def round_up(nbytes: int, granularity: int) -> int:
     return int(_native.plan_round_up(int(nbytes), int(granularity)))
 
 
-def check_set_aside_request(value: object) -> None:
-    """What set_aside(value) accepts, checked without a device: an int byte count >= 0, "max", or a
-    float fraction in [0, 1]. The device's max is checked later by parse_set_aside_request."""
+#: What a set-aside is, everywhere (l2ctl.set_aside, persist, Policy, tune's policies, the CLI's --set-aside): said
+#: once, for the messages that refuse the other forms.
+SET_ASIDE_FORMS = ("an int of bytes (1 is one byte), 'max' (persistingL2CacheMaxSize), or a float strictly between 0 "
+                   "and 1 (that fraction of the max: 0.5 is half of it)")
+
+
+def check_set_aside(value: object, *, scope: bool = False) -> SetAsideRequest:
+    """The one check of a set-aside's form, without a device: the request normalised, or the error that says what to
+    write. An int (not bool) is bytes; ``"max"`` the device's max; a float strictly between 0 and 1 that fraction of
+    the max. A float that could be read as bytes or as all of the max (``1.0``), or is neither (``0.0``, ``2.0``,
+    NaN), is refused. ``scope``: a persist scope's request, which also takes ``"auto"`` (what the windows need,
+    within the driver's default limit) and None (the limit as it is); ``l2ctl.set_aside`` and the CLI do not."""
+    if value is None or (isinstance(value, str) and value == "auto"):
+        if scope:
+            return None if value is None else "auto"
+        raise (TypeError if value is None else ValueError)(f"set_aside={value!r} is a persist scope's request (it sizes the limit to the windows, or "
+                         f"leaves it); here the set-aside is {SET_ASIDE_FORMS}")
     if isinstance(value, str):
-        if value.strip().lower() != "max":
-            raise ValueError(f"set-aside must be a byte count, a fraction of the max, or 'max'; got {value!r}")
-        return
+        if value == "max":
+            return "max"
+        also = ", 'auto' or None" if scope else ""
+        raise ValueError(f"set_aside={value!r} is not a set-aside: write {SET_ASIDE_FORMS}{also}")
     if isinstance(value, (bool, np.bool_)):
-        raise TypeError("set-aside must be a byte count, a fraction, or 'max', not bool")
+        raise TypeError(f"set_aside must be {SET_ASIDE_FORMS}, not bool")
     if isinstance(value, numbers.Integral):
-        if int(value) < 0:
-            raise ValueError(f"set-aside must be >= 0 bytes, got {int(value)}")
-        return
+        return check_nbytes(value, "set_aside", allow_zero=True)
     if isinstance(value, numbers.Real):
-        f = _as_float(value, "a fractional set-aside must be in [0, 1] (of the max)")
-        if math.isnan(f) or not 0.0 <= f <= 1.0:
-            raise ValueError(f"a fractional set-aside must be in [0, 1] (of the max), got {f!r}")
-        return
-    raise TypeError(f"set-aside must be a byte count, a fraction, or 'max', not {type(value).__name__}")
+        f = _as_float(value, "a float set_aside must be a fraction strictly between 0 and 1 (of the max)")
+        fault = int(_native.plan_check_set_aside_fraction(f))
+        if fault:
+            raise ValueError(_SET_ASIDE_FRACTION_REFUSALS[fault].format(x=f))
+        return f
+    raise TypeError(f"set_aside must be {SET_ASIDE_FORMS}, not {type(value).__name__}")
+
+
+#: The planner's reasons to refuse a float set-aside (its Set_aside_fraction_fault), worded for the user.
+_SET_ASIDE_FRACTION_REFUSALS = {
+    1: "set_aside={x!r} is ambiguous: write 'max' for all of persistingL2CacheMaxSize, or an int for bytes (1 is one "
+       "byte); a float is a fraction of the max strictly between 0 and 1",
+    2: "set_aside={x!r}: write 0 for no set-aside; a float is a fraction of the max strictly between 0 and 1",
+    3: "set_aside={x!r}: a float is a fraction of the max strictly between 0 and 1; write an int for bytes, 'max' for "
+       "all of the max",
+}
 
 
 def parse_set_aside_request(value: object, maximum: int) -> int:
-    """Bytes asked for by ``set_aside(value)``: an int (bytes), ``"max"``, or a float fraction of the max.
-
-    A float is always a fraction (``1.0`` is the whole max, ``0.5`` half of it); an int is always bytes.
-    """
-    check_set_aside_request(value)
-    if isinstance(value, str):
+    """Bytes asked for by ``set_aside(value)`` on a device whose max is ``maximum``: an int (bytes, at most the
+    max), ``"max"``, or a float fraction of the max strictly between 0 and 1 (check_set_aside says which forms)."""
+    request = check_set_aside(value)
+    if isinstance(request, str):
         return int(_native.plan_requested_set_aside("max", 0, 0.0, int(maximum), False))
-    if isinstance(value, numbers.Integral):
-        return granted_set_aside(check_nbytes(value, "set-aside", allow_zero=True), maximum)
-    assert isinstance(value, numbers.Real)
-    return int(_native.plan_requested_set_aside("fraction", 0, float(value), int(maximum), False))
+    if isinstance(request, float):
+        return int(_native.plan_requested_set_aside("fraction", 0, request, int(maximum), False))
+    assert isinstance(request, int)
+    return int(_native.plan_requested_set_aside("bytes", request, 0.0, int(maximum), False))
 
 
 def granted_set_aside(request: int, maximum: int, clamp: bool = False) -> int:

@@ -50,7 +50,7 @@ from .candidates import ModelCandidates, from_captures, from_recorded
 from .graph import TorchCaptures, torch_captures
 from .graph import buffers as graph_buffers
 from .sweep import set_aside_grid
-from .tuner import (REFINE_POINTS, TAX_GAIN, CandidateResult, PointResult, TunePoint, choose, confirmed_reason,
+from .tuner import (REFINE_POINTS, TAX_GAIN, CandidateResult, PointResult, TunePoint, choose, confirmed_reason, is_discover,
                     no_winner_reason, refine_points, resolve_candidates, screen_points, unconfirmed_reason, winners)
 
 __all__ = ["autotune", "AutoTuned", "Decision", "MAX_CALLS", "MAX_LAG"]
@@ -218,9 +218,7 @@ class AutoTuned(Generic[P, R]):
                  min_gain: float, tax_gain: float, strict: bool, max_decisions: int, seed: int) -> None:
         functools.update_wrapper(self, fn)
         self._fn = fn
-        self._discover = isinstance(candidates, str) and candidates == "discover"
-        if isinstance(candidates, str) and not self._discover:
-            raise ValueError(f"candidates: a buffer, a dict name -> buffer or 'discover', not {candidates!r}")
+        self._discover = is_discover(candidates)
         self._named = {} if self._discover else resolve_candidates(candidates)
         self._stream = stream
         self._rounds, self._confidence, self._min_gain, self._tax_gain = rounds, confidence, min_gain, tax_gain

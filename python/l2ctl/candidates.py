@@ -33,7 +33,7 @@ from __future__ import annotations
 import difflib
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 from typing import Any, Callable, Optional, Protocol, Union
 
@@ -102,6 +102,7 @@ class ModelCandidates(Mapping[str, BufferLike]):
     details: dict[str, str] = field(default_factory=dict)  # a discovered range: what it is, which kernels use it
     kind: str = "tensor"  # what was listed: a model's tensors, or the ranges a graph's kernels are given
     notes: tuple[str, ...] = ()  # what else the answer must say: torch ran the step without CUDA graphs, and why
+    launches: Optional[int] = None  # an eager step's kernel launches over the recorded runs (None: not counted)
 
     def __getitem__(self, name: str) -> BufferLike:
         return self.tried[name]
@@ -251,7 +252,7 @@ def from_steps(step: Callable[[], object], device: object = None, names: Optiona
 def from_recorded(found: StepBuffers, device: int, most: int = MOST) -> ModelCandidates:
     """The candidates among what an eager step's recorded runs found (``from_steps``; ``l2ctl.autotune`` records
     the app's own calls with l2ctl._kernel_buffers.StepRecorder), by the same rule."""
-    return _from_buffers(found.stable, device, most, dict(found.moved))
+    return replace(_from_buffers(found.stable, device, most, dict(found.moved)), launches=sum(found.launches))
 
 
 def _from_buffers(found: list[GraphBuffer], device: int, most: int, skipped: dict[str, str],

@@ -8,13 +8,13 @@ state (bench.clean_state: limit set, no window, lines reset, L2 flushed); the li
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Literal, Optional, Sequence, Union
 
 from ._memory import BufferLike, StreamLike
 from ._device import require_persistence, stream_device
 from ._limit import set_aside_granularity
 from ._interop import resolve_buffer, resolve_stream
-from ._plan import check_nbytes, hit_ratio_grid, normalize_hit_ratio, round_up
+from ._plan import check_nbytes, check_set_aside, hit_ratio_grid, normalize_hit_ratio, parse_set_aside_request, round_up
 from ._units import format_bytes
 from .kernels import check_variant
 from .bench import (Progress, Record, Report, check, check_repeats, clean_state, environment, measure_ceilings,
@@ -119,20 +119,24 @@ def _run(kind: str, workload: Any, stream: StreamLike, buf: BufferLike, points: 
     return SweepResult(kind, records, baseline, environment(device))
 
 
-def sweep_hit_ratio(workload: Any, stream: StreamLike, buf: BufferLike, *, set_aside: Optional[int] = None,
+def sweep_hit_ratio(workload: Any, stream: StreamLike, buf: BufferLike, *,
+                    set_aside: Union[int, float, Literal["max"], None] = None,
                     hit_ratios: Optional[Sequence[float]] = None, warmup: int = 3, repeat: int = 9,
                     progress: bool = True) -> SweepResult:
-    """Time against hit ratio at one set-aside (default: buf rounded up to the granularity, capped).
-    Hit ratios come from an exact grid (i / 10), never accumulated."""
+    """Time against hit ratio at one set-aside (default: buf rounded up to the granularity, capped; else what
+    l2ctl.set_aside takes: bytes, "max" or a fraction of the max). Hit ratios come from an exact grid (i / 10),
+    never accumulated."""
     warmup, repeat = _check_sweep(workload, buf, warmup, repeat)
     ratios = _ratios(hit_ratios if hit_ratios is not None else hit_ratio_grid(11))
     if set_aside is not None:
-        set_aside = check_nbytes(set_aside, "set_aside", allow_zero=True)
+        check_set_aside(set_aside)
     info = require_persistence(stream_device(resolve_stream(stream)))
     if set_aside is None:
-        set_aside = min(info.persisting_l2_cache_max_size,
-                        round_up(resolve_buffer(buf).nbytes, set_aside_granularity(info.index)))
-    return _run("hit-ratio", workload, stream, buf, [(set_aside, h) for h in ratios], warmup, repeat, progress)
+        nbytes = min(info.persisting_l2_cache_max_size,
+                     round_up(resolve_buffer(buf).nbytes, set_aside_granularity(info.index)))
+    else:
+        nbytes = parse_set_aside_request(set_aside, info.persisting_l2_cache_max_size)
+    return _run("hit-ratio", workload, stream, buf, [(nbytes, h) for h in ratios], warmup, repeat, progress)
 
 
 def sweep_set_aside(workload: Any, stream: StreamLike, buf: BufferLike, *, hit_ratio: Optional[float] = None,

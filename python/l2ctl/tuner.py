@@ -30,6 +30,7 @@ measured and reported; it is cached per set-aside for the process.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import math
 import sys
 import time
@@ -45,6 +46,7 @@ from ._targets import Target, as_target, resolve_target
 from ._limit import auto_set_aside_cap
 from ._memory import BufferLike, StreamLike
 from ._persist import Persist, Policy, persist
+from ._window import AccessProperty
 from .graph import Graph, TorchCaptures
 from ._plan import check_count, normalize_hit_ratio
 from .bench import Progress, Record, Report, environment
@@ -188,27 +190,31 @@ class TunedPolicy:
         """The chosen hit ratio (0.0 for "no persistence")."""
         return float(self.policy.hit_ratio) if self.persists and self.policy.hit_ratio is not None else 0.0
 
-    def persist(self, target: Target, **kwargs: Any) -> Persist:
-        """``l2ctl.persist(target, <the chosen buffer>, policy=self, **kwargs)`` (a stream or a graph, as tune's):
-        a ``with`` block, or ``.start()`` ... ``.stop()`` for an app's lifetime. When the answer is "no
-        persistence" the scope changes nothing and its ``reason`` says why; ``strict=False`` gives the same where
-        the device cannot persist."""
-        return persist(target, self.buffer, policy=self, **kwargs)
+    def persist(self, target: Target, *, num_bytes: Optional[int] = None, offset: int = 0,
+                hit_prop: AccessProperty = AccessProperty.PERSISTING,
+                miss_prop: AccessProperty = AccessProperty.STREAMING, reset_on_exit: bool = True, share: bool = False,
+                strict: bool = True, clamp: bool = False) -> Persist:
+        """``l2ctl.persist(target, <the chosen buffer>, policy=self, ...)`` (a stream or a graph, as tune's) with
+        persist's keywords a policy leaves open (the hit ratio and set-aside are the policy's): a ``with`` block, or
+        ``.start()`` ... ``.stop()`` for an app's lifetime. When the answer is "no persistence" the scope changes
+        nothing and its ``reason`` says why; ``strict=False`` gives the same where the device cannot persist."""
+        return persist(target, self.buffer, policy=self, num_bytes=num_bytes, offset=offset, hit_prop=hit_prop,
+                       miss_prop=miss_prop, reset_on_exit=reset_on_exit, share=share, strict=strict, clamp=clamp)
 
     def __str__(self) -> str:
         n = sum(len(c.points) for c in self.candidates.values())
         simulated = simulated_label(self.environment)
         said = f"{simulated}: " if simulated else ""  # a simulated choice never passes for a measured one
         if not self.persists:
-            return (f"{said}no persistence: {self.reason}; {n} points over {len(self.candidates)} candidate(s) in "
-                    f"{self.seconds:.1f} s")
+            return (f"{said}no persistence: {self.reason}; {_count(n, 'point')} over {len(self.candidates)} "
+                    f"candidate(s) in {self.seconds:.1f} s")
         p = self.policy
         assert isinstance(p.set_aside, int) and p.hit_ratio is not None
         span = "" if p.num_bytes is None else f" over its first {p.num_bytes / MiB:.2f} MiB"
         return (f"{said}persist {self.buffer_name}{span}: set-aside {p.set_aside / MiB:.2f} MiB, hit ratio {p.hit_ratio:.3f}: "
                 f"{self.best_ms:.3f} ms vs {self.baseline_ms:.3f} ms ({self.speedup:.2f}x, {self.confidence:.0%} CI "
                 f"{self.ci[0]:.2f}-{self.ci[1]:.2f}); a plain copy elsewhere runs {self.tax.pace} meanwhile;"
-                f" {n} points in {self.seconds:.1f} s{_DDP_ADVICE if p.set_aside > self.cap and _ranks() > 1 else ''}")
+                f" {_count(n, 'point')} in {self.seconds:.1f} s{_DDP_ADVICE if p.set_aside > self.cap and _ranks() > 1 else ''}")
 
     def __repr__(self) -> str:  # the dataclass's would spell out every record of the search
         return f"<TunedPolicy: {self}>"
@@ -220,13 +226,14 @@ class TunedPolicy:
         chosen = self.considered.details.get(self.buffer_name or "") if self.considered is not None else None
         if chosen:
             lines.append(f"the chosen range: {chosen}")
-        lines.append(f"{'candidate':<16} {'window':>11} {'points':>6}  best point ({self.confidence:.0%} CI)")
+        width = max([16] + [len(c.name) for c in self.candidates.values()])  # a long discovered name widens the column
+        lines.append(f"{'candidate':<{width}} {'window':>11} {'points':>6}  best point ({self.confidence:.0%} CI)")
         for c in self.candidates.values():
             b = c.best
             best = "-" if b is None else (f"{b.speedup:.3f}x [{b.ci[0]:.3f}, {b.ci[1]:.3f}] at set-aside "
                                           f"{_mib(b.point.set_aside)}, hit {b.point.hit_ratio:.3f} over "
                                           f"{_mib(b.point.num_bytes)}")
-            lines.append(f"{c.name:<16} {_mib(c.window_bytes):>11} {len(c.points):>6}  {best}")
+            lines.append(f"{c.name:<{width}} {_mib(c.window_bytes):>11} {len(c.points):>6}  {best}")
         name = self.buffer_name or (self.grid_best.point.candidate if self.grid_best else None)
         if name is None:
             return lines
@@ -312,6 +319,11 @@ def resolve_candidates(candidates: object) -> dict[str, tuple[BufferLike, Buffer
     return out
 
 
+def _count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless n is 1 ("1 point", "3 points")."""
+    return f"{n} {noun}{'s' * (n != 1)}"
+
+
 def _fit(set_aside: int, nbytes: int) -> float:
     return normalize_hit_ratio(min(1.0, set_aside / nbytes))
 
@@ -360,6 +372,18 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
                      records=keeps)
 
 
+def is_discover(candidates: object) -> bool:
+    """Whether ``candidates`` asks for discovery ("discover"); any other str is refused, naming "discover" (a str is
+    no buffer, so a typo would otherwise read as one: "cannot use a str as a device buffer")."""
+    if not isinstance(candidates, str):
+        return False
+    if candidates != "discover":
+        near = "did you mean 'discover'? " if difflib.get_close_matches(candidates, ["discover"], cutoff=0.6) else ""
+        raise ValueError(f"candidates={candidates!r}: {near}the one word candidates takes is 'discover' (the memory the "
+                         "workload's kernels are given); otherwise pass a buffer, a sequence or dict of them, or a module")
+    return True
+
+
 def _tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stream: StreamLike, rounds: int,
           repeat: int, warmup: int, confidence: float, min_gain: float, tax_gain: float, seed: int, progress: bool,
           records: bool) -> TunedPolicy:
@@ -367,7 +391,7 @@ def _tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, str
     (screen, refine), the choice made and confirmed (module docstring)."""
     start = time.monotonic()
     enqueue = enqueue_of(workload)
-    discover = isinstance(candidates, str) and candidates == "discover"
+    discover = is_discover(candidates)
     if discover and hasattr(type(target), "_l2ctl_target") and not isinstance(target, (Graph, TorchCaptures)):
         raise ValueError(DISCOVER_HINT)
     listed = {} if is_module(candidates) or discover else resolve_candidates(candidates)
@@ -389,6 +413,10 @@ def _tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, str
     if not named:
         assert considered is not None
         what = "graph" if not where.is_stream and not isinstance(where.target, TorchCaptures) else "step"
+        if considered.launches == 0:  # as explicit candidates say it (bench.paired)
+            raise ValueError(f"the workload queued no GPU work on the stream it was given: discovery found no kernel "
+                             f"launch in its {what}, so there is nothing to persist or compare (launch its kernels on "
+                             "that stream)")
         found = f"no range the {what}'s kernels are given can be tried: {considered.summary()}"
         return _nothing_to_try(found, where.device, start, confidence, considered)
     search = _Search(workload, where, named, rounds=rounds, repeat=repeat, warmup=warmup, confidence=confidence,

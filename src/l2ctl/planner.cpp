@@ -94,6 +94,7 @@ Checked_hit_ratio check_hit_ratio(double ratio) {
   if (!std::isfinite(ratio)) return {ratio, Hit_ratio_fault::not_finite};
   if (ratio < 0.0) return {ratio, Hit_ratio_fault::negative};
   if (ratio > 1.0 + hit_ratio_tolerance) return {ratio, Hit_ratio_fault::above_one};
+  if (ratio == 0.0) return {0.0, Hit_ratio_fault::none};  // -0.0 is 0.0: a window never says "-0.000"
   return {normalize_hit_ratio(ratio), Hit_ratio_fault::none};
 }
 
@@ -118,13 +119,21 @@ long long granted_set_aside(long long request, long long maximum, bool clamp) {
                               ", or 'max'");
 }
 
+Set_aside_fraction_fault check_set_aside_fraction(double fraction) {
+  if (fraction == 1.0) return Set_aside_fraction_fault::ambiguous;
+  if (fraction == 0.0) return Set_aside_fraction_fault::zero;  // -0.0 too
+  if (!(fraction > 0.0 && fraction < 1.0)) return Set_aside_fraction_fault::out_of_range;  // NaN included
+  return Set_aside_fraction_fault::none;
+}
+
 long long requested_set_aside(Set_aside_form form, long long bytes, double fraction, long long maximum, bool clamp) {
   switch (form) {
     case Set_aside_form::max:
       return maximum;
     case Set_aside_form::fraction:
-      if (!(fraction >= 0.0 && fraction <= 1.0))  // NaN included
-        throw std::invalid_argument("a fractional set-aside must be in [0, 1] (of the max)");
+      if (check_set_aside_fraction(fraction) != Set_aside_fraction_fault::none)
+        throw std::invalid_argument("a float set-aside must be a fraction of the max strictly between 0 and 1 "
+                                    "(write 'max' for all of it, an int for bytes)");
       return static_cast<long long>(std::floor(fraction * static_cast<double>(maximum)));
     case Set_aside_form::bytes:
       break;
@@ -258,13 +267,22 @@ const Plan& Registry::plan(Device_state& state) {
       exact = scope->request_bytes;
       continue;
     }
+    if (fixed_limits_.count(state.device)) continue;  // "auto" where the limit cannot be set: the limit as it is
     automatic = true;
     top_so_far_.assign(plan.top.begin(), plan.top.end());  // the windows in force among the scopes so far
     keep_latest(top_so_far_);
     distinct(top_so_far_, plan.in_force);
     const double demand = demand_of(plan.in_force);
     if (demand > 0) {
-      const auto [step, cap] = auto_bounds(state);
+      std::pair<long long, long long> bounds;
+      try {
+        bounds = auto_bounds(state);
+      } catch (const Limit_refused&) {
+        // The probe could not set the limit (it changed nothing): "auto" takes the limit as it is from now on.
+        fixed_limits_.insert(state.device);
+        return Registry::plan(state);
+      }
+      const auto [step, cap] = bounds;
       const long long value = auto_set_aside(demand, exact ? *exact : floor, step, cap);
       plan.capped = plan.capped ||
                     value < std::min(state.maximum, round_up(static_cast<long long>(std::ceil(demand)), step));
@@ -567,6 +585,7 @@ Entered Registry::enter(const Scope_ptr& scope, long long maximum) {
   else if (found->dirty || !found->scopes.empty())
     settle(*found);
   Device_state& st = *found;
+  double cut = 0.0;  // the demand fit_window took off the window asked for
   try {
     register_scope(st, scope);
     bool fit_capped = false;
@@ -581,8 +600,10 @@ Entered Registry::enter(const Scope_ptr& scope, long long maximum) {
       const double room = std::max(0.0, static_cast<double>(planned.limit.value_or(0)) - others);
       const Fitted_window fitted =
           fit_window(static_cast<long long>(room), static_cast<long long>(scope->window.num_bytes));
+      cut = scope->window.demand();
       scope->window.num_bytes = static_cast<std::size_t>(fitted.num_bytes);
       scope->window.hit_ratio = fitted.hit_ratio;
+      cut -= scope->window.demand();
     } else if (st.shared) {
       learn_base_limit(st);  // sharing needs the limit's value to plan
     }
@@ -616,6 +637,7 @@ Entered Registry::enter(const Scope_ptr& scope, long long maximum) {
   Entered out;
   out.limit = st.applied_limit ? *st.applied_limit : seen_limit(st);
   out.demand = st.in_force_demand;
+  out.asked = st.in_force_demand + cut;
   out.capped = scope->request == Request::automatic && st.auto_capped;
   return out;
 }

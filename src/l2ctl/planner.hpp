@@ -19,6 +19,7 @@
 #include <memory>
 #include <memory_resource>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -231,7 +232,8 @@ struct Plan {
 
 struct Entered {
   long long limit = 0;
-  double demand = 0.0;
+  double demand = 0.0;  // of the windows in force, as entered (a fitted window as fitted)
+  double asked = 0.0;   // the same with the entered scope's window as asked, before fit_window cut it
   bool capped = false;
 };
 
@@ -317,6 +319,10 @@ class Registry {
   std::map<std::pair<int, std::uintptr_t>, std::uint64_t> generations_;
   std::uint64_t slot_epoch_ = 0;
   std::map<int, std::pair<long long, std::string>> granularity_;
+  // Devices whose limit this process cannot set (an MPS client: the set-aside is chosen when the MPS server starts,
+  // CUDA_DEVICE_DEFAULT_PERSISTING_L2_CACHE_PERCENTAGE_LIMIT), learnt from the probe "auto" made: there "auto" takes
+  // the limit as it is, as None does. An exact request or "max" is still refused, saying so.
+  std::set<int> fixed_limits_;
   std::vector<std::shared_ptr<void>> released_;
   // Storage reused from one call to the next (each call runs under the lock; none nests in another of its kind):
   // a scope's entry and end then allocate nothing here once these have grown.
@@ -357,8 +363,14 @@ long long tax_free_limit(long long maximum, long long granularity);
 // the max, the max where `clamp` (the caller warns), else std::invalid_argument. The one copy of the rule.
 long long granted_set_aside(long long request, long long maximum, bool clamp);
 // What a set-aside request asks of a device whose max is `maximum`, in bytes: `max` the max itself, a `fraction`
-// in [0, 1] that share of it rounded down, `bytes` what granted_set_aside grants (std::invalid_argument as it says).
+// strictly between 0 and 1 that share of it rounded down, `bytes` what granted_set_aside grants
+// (std::invalid_argument as it says, or for a fraction check_set_aside_fraction refuses).
 enum class Set_aside_form : int { bytes = 0, max = 1, fraction = 2 };
+// Why a float set-aside is refused; `none`: it is a fraction of the max. 1.0 could mean one byte or all of the max
+// (`ambiguous`), 0.0 is no fraction (`zero`: write 0), anything else outside (0, 1) or NaN is `out_of_range`. The
+// caller words the refusal (it says what to write instead). The one copy of the rule.
+enum class Set_aside_fraction_fault : int { none = 0, ambiguous = 1, zero = 2, out_of_range = 3 };
+Set_aside_fraction_fault check_set_aside_fraction(double fraction);
 long long requested_set_aside(Set_aside_form form, long long bytes, double fraction, long long maximum, bool clamp);
 long long auto_set_aside(double demand, long long current, long long granularity, long long maximum);
 double default_hit_ratio(long long granted, long long window_bytes);

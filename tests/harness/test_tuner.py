@@ -416,7 +416,7 @@ def _tuned_with_taxes(chosen: float, grid_best: float) -> tuner.TunedPolicy:
 
 def test_a_copy_that_keeps_its_speed_runs_at_full_speed_in_words():
     tuned = _tuned_with_taxes(1.004, 2.37)
-    assert "a plain copy elsewhere runs at full speed meanwhile; 1 points" in str(tuned)
+    assert "a plain copy elsewhere runs at full speed meanwhile; 1 point in" in str(tuned)
     assert tuned.candidate_table()[-1].endswith("a plain copy runs 2.37x slower (under the chosen one: at full speed)")
     assert "1.00x" not in str(tuned) + "\n".join(tuned.candidate_table())
     assert "runs 1.50x slower meanwhile" in str(_tuned_with_taxes(1.5, 1.5))

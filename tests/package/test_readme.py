@@ -44,6 +44,21 @@ def test_example_runs_on_the_simulator(index):
 
 TORCH_EXAMPLES = [i for i, code in enumerate(EXAMPLES) if re.search(r"^\s*import torch", code, re.M)]
 
+#: docs/reference.md's Python examples: each is pasted as it stands (its imports included) and runs on the simulator.
+REFERENCE_EXAMPLES = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / "reference.md").read_text(), re.S)
+
+
+def test_the_reference_has_examples():
+    assert REFERENCE_EXAMPLES
+
+
+@pytest.mark.parametrize("index", range(len(REFERENCE_EXAMPLES)))
+def test_reference_example_runs_on_the_simulator(index):
+    with FakeBackend.installed(FakeDevice.h100()) as fake:
+        exec(compile(REFERENCE_EXAMPLES[index], f"docs/reference.md example {index + 1}", "exec"),
+             {"__name__": "__reference__"})
+        assert fake.device(0).limit == fake.device(0).initial_limit and not fake.windows
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("index", TORCH_EXAMPLES)

@@ -1,7 +1,7 @@
 """The public API as a user's type checker sees it: a script using it passes pyright (strict) and mypy
 (--strict --disallow-any-expr), and arguments given in the wrong order (a buffer for a stream, a stream for a
-buffer), and a set-aside that is no request (``set_aside="lots"``: bytes, "auto", "max" or None), are errors on
-their lines for both."""
+buffer), a set-aside that is no request (``set_aside="lots"``: bytes, "auto", "max" or None), and a misspelt keyword
+of a tuned policy's persist (``strcit=False``), are errors on their lines for both."""
 
 from __future__ import annotations
 
@@ -39,6 +39,11 @@ def swapped(stream: Stream, buf: DeviceBuffer, event: Event) -> None:
     l2ctl.persist(stream, buf, 0.75, set_aside="max")
     l2ctl.Policy(set_aside="lots")  # wrong
     l2ctl.set_aside("lots")  # wrong
+
+
+def tuned_keywords(stream: Stream, tuned: l2ctl.TunedPolicy) -> None:
+    tuned.persist(stream, strcit=False)  # wrong
+    tuned.persist(stream, strict=False, reset_on_exit=False)
 """
 WRONG_LINES = {i for i, line in enumerate(WRONG_SCRIPT.splitlines(), 1) if line.endswith("# wrong")}
 PERSIST_LINE = min(WRONG_LINES)

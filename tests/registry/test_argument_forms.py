@@ -133,7 +133,7 @@ def test_a_refused_hit_ratio_is_refused_in_the_planners_words(fake, value):
 
 @pytest.mark.parametrize("value, error, words", [
     (True, TypeError, "not bool"), (-1, ValueError, ">= 0"), (2**70, ValueError, "beyond any device"),
-    ("lots", ValueError, "'auto', 'max', None"), (0.5, TypeError, "not float")])
+    ("lots", ValueError, "'auto' or None"), (1.0, ValueError, "ambiguous"), ([1], TypeError, "not list")])
 def test_a_refused_set_aside_stays_refused(fake, value, error, words):
     s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(MiB)
     with pytest.raises(error, match=words):
@@ -175,7 +175,7 @@ def test_a_closed_stream_of_a_stream_subclass_is_refused_before_the_device_is_to
     (lambda s, buf: l2ctl.persist(s, (buf.ptr, 2**70), 0.5), "nbytes of 1180591620717411303424 bytes is beyond"),
     (lambda s, buf: l2ctl.persist(s, (2**70, 4096), 0.5), "pointer 1180591620717411303424 is not an address"),
     (lambda s, buf: l2ctl.persist(CudaStream(2**64), buf, 0.5), "__cuda_stream__ returned 18446744073709551616"),
-    (lambda s, buf: l2ctl.set_aside(2**70), "set-aside of 1180591620717411303424 bytes is beyond any device"),
+    (lambda s, buf: l2ctl.set_aside(2**70), "set_aside of 1180591620717411303424 bytes is beyond any device"),
     (lambda s, buf: l2ctl.persist(s, buf, 0.5, set_aside=2**70), "set_aside of 1180591620717411303424 bytes"),
     (lambda s, buf: l2ctl.persist(s, buf, 2**2000), "hit_ratio must be in \\[0, 1\\]"),
 ], ids=["buffer size", "buffer pointer", "stream handle", "set_aside()", "persist set_aside", "hit ratio"])

@@ -106,8 +106,8 @@ def test_a_forked_child_forgets_the_parents_view(fake):
 def test_a_policy_is_checked_when_made_and_its_scope_costs_what_the_arguments_cost(fake, crossings):
     with pytest.raises(ValueError):
         l2ctl.Policy(hit_ratio=1.5)
-    with pytest.raises(TypeError):
-        l2ctl.Policy(set_aside=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        l2ctl.Policy(set_aside=1.5)
     with pytest.raises(TypeError):
         l2ctl.Policy(enabled=1)  # type: ignore[arg-type]
     assert l2ctl.Policy(hit_ratio=1.0000001).hit_ratio == 1.0
@@ -209,12 +209,12 @@ def _refusing(name: str = "cudaStreamSetAttribute(stream, ...)") -> Callable[...
     return refuse
 
 
-def test_a_default_scope_refused_by_mps_leaves_no_scope():
+def test_a_limit_refused_by_mps_leaves_no_scope():
     with FakeBackend.installed(FakeDevice.mps_client()) as fake:
         s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(2 * MiB)
-        for _ in range(2):  # the limit probe raises inside the lone scope's path, every time
+        for _ in range(2):  # the refused limit raises inside the lone scope's path, every time
             with pytest.raises(l2ctl.NotSupportedError):
-                with l2ctl.persist(s, buf, 0.75):
+                with l2ctl.persist(s, buf, 0.75, set_aside=3_276_800):
                     pytest.fail("the block must not run")
             assert _registry.live_scopes(0) == [] and l2ctl.get_window(s).empty
         with l2ctl.persist(s, buf, 0.75, set_aside=None) as scope:  # the limit MPS gave still works

@@ -146,13 +146,14 @@ def test_a_ratio_beyond_a_float_is_a_value_error_as_every_bad_ratio(value):
         plan.parse_set_aside_request(Fraction(value), 1000)
 
 
-@pytest.mark.parametrize("value,expected", [("max", 1000), ("MAX", 1000), (0.5, 500), (1.0, 1000), (0, 0), (999, 999)])
+@pytest.mark.parametrize("value,expected", [("max", 1000), (0.5, 500), (0.999, 999), (1, 1), (0, 0), (999, 999)])
 def test_parse_set_aside_request(value, expected):
     assert plan.parse_set_aside_request(value, 1000) == expected
 
 
 @pytest.mark.parametrize("value,error", [(1001, ValueError), (-1, ValueError), (1.5, ValueError), (math.nan, ValueError),
-                                         ("half", ValueError), (True, TypeError), (None, TypeError)])
+                                         ("half", ValueError), (True, TypeError), (None, TypeError), ("MAX", ValueError),
+                                         (1.0, ValueError), (0.0, ValueError), (-0.0, ValueError), ("auto", ValueError)])
 def test_parse_set_aside_request_errors(value, error):
     with pytest.raises(error):
         plan.parse_set_aside_request(value, 1000)

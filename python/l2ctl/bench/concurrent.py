@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import warnings
 from contextlib import ExitStack
-from typing import Any, Optional
+from typing import Any, Literal, Optional, Union
 
 import numpy as np
 
@@ -15,7 +15,7 @@ from .._limit import set_aside_granularity
 from .._errors import L2BudgetWarning
 from .._memory import DeviceBuffer, Stream
 from .._persist import persist
-from .._plan import check_nbytes, round_up
+from .._plan import check_nbytes, check_set_aside, parse_set_aside_request, round_up
 from .._stream_window import get_window
 from .progress import Progress
 from .records import Record, Report, environment
@@ -30,22 +30,24 @@ VARIANTS = ("no_window", "hit_ratio_1_each", "shared")
 
 def bench_concurrent(
     *,
-    set_aside: Optional[int] = None,
+    set_aside: Union[int, float, Literal["max"], None] = None,
     out_bytes: int = 512 << 20,
     device: object = None,
     warmup: int = 3,
     repeat: int = 15,
     progress: bool = True,
 ) -> Report:
-    """Each stream has its own LUT and a window as large as the set-aside. Reports each kernel's time and
-    the time for both (from one start event to the later of the two end events)."""
-    if set_aside is not None:
-        check_nbytes(set_aside, "set_aside")
+    """Each stream has its own LUT and a window as large as the set-aside (what l2ctl.set_aside takes: bytes, "max"
+    or a fraction of the max; None: 6/50 of the L2). Reports each kernel's time and the time for both (from one
+    start event to the later of the two end events)."""
+    if set_aside is not None and check_set_aside(set_aside) == 0:
+        raise ValueError("set_aside must be positive here (each stream's LUT is as large), got 0")
     out_bytes = check_nbytes(out_bytes, "out_bytes")
     warmup, repeat = check_repeats(warmup, repeat)
     info = require_persistence(device)
     granularity = set_aside_granularity(info.index)
-    request = set_aside or min(info.persisting_l2_cache_max_size, round_up(info.l2_cache_size * 6 // 50, granularity))
+    request = (parse_set_aside_request(set_aside, info.persisting_l2_cache_max_size) if set_aside is not None
+               else min(info.persisting_l2_cache_max_size, round_up(info.l2_cache_size * 6 // 50, granularity)))
     backend = _backend.current()
     rng = np.random.default_rng(2)
     records = []

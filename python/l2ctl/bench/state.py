@@ -20,7 +20,7 @@ from .._limit import get_set_aside, reset_persisting_lines
 from .._limit import set_aside as set_limit
 from .._memory import BufferLike, DeviceBuffer, Stream, StreamLike, synchronize_stream
 from .._persist import persist
-from .._plan import check_set_aside_request
+from .._plan import check_set_aside
 from .._targets import ScopedWindow, Target
 from .._window import AccessPolicyWindow
 
@@ -70,7 +70,7 @@ def clean_state(stream: StreamLike = None, *, set_aside: Optional[int] = 0, flus
     other scopes are live and in whatever order they end.
     """
     if set_aside is not None:
-        check_set_aside_request(set_aside)  # refused before anything changes
+        check_set_aside(set_aside)  # refused before anything changes
     ref = resolve_stream(stream)
     device = stream_device(ref)
     persistence = properties(device).supports_persistence

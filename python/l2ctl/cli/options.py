@@ -10,20 +10,22 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from dataclasses import dataclass, replace
 from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, InvalidOperation, localcontext
-from typing import Any, Callable, Hashable, Optional, Sequence, TypeVar
+from typing import Any, Callable, Hashable, Optional, Sequence, TypeVar, Union
 
 import l2ctl
 
 from ..bench import MAX_REPEAT, RESET_COLUMNS
+from .._plan import check_set_aside
 from ..bench.collectives import collective_size_problem
 from ..kernels import ResetVariant, check_variant
 from ..testing import SIMULATE_HELP, FakeDevice
 from ..workloads import gallery
 from .output import STDOUT, format_bytes, note
 
-__all__ = ["Option", "COLUMN_NAMES", "VARIANT_NAMES", "parse_size", "items", "simulated_gpus", "lut_size", "lut_sizes",
+__all__ = ["Option", "COLUMN_NAMES", "VARIANT_NAMES", "parse_size", "set_aside_size", "items", "simulated_gpus", "lut_size", "lut_sizes",
            "collective_sizes", "count", "repeat_count", "warmup_count", "strides", "columns", "variant",
            "gallery_names", "GALLERY_NAMES", "device_index", "output_path", "plot_path", "DEVICE", "REPEAT", "WARMUP",
            "ROUNDS", "JSON", "CSV", "PLOT", "QUIET", "SIMULATE", "EVERYWHERE", "COMMON", "LUT_SIZES", "LUT_BYTES",
@@ -72,6 +74,26 @@ def parse_size(text: str) -> int:
     if value > MAX_BYTES:
         raise _bad(f"size too large: {text!r}")
     return int(value)
+
+
+def set_aside_size(text: str) -> Union[int, float, str]:
+    """``--set-aside``: what l2ctl.set_aside takes (l2ctl._plan.check_set_aside, the one rule), written on a command
+    line: a size (``8M``, ``4096``: bytes), ``max``, or a plain decimal strictly between 0 and 1 (``0.5``: that
+    fraction of the max). ``1.0`` is refused as the API refuses it, saying to write ``max`` or a size."""
+    t = text.strip()
+    if t == "max":
+        return "max"
+    if re.fullmatch(r"[0-9]*\.[0-9]*", t) and t != ".":  # a plain decimal, no unit: a fraction, as in the API
+        try:
+            fraction = float(t)
+            check_set_aside(fraction)
+            return fraction
+        except ValueError as e:
+            raise _bad(f"--set-aside {t}: {e}".replace("set_aside=", "").replace("an int", "a size")) from None
+    try:
+        return parse_size(text)
+    except argparse.ArgumentTypeError as e:
+        raise _bad(f"{e}; --set-aside is a size ({SIZE_HELP}), max, or a fraction of the max such as 0.5") from None
 
 
 def lut_size(text: str) -> int:
@@ -337,5 +359,5 @@ OUT_BYTES = Option("--out-bytes", f"output size of the reset-data workload ({SIZ
                    streams_past_l2=True)
 VARIANT = Option("--variant", f"reset-data kernel variant: {', '.join(VARIANT_NAMES)}", "plain", type=variant,
                  metavar="NAME")
-SET_ASIDE = Option("--set-aside", f"persisting-L2 set-aside limit to request ({SIZE_HELP})", None, type=parse_size,
-                   metavar="SIZE")
+SET_ASIDE = Option("--set-aside", f"persisting-L2 set-aside limit to request: a size ({SIZE_HELP}), max, or a fraction "
+                   "of the max strictly between 0 and 1 (0.5)", None, type=set_aside_size, metavar="SIZE")

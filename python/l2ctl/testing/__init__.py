@@ -64,7 +64,8 @@ def simulate_from_environment(value: str) -> FakeBackend:
         machine = simulate(value)
     except ValueError as exc:
         machine = FakeBackend.without_devices(
-            reason=f"L2CTL_SIMULATE={value!r}: {exc}; set it to one of them, or unset it for the real GPUs")
+            reason=f"L2CTL_SIMULATE={value!r}: {exc}; set it to one of them, or unset it for the real GPUs",
+            refuse_count=True)
         _backend.install(machine)
         return machine
     # Once per process, on stderr: a simulated number must never be taken for a measured one.

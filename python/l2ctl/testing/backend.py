@@ -431,16 +431,21 @@ class FakeBackend(L2State):
         self._contexts: dict[int, int] = {}  # context -> device, for contexts other than the primary ones
         self._pointer_contexts: dict[int, int] = {}  # allocation base -> context, for foreign allocations
         self._no_device_reason = ""  # why there is no device, where not CUDA's (see without_devices)
+        #: l2ctl.device_count() raises NoDeviceError instead of answering 0: the machine stands for a setting to
+        #: correct (an L2CTL_SIMULATE naming no simulated GPU), not for a machine without GPUs.
+        self.refuses_device_count = False
         self._announcement: Optional[str] = None  # said on stderr at the first device query (see announce)
 
     @classmethod
-    def without_devices(cls, *, seed: int = 0, reason: str = "") -> "FakeBackend":
+    def without_devices(cls, *, seed: int = 0, reason: str = "", refuse_count: bool = False) -> "FakeBackend":
         """A machine with an NVIDIA driver and no GPU: device_count() is 0 and every device call fails
         with cudaErrorNoDevice, as the real backend does there. ``reason``: what device_count_error() says
-        instead of CUDA's words (an L2CTL_SIMULATE that names no simulated GPU)."""
+        instead of CUDA's words (an L2CTL_SIMULATE that names no simulated GPU). ``refuse_count``: l2ctl.device_count()
+        raises NoDeviceError with that reason too, instead of answering 0 (a bad setting must not pass for no GPU)."""
         backend = cls.__new__(cls)
         backend._init([], seed, True)
         backend._no_device_reason = reason
+        backend.refuses_device_count = refuse_count
         return backend
 
     def announce(self, line: str) -> None:
@@ -785,7 +790,9 @@ class FakeBackend(L2State):
         return 13000
 
     def runtime_version(self) -> int:
-        return 13000
+        # The runtime this build of l2ctl links (statically): a simulated GPU runs the same one, so a CUDA 12 build
+        # says 12.x here as versions(), records and the CLI's header do (the driver above stays 13.0's).
+        return int(_core.runtime_version())
 
     def device_synchronize(self, device: int) -> None:
         with self._locked:

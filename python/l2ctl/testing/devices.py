@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Tuple
+from typing import Optional, Tuple
 
 __all__ = ["FakeDevice", "TaxCurve", "H100_TAX_WRITE", "H100_TAX_COPY", "tax_at"]
 
@@ -193,6 +193,18 @@ class FakeDevice:
                    read_gbps=390.0, l2_gbps=900.0)
 
     @classmethod
-    def mps_client(cls) -> "FakeDevice":
-        """An H100 seen from an MPS client: setting the limit fails with cudaErrorNotSupported."""
-        return cls(name="NVIDIA H100 80GB HBM3, MPS client (simulated)", mps=True)
+    def mps_client(cls, percentage: Optional[int] = None) -> "FakeDevice":
+        """An H100 seen from an MPS client: setting the limit fails with cudaErrorNotSupported (the CUDA
+        Programming Guide, "L2 cache set-aside for persisting accesses": under MPS the set-aside cannot be changed
+        by cudaDeviceSetLimit, only chosen when the MPS server starts, through
+        CUDA_DEVICE_DEFAULT_PERSISTING_L2_CACHE_PERCENTAGE_LIMIT). ``percentage``: that variable's value, the
+        limit the clients see as a percentage of the max (rounded up to the granularity); None: unset, the
+        driver's default limit."""
+        device = cls(name="NVIDIA H100 80GB HBM3, MPS client (simulated)", mps=True)
+        if percentage is not None:
+            if isinstance(percentage, bool) or not isinstance(percentage, int) or not 0 <= percentage <= 100:
+                raise ValueError(f"percentage must be an int in [0, 100], got {percentage!r}")
+            step = device.granularity
+            wanted = percentage * device.persisting_l2_cache_max_size // 100
+            device.initial_limit = device.limit = min(device.persisting_l2_cache_max_size, -(-wanted // step) * step)
+        return device
