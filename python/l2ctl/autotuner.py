@@ -45,6 +45,7 @@ from ._memory import BufferLike, Event, StreamLike
 from ._persist import Policy, persist
 from ._targets import Target
 from . import _torch_graphs
+from ._units import format_bytes
 from .bench.paired import bootstrap_speedup, check_confidence
 from .candidates import ModelCandidates, from_captures, from_recorded
 from .graph import TorchCaptures, torch_captures
@@ -105,7 +106,7 @@ class Decision:
 
 
 def _mib(nbytes: object) -> str:
-    return f"{int(nbytes) / MiB:.2f} MiB" if isinstance(nbytes, int) else str(nbytes)
+    return format_bytes(nbytes) if isinstance(nbytes, int) else str(nbytes)
 
 
 def _describe_key(key: tuple[Any, ...]) -> list[str]:

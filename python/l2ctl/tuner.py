@@ -49,6 +49,7 @@ from ._persist import Persist, Policy, persist
 from ._window import AccessProperty
 from .graph import Graph, TorchCaptures
 from ._plan import check_count, normalize_hit_ratio
+from ._units import format_bytes
 from .bench import Progress, Record, Report, environment
 from .bench.records import simulated_label
 from .candidates import (ModelCandidates, SupportsNamedTensors, from_captures, from_graph, from_module, from_steps,
@@ -107,8 +108,8 @@ class TunePoint(NamedTuple):
     num_bytes: int
 
     def describe(self) -> str:
-        where = f"{self.num_bytes / MiB:.2f} MiB" + (f" at +{self.offset}" if self.offset else "")
-        return (f"{self.candidate}: set-aside {self.set_aside / MiB:.2f} MiB, hit ratio {self.hit_ratio:.3f} over "
+        where = format_bytes(self.num_bytes) + (f" at +{self.offset}" if self.offset else "")
+        return (f"{self.candidate}: set-aside {format_bytes(self.set_aside)}, hit ratio {self.hit_ratio:.3f} over "
                 f"{where}")
 
 
@@ -210,8 +211,8 @@ class TunedPolicy:
                     f"candidate(s) in {self.seconds:.1f} s")
         p = self.policy
         assert isinstance(p.set_aside, int) and p.hit_ratio is not None
-        span = "" if p.num_bytes is None else f" over its first {p.num_bytes / MiB:.2f} MiB"
-        return (f"{said}persist {self.buffer_name}{span}: set-aside {p.set_aside / MiB:.2f} MiB, hit ratio {p.hit_ratio:.3f}: "
+        span = "" if p.num_bytes is None else f" over its first {format_bytes(p.num_bytes)}"
+        return (f"{said}persist {self.buffer_name}{span}: set-aside {format_bytes(p.set_aside)}, hit ratio {p.hit_ratio:.3f}: "
                 f"{self.best_ms:.3f} ms vs {self.baseline_ms:.3f} ms ({self.speedup:.2f}x, {self.confidence:.0%} CI "
                 f"{self.ci[0]:.2f}-{self.ci[1]:.2f}); a plain copy elsewhere runs {self.tax.pace} meanwhile;"
                 f" {_count(n, 'point')} in {self.seconds:.1f} s{_DDP_ADVICE if p.set_aside > self.cap and _ranks() > 1 else ''}")
@@ -231,17 +232,17 @@ class TunedPolicy:
         for c in self.candidates.values():
             b = c.best
             best = "-" if b is None else (f"{b.speedup:.3f}x [{b.ci[0]:.3f}, {b.ci[1]:.3f}] at set-aside "
-                                          f"{_mib(b.point.set_aside)}, hit {b.point.hit_ratio:.3f} over "
-                                          f"{_mib(b.point.num_bytes)}")
-            lines.append(f"{c.name:<{width}} {_mib(c.window_bytes):>11} {len(c.points):>6}  {best}")
+                                          f"{format_bytes(b.point.set_aside)}, hit {b.point.hit_ratio:.3f} over "
+                                          f"{format_bytes(b.point.num_bytes)}")
+            lines.append(f"{c.name:<{width}} {format_bytes(c.window_bytes):>11} {len(c.points):>6}  {best}")
         name = self.buffer_name or (self.grid_best.point.candidate if self.grid_best else None)
         if name is None:
             return lines
         lines.append(f"points on {name} (speedup, {self.confidence:.0%} CI):")
         for p in sorted(self.candidates[name].points, key=lambda p: (p.point.set_aside, p.point.hit_ratio)):
             mark = " <- chosen" if self.persists and p.stage == "confirm" else ""
-            lines.append(f"  {p.stage:7s} set-aside {_mib(p.point.set_aside):>11} hit {p.point.hit_ratio:.3f} over "
-                         f"{_mib(p.point.num_bytes)}: {p.speedup:.3f}x [{p.ci[0]:.3f}, {p.ci[1]:.3f}]{mark}")
+            lines.append(f"  {p.stage:7s} set-aside {format_bytes(p.point.set_aside):>11} hit {p.point.hit_ratio:.3f} over "
+                         f"{format_bytes(p.point.num_bytes)}: {p.speedup:.3f}x [{p.ci[0]:.3f}, {p.ci[1]:.3f}]{mark}")
         if self.grid_best is not None:
             g = self.grid_best
             lines.append(f"grid best: {g.point.describe()} {g.speedup:.3f}x; under its set-aside a plain copy runs "
@@ -290,10 +291,6 @@ def _ranks() -> int:
         return int(dist.get_world_size()) if dist is not None and dist.is_available() and dist.is_initialized() else 1
     except (RuntimeError, ValueError):
         return 1
-
-
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / MiB:.2f} MiB"
 
 
 def _raw_pair(value: object) -> bool:
