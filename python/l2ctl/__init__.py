@@ -1,5 +1,7 @@
 """l2ctl: NVIDIA L2 cache persistence controls for Python, and honest measurements of what they buy.
 
+For example::
+
     import l2ctl
     info = l2ctl.device_info()                       # L2 size, persisting max, max window, limit
     with l2ctl.Stream() as s, l2ctl.persist(s, lut, hit_ratio=0.75):

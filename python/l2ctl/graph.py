@@ -334,7 +334,7 @@ class TorchCaptures:
     node captured there while the scope lives; and on the streams eager kernels launch on: torch's current
     stream at entry and every stream made current inside the block (``torch.cuda.stream(s)``,
     ``torch.cuda.set_stream``), where torch.compile runs what it does not graph (an in-place update of an
-    input not marked static, graph breaks, dynamic shapes, its warm-up runs).
+    input not marked static, graph breaks, dynamic shapes, its warm-up runs). For example::
 
         step = torch.compile(step_fn, mode="reduce-overhead")
         with l2ctl.graph.torch_captures() as captures:             # before the first call
