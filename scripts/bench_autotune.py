@@ -85,7 +85,8 @@ def measure(name: str, rounds: int, calls: int, seed: int) -> dict[str, Any]:
             app_calls += 1
         decision = tuned.report()[0]
         manual = l2ctl.tune(lambda stream: w.enqueue(stream), s, w.candidates())
-        arms: dict[str, Callable[[], None]] = {"untouched": lambda: w.enqueue(s), "autotune": tuned}
+        u = torch.cuda.Stream()  # the untouched arm's
+        arms: dict[str, Callable[[], None]] = {"untouched": lambda: w.enqueue(u), "autotune": tuned}
         times: dict[str, list[float]] = {arm: [] for arm in (*arms, "tune+persist")}
         verified: dict[str, bool] = {}
         rng = np.random.default_rng(seed)
@@ -96,9 +97,13 @@ def measure(name: str, rounds: int, calls: int, seed: int) -> dict[str, Any]:
                 if arm == "tune+persist":
                     with manual.persist(s):
                         times[arm].append(_block_ms(lambda: w.enqueue(s), s, calls))
-                elif arm == "untouched":  # the limit autotune holds put back for the block: the app without l2ctl
+                elif arm == "untouched":  # the app without l2ctl: the limit autotune holds put back for the
+                    # block, the lines left persisting reset, on a stream of its own (autotune's window stays on s)
+                    l2ctl.reset_persisting_lines()
+                    u.wait_stream(s)
                     with l2ctl.set_aside(initial):
-                        times[arm].append(_block_ms(arms[arm], s, calls))
+                        times[arm].append(_block_ms(lambda: w.enqueue(u), u, calls))
+                    s.wait_stream(u)
                 else:
                     times[arm].append(_block_ms(arms[arm], s, calls))
                 if r == rounds - 1:

@@ -65,6 +65,9 @@ class Form:
     make_untouched: Callable[[], Callable[[], Any]]  # called once autotune and tune have decided
     check: Callable[[], bool]
     captures: Any
+    #: the tensors a CUDA graph reads and writes: torch's CUDAGraph does not keep them alive, the app must (freed,
+    #: the replays touch memory the allocator gives to others, then returns: wrong outputs, an illegal address)
+    held: tuple[Any, ...] = ()
 
 
 def _scatter_tensors(device: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -139,7 +142,7 @@ def make_form(name: str, device: int) -> Form:
                         acc.index_add_(0, index, values)
             graphs.append(g)
         torch.cuda.synchronize()
-        return Form(graphs[1].replay, lambda: graphs[0].replay, right, captures)
+        return Form(graphs[1].replay, lambda: graphs[0].replay, right, captures, (acc, index, values))
     if name not in FORMS:
         raise ValueError(f"unknown form {name!r}; one of {', '.join(FORMS)}")
     torch.compiler.reset()
@@ -187,6 +190,7 @@ def measure(name: str, rounds: int, calls: int, seed: int) -> dict[str, Any]:
         manual = l2ctl.tune(run, form.captures, "discover", stream=s)
         tune_s = time.perf_counter() - t0
         untouched = form.make_untouched()
+        u = torch.cuda.Stream(device)
         arms = ("untouched", "autotune", "tune+persist")
         times: dict[str, list[float]] = {arm: [] for arm in arms}
         verified: dict[str, bool] = {}
@@ -202,10 +206,12 @@ def measure(name: str, rounds: int, calls: int, seed: int) -> dict[str, Any]:
                     # (lines other arms' windows left persisting are reset first: autotune's graphs keep theirs
                     # between calls, and the twin reads the same tensors)
                     l2ctl.reset_persisting_lines()
-                    with l2ctl.set_aside(initial):
-                        times[arm].append(_block_ms(untouched, s, calls))
+                    u.wait_stream(s)
+                    with l2ctl.set_aside(initial), torch.cuda.stream(u):  # a stream of its own: autotune's window
+                        times[arm].append(_block_ms(untouched, u, calls))  # stays on s between calls
                         if r == rounds - 1:
                             verified[arm] = form.check()
+                    s.wait_stream(u)
                 else:
                     times[arm].append(_block_ms(tuned, s, calls))
                     if r == rounds - 1:

@@ -14,11 +14,12 @@ It never calls the step more often than the app does. Each decision (one per sha
    than ``MAX_LAG`` calls behind; all of a stage's once it ends), so the app's stream is not synchronized on every
    call.
 3. **Decide** by the tuner's rules (tuner.choose, tuner.winners: one copy), then **confirm** in fresh rounds.
-4. **Steady:** every call runs under the choice: the set-aside held (``l2ctl.set_aside``, restored by ``stop()``, the
-   finalizer or interpreter exit) and a window-only ``persist`` around the step; or untouched.
+4. **Steady:** every call runs under the choice, held from the decision to ``stop()``, the finalizer or interpreter
+   exit: the set-aside (``l2ctl.set_aside``) and the window, started once on the kept graphs torch replays or on
+   the step's stream (where it stays between calls); or untouched. A call then costs the wrapper's dict lookup.
 
 A call that arrives while another thread's call of the same decision is measured runs untouched and unmeasured:
-the search times one call at a time. After the decision every thread's calls run under it (scopes nest).
+the search times one call at a time. After the decision every thread's calls on the step's stream run under it.
 """
 
 from __future__ import annotations
@@ -206,8 +207,7 @@ class _State:
         self.pending: collections.deque[_Timed] = collections.deque()
         self.events: list[Event] = []
         self.chosen: Optional[PointResult] = None
-        self.ends: list[Callable[[], None]] = []  # what the steady state holds, ended in order: graphs', the limit
-        self.window: Optional[Callable[[], Any]] = None  # the steady state's per-call scope
+        self.ends: list[Callable[[], None]] = []  # what the steady state holds, ended in order: windows, the limit
 
 
 class AutoTuned(Generic[P, R]):
@@ -242,11 +242,8 @@ class AutoTuned(Generic[P, R]):
             state = self._new_state(key)
         d = state.decision
         d.calls += 1
-        if d.phase == "decided":
-            if state.window is None:
-                return self._fn(*args, **kwargs)
-            with state.window():
-                return self._fn(*args, **kwargs)
+        if d.phase == "decided":  # the choice's windows and set-aside are held: nothing to do per call
+            return self._fn(*args, **kwargs)
         if not state.busy.acquire(blocking=False):  # another thread's call of this decision is measured
             return self._fn(*args, **kwargs)
         try:
@@ -334,10 +331,7 @@ class AutoTuned(Generic[P, R]):
             self._harvest(state, wait=True)
             self._advance(state)
             if d.phase == "decided":  # this call is the decision's first
-                if state.window is None:
-                    return self._fn(*args, **kwargs)
-                with state.window():
-                    return self._fn(*args, **kwargs)
+                return self._fn(*args, **kwargs)
         arm, round_ = state.schedule.popleft()
         scope = self._arm_scope(state, arm)
         start, end = self._event_pair(state)
@@ -470,7 +464,8 @@ class AutoTuned(Generic[P, R]):
         self._steady(state, confirmed)
 
     def _steady(self, state: _State, confirmed: PointResult) -> None:
-        """Every later call under the choice: its set-aside held, its window around each call."""
+        """Every later call under the choice, held from now to stop(): its set-aside and its window, started once
+        where the step's kernels run (no per-call scope: the wrapper's own cost per call is a dict lookup)."""
         d, pt = state.decision, confirmed.point
         buffer = state.named[pt.candidate][0]
         if isinstance(buffer, tuple):  # a discovered range: an owner the entry's pointer check can remember
@@ -483,20 +478,13 @@ class AutoTuned(Generic[P, R]):
             for kept_graph in _torch_graphs.kept(state.device):
                 if any(b.ptr <= ptr < b.ptr + b.nbytes for b in graph_buffers(kept_graph)):
                     state.ends.insert(0, persist(kept_graph, buffer, pt.hit_ratio, set_aside=None, **span).start().stop)
+        # a range torch's graphs are given: their windows reach it (a stream window on the same bytes would ask the
+        # set-aside for them twice); a range only kernels launched outside graphs are given: the step's stream,
+        # whose window stays on it between calls (its persisting lines reset once, at the end)
+        if len(state.ends) == 1:
+            state.ends.insert(0, persist(state.stream, buffer, pt.hit_ratio, set_aside=None, **span).start().stop)
         with self._lock:
             self._ends.extend(state.ends)
-        stream, scopes = state.stream, threading.local()
-        # a range torch's graphs are given: their windows reach it (a stream window on the same bytes would ask the
-        # set-aside for them twice); a range only kernels launched outside graphs are given: the call's stream
-        graphs_hold = len(state.ends) > 1
-
-        def window() -> Any:  # one scope object per thread, entered at each call: a lean scope's entry and end
-            scope = getattr(scopes, "scope", None)
-            if scope is None:  # lines reset at each end, as the confirmation measured (other work gets them back)
-                scope = scopes.scope = persist(stream, buffer, pt.hit_ratio, set_aside=None, **span)
-            return scope
-
-        state.window = None if graphs_hold else window
         d.policy = Policy(set_aside=pt.set_aside, hit_ratio=pt.hit_ratio, offset=pt.offset,
                           num_bytes=span.get("num_bytes"))
         d.buffer_name, d.speedup, d.ci = pt.candidate, confirmed.speedup, confirmed.ci
@@ -529,13 +517,12 @@ class AutoTuned(Generic[P, R]):
             self._release(state)
 
     def _release(self, state: _State) -> None:
-        state.window = None
         ends, state.ends = state.ends, []
         with self._lock:
             for end in ends:
                 if end in self._ends:
                     self._ends.remove(end)
-        for end in ends:  # the graphs' windows first, then the set-aside
+        for end in ends:  # the windows first, then the set-aside
             end()
 
 

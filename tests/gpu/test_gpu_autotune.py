@@ -88,7 +88,7 @@ def test_autotune_on_torch_forms_keeps_the_outputs_and_the_calls_and_restores_th
 
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
-    limit = l2ctl.get_set_aside()
+    limit, window = l2ctl.get_set_aside(), l2ctl.get_window(s)
     # Inductor's FX graph cache off: its key does not tell the unmarked step from a marked one, and this test's
     # skipped graph would be found by a later test's compile of the same step (tests/gpu/test_gpu_kept_templates.py)
     with torch.cuda.stream(s), torch._inductor.config.patch(fx_graph_cache=False):
@@ -105,6 +105,6 @@ def test_autotune_on_torch_forms_keeps_the_outputs_and_the_calls_and_restores_th
                 in decision.considered.summary(), decision.considered.summary()
         tuned.stop()
     torch.cuda.synchronize()
-    assert l2ctl.get_set_aside() == limit
+    assert l2ctl.get_set_aside() == limit and l2ctl.get_window(s) == window
     torch.compiler.reset()
     sys.modules.pop("app_step", None)
