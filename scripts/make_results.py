@@ -292,13 +292,14 @@ def readme_autotune() -> str:
              f"{x['autotune_speedup']:.2f}x ({x['tune+persist_speedup']:.2f}x)" for x in r["results"]]
     forms = newest("h200", "torch_autotune")
     named = {"compiled-module": "reduce-overhead", "compiled-in-function": "in a function",
-             "graphed-callables": "`make_graphed_callables`"}
+             "default-graph": "a `CUDAGraph` replayed", "graphed-callables": "`make_graphed_callables`"}
     torch_forms = "" if forms is None else " torch's forms: " + ", ".join(
         f"{named[x['form']]} {x['autotune_speedup']:.2f}x ({x['tune+persist_speedup']:.2f}x)"
         for x in forms["results"] if x.get("form") in named and all(x["verified"].values())) + "."
     return (f"H200, against the same step without l2ctl (in brackets: `tune` then `persist`): {', '.join(parts)}; "
             f"decided within {max(x['decided_at_call'] for x in r['results'])} calls; "
-            f"{max(x['autotune_cost_us'] for x in r['results']):.0f} us a call at most." + torch_forms)
+            f"{max(x['autotune_cost_us'] for x in r['results'] + (forms or {}).get('results', [])):.0f} us a call "
+            "at most." + torch_forms)
 
 
 def autotune_table(gpu: str, record: str = "autotune", key: str = "workload") -> str:

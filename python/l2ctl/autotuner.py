@@ -192,6 +192,7 @@ class _State:
     def __init__(self, key: tuple[Any, ...]) -> None:
         self.decision = Decision(key)
         self.busy = threading.Lock()  # one measured call at a time
+        self.started = False  # whether a measured call has begun the decision (_start)
         self.stream: StreamLike = None  # where the step's work is queued and timed
         self.target: Target = None  # where the windows go: the stream, or torch's captures (graphs and streams)
         self.captures: Optional[TorchCaptures] = None  # where torch runs the step
@@ -267,8 +268,10 @@ class AutoTuned(Generic[P, R]):
         return state
 
     def _tuning_call(self, state: _State, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
-        if state.decision.calls == 1 and not self._start(state):
-            return self._fn(*args, **kwargs)
+        if not state.started:  # the first call measured (under `busy`; another thread's may have counted first)
+            state.started = True
+            if not self._start(state):
+                return self._fn(*args, **kwargs)
         # torch's graphs recorded in a tuning call keep their templates, so every window reaches their replays
         with state.captures if state.captures is not None else contextlib.nullcontext():
             return self._measured_call(state, args, kwargs)

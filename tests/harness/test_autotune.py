@@ -243,6 +243,20 @@ def test_calls_from_several_threads_are_all_made_and_the_decision_is_reached(fak
     assert fake.state() == initial
 
 
+def test_the_first_measured_call_starts_the_decision_even_when_another_thread_s_call_counted_first(fake):
+    """The race a GPU run met (4 threads): a call that found another thread measuring ran untouched but was counted,
+    so the measuring thread's call was no longer "call 1" and skipped the decision's start."""
+    step = Step(fake)
+    tuned = l2ctl.autotune(step, {"lut": step.lut}, stream=step.stream)
+    state = tuned._new_state(())
+    with state.busy:  # another thread's call is being measured: this one runs untouched, and is counted
+        tuned()
+    _run(tuned, 250)
+    (decision,) = tuned.report()
+    assert step.calls == 251 and decision.phase == "decided" and decision.policy.enabled, decision
+    tuned.stop()
+
+
 def test_a_step_that_raises_is_measured_again_and_raises_as_it_is(fake):
     step = Step(fake)
     fail = {7, 50}
