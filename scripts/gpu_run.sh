@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # One batch on the GPU machine: build l2ctl there, run the whole test suite (GPU tests included), the
 # CUDA behaviour probe and the benchmarks; results go to $OUT (or ./.out when run by hand).
-# Usage: bash scripts/gpu_run.sh [full|quick|check|sanitize|workloads|gallery|suite|bench|main|probe|nvrtc]
+# Usage: bash scripts/gpu_run.sh [full|quick|check|sanitize|workloads|gallery|suite|bench|main|probe|nvrtc|wheel|wheel-jobs]
 #   full = suite + bench in one call (over 10 minutes: split it where a call is limited);
 #   suite: the test suite (notebooks executed, the Nsight Compute comparison included), nothing else;
+#   wheel: the suite from the one wheel, built by CI's recipe (needs the CUDA 12 header packages in .whl/);
+#   wheel-jobs: the README's main job and the app-lifetime example from that wheel;
 #   bench: every benchmark, sweep, the tuner targets and the framework gallery, no tests;
 #   main: the main benchmarks only (overhead, reset-data, the gallery, the tax sweep);
 #   quick: fewer LUT sizes, no sweeps; check: the test suite, the overhead benchmark and compute-sanitizer;
@@ -19,9 +21,9 @@
 #   planner: the overhead benchmark first (a quiet process), then the test suite (Nsight comparison left out);
 #   multigpu: the two-GPU runs under torchrun (examples/ddp_step.py, bench collectives, the two-GPU test),
 #     then the recipes' gallery runs on GPU 0.
-# PYTEST_K adds a -k filter to the test run. L2CTL_CUDA=12 builds the CUDA 12 flavour (with no CUDA 12 toolkit
-# there, its build packages, nvidia-cuda-runtime-cu12 and nvidia-cuda-cupti-cu12, must be among the .whl/ wheels,
-# as must scikit-build-core >= 1.1 where the machine's is older).
+# PYTEST_K adds a -k filter to the test run. The build links the CUDA 12 runtime (the published wheel's) when the
+# CUDA 12 headers' pip packages (nvidia-cuda-runtime-cu12, -cupti-cu12, -nvcc-cu12) are among the .whl/ wheels;
+# without them, beside the machine's CUDA 13 toolkit only, it links CUDA 13's and says so (build_support/).
 set -uo pipefail
 FINAL=${OUT:-$PWD/.out}
 OUT=$(mktemp -d)  # everything lands here, then travels back as one archive (8 files at most come back)
@@ -42,6 +44,18 @@ if [ -d .whl ]; then
     && export PYTHONPATH=/tmp/site
 fi
 
+if [ "$mode" = wheel ] || [ "$mode" = wheel-jobs ]; then
+  # CI's recipe for the one wheel (`pip wheel`, the CUDA 12 headers from the .whl/ packages, as an isolated build
+  # installs them), then that wheel installed; the build packages leave the path, so NVRTC and CUPTI come from
+  # what the machine has (torch's CUDA 13 wheels), as [cu13] would bring them.
+  step "the one wheel: pip wheel (CUDA 12 headers from pip), installed"
+  python3 -m pip wheel --no-build-isolation --no-deps -v -w /tmp/dist . > "$OUT/build.log" 2>&1 || { tail -50 "$OUT/build.log"; exit 1; }
+  grep "l2ctl: building against" "$OUT/build.log"
+  python3 -m pip install -q --no-deps --force-reinstall /tmp/dist/l2ctl-*.whl && ls /tmp/dist | tee "$OUT/wheel.txt"
+  unset PYTHONPATH
+  SKIP_BUILD=1
+fi
+
 step "build (pip install --no-build-isolation .)"
 # SKIP_BUILD=1 keeps what an earlier call on the same (warm) machine installed.
 if [ -z "${SKIP_BUILD:-}" ]; then
@@ -50,7 +64,7 @@ if [ -z "${SKIP_BUILD:-}" ]; then
   fi
   tail -3 "$OUT/build.log"
 fi
-python3 -c "import l2ctl; print('l2ctl', l2ctl.__version__, 'built for CUDA', l2ctl.cuda_flavour)" | tee "$OUT/flavour.txt"
+python3 -c "import l2ctl; print('l2ctl', l2ctl.__version__, 'built with the CUDA runtime', l2ctl.versions()['runtime'])" | tee "$OUT/flavour.txt"
 cd /tmp  # import the installed package, not the source tree
 src=$OLDPWD
 
@@ -154,6 +168,21 @@ if [ "$mode" = planner ]; then
   exit $status
 fi
 
+if [ "$mode" = wheel-jobs ]; then  # the README's main job and the app-lifetime example, from the one wheel
+  if [ -n "${TESTS_FIRST:-}" ]; then  # test files (under tests/) run first, from the same wheel
+    step "tests: $TESTS_FIRST"
+    python3 -m pytest -q -p no:cacheprovider -o log_cli=false $(for t in $TESTS_FIRST; do echo "$src/$t"; done) 2>&1 \
+      | grep -v DEBUG | tail -15 | tee "$OUT/pytest_first.txt"
+  fi
+  step "main job"
+  python3 -m l2ctl bench --json "$OUT/reset_data_wheel.json" 2>"$OUT/bench_progress.txt" | tee "$OUT/bench_reset_data_wheel.txt" || status=1
+  step "app-lifetime example"
+  python3 "$src/examples/app_lifetime.py" --json "$OUT/app_lifetime_wheel.json" 2>&1 | tail -15 | tee "$OUT/app_lifetime_wheel.txt"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  python3 -c "import l2ctl; print('limit now', l2ctl.get_set_aside())"
+  exit $status
+fi
+
 if [ "$mode" = main ]; then
   overhead
   mkdir -p "$OUT/plots"
@@ -178,7 +207,7 @@ if [ "$mode" = workloads ]; then
   gallery
   exit $status
 fi
-[ "$mode" = suite ] && exit $status
+[ "$mode" = suite ] || [ "$mode" = wheel ] && exit $status
 fi  # not bench
 
 

@@ -65,9 +65,6 @@ if _typing.TYPE_CHECKING:  # the harness, imported lazily at run time (see __get
     from .autotuner import autotune as autotune
 
 __version__ = _core.__version__
-#: The CUDA major version this build of l2ctl is for, 12 or 13 (the wheel's +cu12/+cu13): its CUDA runtime,
-#: linked statically, sets the oldest driver that runs it, ``minimum_driver(cuda_flavour * 1000)``.
-cuda_flavour: int = _core.runtime_version() // 1000
 
 # name -> (module, attribute or None for the module itself): the harness's modules, and three of its names
 _LAZY: dict[str, tuple[str, _typing.Optional[str]]] = {
@@ -109,7 +106,7 @@ __all__ = ["AccessPolicyWindow", "AccessProperty", "autotune", "Budget", "Counte
            "clear_window", "collect", "counters", "device_count", "device_info", "get_include", "get_set_aside",
            "get_window", "graph", "hit_ratio_grid", "kernels", "persist", "plot", "reset_persisting_lines",
            "scoped_window", "set_aside", "set_aside_granularity", "set_aside_rounding", "auto_set_aside_cap",
-           "set_window", "shared_hit_ratios", "sweep", "candidates", "tune", "tuner", "minimum_driver", "cuda_flavour",
+           "set_window", "shared_hit_ratios", "sweep", "candidates", "tune", "tuner", "minimum_driver",
            "versions", "workloads"]
 
 #: Values of L2CTL_SIMULATE that mean "off", as a shell user writes it (unset and empty mean off too).

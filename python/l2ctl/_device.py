@@ -71,8 +71,8 @@ _MINIMUM_DRIVER = {12: "525.60.13", 13: "580.65.06"}
 
 def minimum_driver(runtime_version: int) -> str:
     """The oldest NVIDIA driver (Linux) that runs code built with the CUDA runtime ``runtime_version``
-    (e.g. 13000): l2ctl links its runtime statically, so its build's flavour (``l2ctl.cuda_flavour``) sets this,
-    not the toolkit installed."""
+    (e.g. 12090): l2ctl links its runtime statically, so the runtime it was built with (``versions()["runtime"]``)
+    sets this, not the toolkit installed."""
     return _MINIMUM_DRIVER.get(runtime_version // 1000, f"one for CUDA {runtime_version // 1000}.{runtime_version % 1000 // 10}")
 
 

@@ -135,6 +135,23 @@ class GraphTrees(Protocol):
         where this PyTorch cannot keep a template (before 2.9)."""
 
 
+#: ``_tree_manager``'s answer in a thread where torch keeps no graph trees.
+_NO_TREES = object()
+
+
+def _tree_manager(device: int, create: bool = False) -> Any:
+    """torch.compile's graph-tree manager of ``device`` (made with ``create``), None where there is none yet, or
+    _NO_TREES in a thread without torch's graph trees: torch keeps them in thread-local state that only the
+    main thread and autograd's threads carry (its ``get_obj`` asserts elsewhere), so a compiled step that records
+    graphs runs in those threads, and a step called from another thread records none there."""
+    from torch._inductor import cudagraph_trees
+
+    try:
+        return cudagraph_trees.get_manager(device, create)
+    except AssertionError:
+        return _NO_TREES
+
+
 class TorchGraphTrees:
     """torch.compile's CUDA graph trees (one tree manager per device) and torch.cuda.graph's default stream."""
 
@@ -144,17 +161,16 @@ class TorchGraphTrees:
 
     def capture_streams(self, device: int) -> list[object]:
         import torch
-        from torch._inductor import cudagraph_trees
 
-        manager = cudagraph_trees.get_manager(device, False)
+        manager = _tree_manager(device)
         if manager is None:
             # Made now, as the first compiled call would make it: the warm-up and every recording of
             # torch.compile's graphs run on its stream. Making it captures an empty graph on purpose; torch
             # records the warning that raises, which a process that turns warnings into errors would see raised.
             with torch.cuda.device(device), warnings.catch_warnings():
                 warnings.filterwarnings("ignore", "The CUDA Graph is empty", UserWarning)
-                manager = cudagraph_trees.get_manager(device)
-        streams: list[object] = [manager.stream]
+                manager = _tree_manager(device, create=True)
+        streams: list[object] = [] if manager is None or manager is _NO_TREES else [manager.stream]
         # make_graphed_callables and torch.cuda.graph(g) capture on this one; torch makes it on the current
         # device at its first capture, and so does l2ctl when that device is this one.
         default = torch.cuda.graph.default_capture_stream
@@ -175,9 +191,10 @@ class TorchGraphTrees:
         return _stream_watch.watch(torch.cuda, device, made_current)
 
     def recorded(self, device: int) -> list[object]:
-        module = sys.modules.get("torch._inductor.cudagraph_trees")  # never imported: nothing was recorded
-        manager = None if module is None else module.get_manager(device, False)
-        if manager is None:
+        if sys.modules.get("torch._inductor.cudagraph_trees") is None:  # never imported: nothing was recorded
+            return []
+        manager = _tree_manager(device)
+        if manager is None or manager is _NO_TREES:
             return []
         found, pending = [], list(manager.get_roots())
         while pending:

@@ -54,8 +54,12 @@ std::string device_count_error() {
     int runtime = 0;
     (void)cudaRuntimeGetVersion(&runtime);
     if (!driver_library_present()) return "no NVIDIA driver is installed (libcuda.so.1 not found; " + cuda + ")";
+    // l2ctl's wheel links CUDA 12's runtime, which every supported driver runs; a source build beside a CUDA 13
+    // toolkit only links 13's, and an older driver then needs that wheel, not a new driver.
+    const std::string other = runtime >= 13000 ? ", or install l2ctl's wheel (built against the CUDA 12 runtime, it "
+                                                 "runs under CUDA 12 drivers as well)" : "";
     return "the NVIDIA driver is older than the CUDA " + cuda_version_text(runtime) +
-           " runtime l2ctl was built with; update the driver (" + cuda + ")";
+           " runtime l2ctl was built with; update the driver" + other + " (" + cuda + ")";
   }
   return cuda;
 }

@@ -108,3 +108,47 @@ def test_autotune_on_torch_forms_keeps_the_outputs_and_the_calls_and_restores_th
     assert l2ctl.get_set_aside() == limit and l2ctl.get_window(s) == window
     torch.compiler.reset()
     sys.modules.pop("app_step", None)
+
+
+def test_autotune_called_from_worker_threads_where_torch_is_in_use(scatter_add_case):
+    """torch keeps its compiled graph trees in thread-local state that a plain worker thread lacks (its get_obj
+    asserts there): the first measured call, made in a worker, must not fail on it (a GPU run lost that thread's
+    calls), and every call of every thread runs."""
+    import threading
+
+    import torch
+
+    state, calls, errors = scatter_add_case, [], []
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    limit, window = l2ctl.get_set_aside(), l2ctl.get_window(s)
+    lock = threading.Lock()
+
+    def step() -> None:
+        with lock, torch.cuda.stream(s):  # one stream, one call at a time: the step's own order
+            calls.append(1)
+            state.acc.zero_()
+            state.acc.index_add_(0, state.index, state.values)
+
+    tuned = l2ctl.autotune(step, stream=s)
+
+    def run() -> None:
+        try:
+            for _ in range(250):  # about a third of the calls are measured: the others find one being measured
+                tuned()
+        except BaseException as exc:  # noqa: BLE001 - reported below, with the thread's own traceback
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
+    (decision,) = tuned.report()
+    assert len(calls) == 750 and decision.phase == "decided", str(decision)
+    torch.cuda.synchronize()
+    assert torch.equal(state.acc.double(), state.expected)
+    tuned.stop()
+    torch.cuda.synchronize()
+    assert l2ctl.get_set_aside() == limit and l2ctl.get_window(s) == window

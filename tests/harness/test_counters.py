@@ -57,7 +57,8 @@ def test_find_cupti_prefers_a_newer_drivers_cuda_major(monkeypatch, tmp_path):
 def test_find_cupti_prefers_the_builds_cuda_major(monkeypatch, tmp_path):
     """A CUDA 12 build beside a CUDA 13 toolkit loads the nvidia-cuda-cupti-cu12 wheel's libcupti.so.12 (and a
     CUDA 13 build the cu13 wheel's over a CUDA 12 toolkit's)."""
-    own, other = l2ctl.cuda_flavour, 25 - l2ctl.cuda_flavour
+    own = _counters._core.runtime_version() // 1000
+    other = 25 - own
     toolkit = tmp_path / "cuda" / "lib64"
     wheel = tmp_path / "site" / "nvidia" / ("cuda_cupti" if own == 12 else "cu13") / "lib"
     for directory, major in ((toolkit, other), (wheel, own)):

@@ -1,4 +1,4 @@
-"""What the build produced, checked without a GPU: the CUDA flavour it reports and the runtime it linked in,
+"""What the build produced, checked without a GPU: its version (no local label) and the runtime it linked in,
 no device code (NVRTC compiles the embedded source at run time: tests/kernels/test_nvrtc.py), the public header
 compiles on every architecture (falling back where the L2 policy instructions do not exist), and the stub lists
 the extension's names."""
@@ -32,13 +32,16 @@ def _tool(name: str) -> str:
 
 
 
-# ---- the flavour and the CUDA runtime -----------------------------------------------------------------------
+# ---- the version and the CUDA runtime -----------------------------------------------------------------------
 
 
-def test_the_build_reports_its_cuda_flavour():
-    flavour = l2ctl.cuda_flavour
-    assert flavour in (12, 13) and l2ctl.__version__.endswith(f"+cu{flavour}"), (flavour, l2ctl.__version__)
-    assert _core.runtime_version() // 1000 == flavour  # the runtime linked in is the flavour's
+def test_the_build_has_a_plain_version_and_names_the_drivers_its_runtime_needs():
+    """One wheel for every driver: no +cu12/+cu13 label; the runtime linked in (12's for the wheel, 13's for a
+    source build beside a CUDA 13 toolkit only) sets the oldest driver, which `info` prints."""
+    assert "+" not in l2ctl.__version__ and l2ctl.__version__ == _core.__version__, l2ctl.__version__
+    runtime = _core.runtime_version()
+    assert runtime // 1000 in (12, 13) and l2ctl.versions()["runtime"] == runtime
+    assert l2ctl.minimum_driver(runtime) == {12: "525.60.13", 13: "580.65.06"}[runtime // 1000]
 
 
 def _readelf(*flags: str) -> str:

@@ -24,7 +24,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         return EXIT_UNSUPPORTED
     v = l2ctl.versions()
     simulated = _backend.simulated()
-    print(f"l2ctl {l2ctl.__version__} (the CUDA {l2ctl.cuda_flavour} build), "
+    print(f"l2ctl {l2ctl.__version__} (for drivers {l2ctl.minimum_driver(v['runtime'])} and newer), "
           f"CUDA driver {v['driver'] // 1000}.{v['driver'] % 1000 // 10}, "
           f"runtime {v['runtime'] // 1000}.{v['runtime'] % 1000 // 10}, {count} device(s)"
           f"{simulated_line(simulated)}")
@@ -54,7 +54,8 @@ def cmd_info(args: argparse.Namespace) -> int:
                      "set_aside_limit": info.persisting_l2_cache_size, "set_aside_granularity": gran or None,
                      "set_aside_rounding": rounding, "supports_persistence": info.supports_persistence,
                      "unsupported_reason": info.unsupported_reason})
-    write_table(args.json, args.csv, {"l2ctl_version": l2ctl.__version__, "cuda_flavour": l2ctl.cuda_flavour,
+    write_table(args.json, args.csv, {"l2ctl_version": l2ctl.__version__,
+                                      "minimum_driver": l2ctl.minimum_driver(v["runtime"]),
                                       "driver_version": v["driver"],
                                       "runtime_version": v["runtime"], "simulated": simulated, "devices": rows}, rows)
     return EXIT_OK
