@@ -41,7 +41,7 @@ from ._device import require_persistence, stream_device
 from ._errors import CountersUnavailableError, NotSupportedError, PersistenceUnavailableWarning
 from ._interop import BufferRef, resolve_stream
 from ._kernel_buffers import StepRecorder
-from ._limit import auto_set_aside_cap, set_aside
+from ._limit import auto_set_aside_cap, set_aside, set_aside_grid
 from ._memory import BufferLike, Event, StreamLike
 from ._persist import Policy, persist
 from ._targets import Target
@@ -51,7 +51,6 @@ from .bench.paired import bootstrap_speedup, check_confidence
 from .candidates import ModelCandidates, from_captures, from_recorded
 from .graph import TorchCaptures, torch_captures
 from .graph import buffers as graph_buffers
-from .sweep import set_aside_grid
 from .tuner import (REFINE_POINTS, TAX_GAIN, CandidateResult, PointResult, TunePoint, choose, confirmed_reason, is_discover,
                     no_winner_reason, refine_points, resolve_candidates, screen_points, unconfirmed_reason, winners)
 

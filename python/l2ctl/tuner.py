@@ -43,21 +43,20 @@ import numpy as np
 from ._device import require_persistence, stream_device
 from ._interop import BufferRef, resolve_buffer, resolve_stream
 from ._targets import Target, as_target, resolve_target
-from ._limit import auto_set_aside_cap
+from ._limit import auto_set_aside_cap, set_aside_grid
 from ._memory import BufferLike, StreamLike
 from ._persist import Persist, Policy, persist
 from ._window import AccessProperty
 from .graph import Graph, TorchCaptures
 from ._plan import check_count, normalize_hit_ratio
 from ._units import format_bytes
-from .bench import Progress, Record, Report, environment
-from .bench.records import simulated_label
+from .bench.progress import Progress
+from .bench.records import Record, Report, environment, simulated_label
 from .candidates import (ModelCandidates, SupportsNamedTensors, from_captures, from_graph, from_module, from_steps,
                          is_module)
 from .bench.paired import Arm, check_confidence, compare
 from .bench.tax import NO_TAX, Tax, measure_tax
 from .bench.timing import check_repeats
-from .sweep import set_aside_grid
 from .workloads import Workload, describe, enqueue_of
 
 __all__ = ["TunedPolicy", "TuneReport", "CandidateResult", "PointResult", "TunePoint", "tune", "TAX_GAIN",

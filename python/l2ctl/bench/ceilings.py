@@ -9,8 +9,8 @@ from .._interop import resolve_stream
 from .._memory import DeviceBuffer, StreamLike
 from .._plan import check_nbytes, round_up
 from .._device import stream_device
+from .._errors import check
 from .timing import check_repeats, time_gpu
-from .verify import check
 
 __all__ = ["Ceilings", "measure_ceilings"]
 

@@ -31,9 +31,9 @@ from .._persist import Policy, persist
 from .._plan import check_count
 from .._stream_window import clear_window, get_window, set_window
 from .._window import AccessPolicyWindow
+from .._errors import check
 from .progress import Progress
 from .records import Record, Report, environment
-from .verify import check
 
 __all__ = ["bench_overhead", "OVERHEAD_VARIANTS"]
 

@@ -11,15 +11,17 @@ import platform
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Optional, Sequence, TextIO
 
 import numpy as np
 
 from .._backend import simulated
 from .._device import versions
 from .._limit import device_info
-from .ceilings import Ceilings
 from .timing import Timing
+
+if TYPE_CHECKING:
+    from .ceilings import Ceilings
 
 __all__ = ["Record", "Report", "environment", "simulated_label", "write_json_array", "write_csv_table"]
 

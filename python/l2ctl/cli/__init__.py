@@ -26,7 +26,7 @@ import sys
 import warnings
 from typing import Iterator, Optional, Sequence, TextIO, Union
 
-from .._errors import CudaError, NoDeviceError, NotSupportedError
+from .._errors import CudaError, NoDeviceError, NotSupportedError, VerificationError
 from . import bench_cmd, info_cmd, sweep_cmd, tune_cmd
 from .bench_cmd import cmd_bench_concurrent, cmd_bench_cs, cmd_bench_graph, cmd_bench_reset, cmd_bench_stride
 from .info_cmd import cmd_info
@@ -95,8 +95,6 @@ def _each_warning_once() -> Iterator[None]:
 
 def run(args: argparse.Namespace) -> int:
     """Run a parsed command; errors become one line on stderr and an exit code."""
-    from ..bench import VerificationError
-
     try:
         with data_to_stdout(args), _each_warning_once():
             code: int = args.func(args)

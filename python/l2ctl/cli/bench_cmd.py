@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable, Optional
 
-from ..bench import Report, copy_pace
+from ..bench.records import Report
+from ..bench.tax import copy_pace
 from .options import (COLUMN_NAMES, COMMON, CSV, DEVICE, EVERYWHERE, GALLERY_NAMES, JSON, LUT_BYTES, LUT_SIZES,
                       OUT_BYTES, PLOT, QUIET, REPEAT, ROUNDS, SET_ASIDE, SIMULATE, SIZE_HELP, WARMUP, Option,
                       collective_sizes, columns, count, gallery_names, strides)

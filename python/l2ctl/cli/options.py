@@ -17,7 +17,8 @@ from typing import Any, Callable, Hashable, Optional, Sequence, TypeVar, Union
 
 import l2ctl
 
-from ..bench import MAX_REPEAT, RESET_COLUMNS
+from ..bench.reset_data import RESET_COLUMNS
+from ..bench.timing import MAX_REPEAT
 from .._plan import check_set_aside
 from ..bench.collectives import collective_size_problem
 from ..kernels import ResetVariant, check_variant

@@ -13,8 +13,7 @@ import sys
 from typing import Any, Callable, Iterator, Optional, TextIO
 
 from .._units import format_bytes
-from ..bench import Report
-from ..bench.records import write_csv_table, write_json_array
+from ..bench.records import Report, write_csv_table, write_json_array
 from .exitcodes import EXIT_OK
 
 __all__ = ["NO_GPU_HINT", "STDOUT", "OutputError", "data_to_stdout", "format_bytes", "simulated_line", "header",

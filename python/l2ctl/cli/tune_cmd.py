@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..bench import Report
+from ..bench.records import Report
 from .exitcodes import EXIT_OK
 from .options import CSV, DEVICE, JSON, LUT_SIZES, OUT_BYTES, QUIET, REPEAT, ROUNDS, SIMULATE, VARIANT, WARMUP
 from .output import format_bytes, header, measure, numbered_path, write_report, write_reports_to_stdout

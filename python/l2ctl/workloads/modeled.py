@@ -1,5 +1,5 @@
-"""Modeled workloads for the simulator: stand-ins for the gallery (l2ctl.workloads.gallery) whose kernels
-only take time, so the tuner's logic and the gallery benchmark run without a GPU or a framework.
+"""Modeled workloads, for the simulator (l2ctl.testing): stand-ins for the gallery (l2ctl.workloads.gallery) whose
+kernels only take time, so the tuner's logic and the gallery benchmark run without a GPU or a framework.
 
 Each kernel streams some bytes and re-reads one of the workload's buffers (its *hot* buffer); the model
 (l2ctl.testing.model) decides how much persistence of that buffer saves. A kernel with a compute floor
@@ -18,11 +18,10 @@ from .. import _backend
 from .._device import resolve_device
 from .._torch_graphs import SKIP_LOGGERS
 from .._interop import resolve_stream
-from .._memory import DeviceBuffer
-from ..workloads._base import fraction_of_l2
-from ..workloads.graphed import Compiled, Graphed
-from .devices import GiB, MiB
-from .torch_graphs import FakeGraphTrees, FakeRecording, FakeTorchGraph
+from .._memory import DeviceBuffer, Stream
+from ..testing.torch_graphs import FakeGraphTrees, FakeRecording, FakeTorchGraph
+from ._base import GiB, MiB, fraction_of_l2
+from .graphed import Compiled, Graphed
 
 __all__ = ["ModeledKernel", "ModeledWorkload", "ModeledEagerStep", "ModeledGraphed", "ModeledCompiled",
            "SetAsideSurface"]
@@ -214,8 +213,6 @@ class ModeledGraphed(Graphed):
         return self.base.on_stream(stream)  # type: ignore[attr-defined, no-any-return]
 
     def _capture(self) -> FakeTorchGraph:
-        from .._memory import Stream
-
         graph = FakeTorchGraph(keep_graph=True)
         with Stream(self.device) as side, self._on_stream(side):
             graph.capture_begin(side)
