@@ -70,7 +70,7 @@ __version__ = _core.__version__
 def _lazy_attributes(package: str, lazy: dict[str, tuple[str, ...]]) -> _typing.Callable[[str], _Any]:
     """A package's ``__getattr__`` (PEP 562) for names imported on first use, so that importing the package loads
     only what its user asks for; ``lazy``: submodule -> the names it gives ("" -> names of submodules themselves).
-    l2ctl, l2ctl.bench and l2ctl.workloads use it, and declare the same names under TYPE_CHECKING for type checkers."""
+    l2ctl, bench, workloads and testing use it, and declare the same names under TYPE_CHECKING for type checkers."""
     where = {name: module for module, names in lazy.items() for name in names}
     namespace = vars(_sys.modules[package])
 

@@ -158,10 +158,10 @@ def test_import_loads_the_core_only():
     assert lazily == "l2ctl.tuner l2ctl.bench l2ctl.kernels"
 
 
-#: The most modules of l2ctl's (the extension's included) an import loads in a fresh process: the core alone, and the
+#: The most modules of l2ctl's (the extension's included) an import loads in a fresh process: the core alone, the
 #: tuner with what tune uses of the harness (its timing, hygiene, records, paired rounds, tax and the workload
-#: protocol), none of the benchmark scenarios, sweeps, gallery or command line.
-LOADS_AT_MOST = {"l2ctl": 24, "l2ctl.tuner": 36}
+#: protocol: none of the benchmark scenarios, sweeps, gallery or command line), the simulator's presets.
+LOADS_AT_MOST = {"l2ctl": 24, "l2ctl.tuner": 36, "l2ctl.testing": 27}
 
 
 @pytest.mark.parametrize("module", sorted(LOADS_AT_MOST))

@@ -13,7 +13,7 @@ from .._device import DeviceProperties, require_persistence
 from .._limit import set_aside_granularity
 from .._memory import DeviceBuffer, StreamLike
 from .._plan import check_nbytes, round_up
-from .._units import format_bytes
+from .._units import MiB, format_bytes
 from .._errors import check
 from .progress import Progress
 from .records import Record, Report, environment
@@ -22,8 +22,6 @@ from .ceilings import measure_ceilings
 from .timing import Timing, check_repeats, time_gpu
 
 __all__ = ["RESET_COLUMNS", "default_lut_sizes", "bench_reset_data"]
-
-MiB = 1 << 20
 
 #: The columns of the main benchmark: (name, description).
 RESET_COLUMNS: tuple[tuple[str, str], ...] = (

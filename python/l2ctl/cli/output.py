@@ -12,6 +12,7 @@ import os
 import sys
 from typing import Any, Callable, Iterator, Optional, TextIO
 
+from .. import plot
 from .._units import format_bytes
 from ..bench.records import Report, write_csv_table, write_json_array
 from .exitcodes import EXIT_OK
@@ -146,8 +147,6 @@ def save_plot(path: Optional[str], draw: Callable[[Any], Any], result: Any) -> N
     """``draw(result)`` (an l2ctl.plot function) saved to ``path``, where asked."""
     if not path:
         return
-    from .. import plot
-
     try:
         plot.save(draw(result), path)
     except OSError as exc:

@@ -22,6 +22,10 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, NoReturn, Optional, Sequence, Union
 
+import l2ctl
+
+from .._units import GiB
+from ..testing import simulate as use_simulator
 from .exitcodes import EXIT_USAGE
 from .options import EVERYWHERE, SIMULATE, Option, output_path, plot_path
 from .output import STDOUT, plot_problem
@@ -30,7 +34,6 @@ __all__ = ["Parser", "Command", "Group", "Entry", "add_entries", "known_options"
            "simulate", "finish"]
 
 Run = Callable[[argparse.Namespace], int]
-GiB = 1 << 30
 _NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse's negative numbers: values, not flags
 
 
@@ -211,16 +214,12 @@ def simulate(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
             gpus = SIMULATE.type(given[0])
         except argparse.ArgumentTypeError as exc:
             parser.error(f"argument {SIMULATE.flag}: {exc}")
-        from ..testing import simulate as use_simulator
-
         use_simulator(gpus)
 
 
 def _device_info(values: dict[str, Any]) -> Any:
     """The --device's l2ctl.DeviceInfo (the current device without it), or None: with no device, the command
     itself says so."""
-    import l2ctl
-
     try:
         return l2ctl.device_info(values.get("device"))
     except l2ctl.L2ctlError:

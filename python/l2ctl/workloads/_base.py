@@ -6,13 +6,11 @@ from typing import Any, Callable, ClassVar, Optional
 
 from .._device import properties
 from .._plan import check_nbytes
+from .._units import GiB, MiB
 from . import Closing
 from ._frameworks import on_torch_stream, require_torch
 
 __all__ = ["GalleryWorkload", "TorchWorkload", "fraction_of_l2", "MiB", "GiB"]
-
-MiB = 1 << 20
-GiB = 1 << 30
 
 
 def fraction_of_l2(fraction: float, device: object = None, *, multiple: int = MiB) -> int:

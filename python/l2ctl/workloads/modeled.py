@@ -20,6 +20,7 @@ from .._torch_graphs import SKIP_LOGGERS
 from .._interop import resolve_stream
 from .._memory import DeviceBuffer, Stream
 from ..testing.torch_graphs import FakeGraphTrees, FakeRecording, FakeTorchGraph
+from . import Closing
 from ._base import GiB, MiB, fraction_of_l2
 from .graphed import Compiled, Graphed
 
@@ -41,7 +42,7 @@ class ModeledKernel:
     given: tuple[str, ...] = ()  # the buffers passed to it (the hot one when empty): what its node's arguments show
 
 
-class ModeledWorkload:
+class ModeledWorkload(Closing):
     """Buffers (name -> bytes, allocated lazily on the simulated device) and the kernels one run launches.
     ``candidates()`` offers every buffer to the tuner; ``verify`` checks that the last run launched all
     its kernels on the stream it was given."""
@@ -154,12 +155,6 @@ class ModeledWorkload:
     def close(self) -> None:
         for b in self.buffers.values():
             b.free()
-
-    def __enter__(self) -> "ModeledWorkload":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class ModeledEagerStep(ModeledWorkload):
@@ -292,7 +287,7 @@ class ModeledCompiled(Compiled):
         return self.skips
 
 
-class SetAsideSurface:
+class SetAsideSurface(Closing):
     """A step whose time is a given function of the set-aside, not the model's: a timing surface measured on a
     GPU, replayed. ``times_ms`` maps a set-aside in granules of the simulated device to the step's milliseconds
     under a window that covers ``buf`` with the hit ratio that fits (granule counts it does not name are
@@ -355,9 +350,3 @@ class SetAsideSurface:
 
     def close(self) -> None:
         self.buf.free()
-
-    def __enter__(self) -> "SetAsideSurface":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
