@@ -38,7 +38,7 @@ import torch.distributed as dist
 import l2ctl
 from l2ctl import bench
 from l2ctl.testing import FakeBackend, simulate
-from l2ctl.testing.workloads import ModeledWorkload
+from l2ctl.workloads.modeled import ModeledWorkload
 
 MiB = 1 << 20
 ARMS = (("single", False), ("single", True), ("ddp", False), ("ddp", True))

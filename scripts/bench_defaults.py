@@ -24,7 +24,7 @@ bootstraps over rounds (bench.paired.bootstrap_speedup), ``first`` against ``who
     L2CTL_SIMULATE=h200 python scripts/bench_defaults.py --quick --json /tmp/d.json   # the simulator, a try-out
 
 Without torch (or CuPy) the gallery's framework workloads are skipped with the reason. On the simulator the modeled
-stand-ins of l2ctl.testing.workloads take their place where there is one (marked ``modeled``), the others are
+stand-ins of l2ctl.workloads.modeled take their place where there is one (marked ``modeled``), the others are
 skipped; the stand-in of the second client runs on l2ctl's own kernels, so everywhere.
 """
 
@@ -170,7 +170,7 @@ def _make(name: str, device: int, stream: l2ctl.Stream, quick: bool) -> tuple[Op
     if _backend.simulated():  # a framework's kernels cannot run on a simulated GPU: the modeled stand-in, if any
         if name not in MODELED:
             return None, entry.pattern, "a framework workload without a modeled stand-in (the simulator)"
-        from l2ctl.testing.workloads import ModeledWorkload
+        from l2ctl.workloads.modeled import ModeledWorkload
         return getattr(ModeledWorkload, MODELED[name])(device), entry.pattern, "modeled"
     reason = entry.missing(device)
     return (entry.make(device) if reason is None else None), entry.pattern, reason or ""

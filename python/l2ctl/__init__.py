@@ -66,28 +66,37 @@ if _typing.TYPE_CHECKING:  # the harness, imported lazily at run time (see __get
 
 __version__ = _core.__version__
 
-# name -> (module, attribute or None for the module itself): the harness's modules, and three of its names
-_LAZY: dict[str, tuple[str, _typing.Optional[str]]] = {
-    **{name: (f"l2ctl.{name}", None) for name in ("bench", "benchmark_gallery", "candidates", "plot", "sweep", "tuner",
-                                                   "workloads")},
-    "Timer": ("l2ctl.bench.timing", "Timer"), "TunedPolicy": ("l2ctl.tuner", "TunedPolicy"),
-    "tune": ("l2ctl.tuner", "tune"), "autotune": ("l2ctl.autotuner", "autotune")}
 
+def _lazy_attributes(package: str, lazy: dict[str, tuple[str, ...]]) -> _typing.Callable[[str], _Any]:
+    """A package's ``__getattr__`` (PEP 562) for names imported on first use, so that importing the package loads
+    only what its user asks for; ``lazy``: submodule -> the names it gives ("" -> names of submodules themselves).
+    l2ctl, bench, workloads and testing use it, and declare the same names under TYPE_CHECKING for type checkers."""
+    where = {name: module for module, names in lazy.items() for name in names}
+    namespace = vars(_sys.modules[package])
 
-def __getattr__(name: str) -> _Any:
-    if name in _LAZY:
-        module_name, attribute = _LAZY[name]
-        module = _importlib.import_module(module_name)
-        value = module if attribute is None else getattr(module, attribute)
-        globals()[name] = value
+    def __getattr__(name: str) -> _Any:
+        if name not in where:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        module = where[name]
+        value = _importlib.import_module(f"{package}.{module or name}")
+        if module:
+            value = getattr(value, name)
+        namespace[name] = value  # the next use finds it without a call
         return value
-    raise AttributeError(f"module 'l2ctl' has no attribute {name!r}")
+
+    return __getattr__
+
+
+#: The harness: its modules and four of its names.
+_LAZY = {"": ("bench", "benchmark_gallery", "candidates", "plot", "sweep", "tuner", "workloads"),
+         "bench.timing": ("Timer",), "tuner": ("TunedPolicy", "tune"), "autotuner": ("autotune",)}
+__getattr__ = _lazy_attributes(__name__, _LAZY)
 
 
 def __dir__() -> list[str]:
     """The public names (those of ``__all__``, the submodules in use, the lazy harness) and the module's own
     dunders; not the private helpers and submodules (``_os``, ``_core``)."""
-    return sorted(n for n in set(globals()) | set(_LAZY) if not n.startswith("_") or n.endswith("__"))
+    return sorted(n for n in set(globals()) | {n for names in _LAZY.values() for n in names} if not n.startswith("_") or n.endswith("__"))
 
 
 def get_include() -> str:

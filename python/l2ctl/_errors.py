@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 __all__ = ["L2ctlError", "CudaError", "NotSupportedError", "NoDeviceError", "CountersUnavailableError", "CuptiError",
-           "KernelsUnavailableError",
+           "KernelsUnavailableError", "VerificationError", "check",
            "L2BudgetWarning", "SetAsideTaxWarning", "SetAsideClampedWarning", "WindowClippedWarning",
            "PersistenceUnavailableWarning"]
 
@@ -63,6 +63,17 @@ class CuptiError(CountersUnavailableError):
 
     def __reduce__(self) -> tuple[type[CuptiError], tuple[str, int, str]]:
         return (type(self), (self.call, self.code, str(self)))
+
+
+class VerificationError(L2ctlError, AssertionError):
+    """A benchmark's output was wrong; its timing is discarded (``l2ctl.bench``: a number is kept only when the
+    output it timed was right)."""
+
+
+def check(ok: bool, what: str) -> None:
+    """Raise VerificationError naming ``what`` unless ``ok``."""
+    if not ok:
+        raise VerificationError(f"verification failed: {what}; the timing was discarded")
 
 
 class L2BudgetWarning(UserWarning):

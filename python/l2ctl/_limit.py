@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
 from . import _backend, _registry
 from ._device import DeviceProperties, properties, require_persistence, resolve_device
-from ._plan import check_set_aside, parse_set_aside_request, tax_free_limit
+from ._plan import check_set_aside, parse_set_aside_request, round_up, tax_free_limit
 
 __all__ = ["DeviceInfo", "device_info", "get_set_aside", "set_aside", "SetAside", "reset_persisting_lines",
-           "set_aside_granularity", "set_aside_rounding", "auto_set_aside_cap"]
+           "set_aside_granularity", "set_aside_rounding", "auto_set_aside_cap", "set_aside_grid"]
 
 
 @dataclass(frozen=True)
@@ -157,3 +157,14 @@ def auto_set_aside_cap(device: object = None) -> int:
 def set_aside_rounding(device: object = None) -> str:
     """How the driver rounds set-aside requests: "up", "down", "nearest" or "exact" (probes once)."""
     return _rounding(device)[1]
+
+
+def set_aside_grid(device: object = None, *, include_zero: bool = True) -> list[int]:
+    """Every limit the driver can grant: multiples of its granularity up to the max."""
+    info = require_persistence(device)
+    g = set_aside_granularity(info.index)
+    steps = max(1, info.persisting_l2_cache_max_size // g)
+    if steps > 64:  # drivers with a fine granularity: 32 even steps
+        g, steps = round_up(info.persisting_l2_cache_max_size // 32, g), 32
+    grid = [min(k * g, info.persisting_l2_cache_max_size) for k in range(0 if include_zero else 1, steps + 1)]
+    return sorted(set(grid))

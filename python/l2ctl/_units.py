@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-__all__ = ["KiB", "MiB", "format_bytes"]
+__all__ = ["KiB", "MiB", "GiB", "format_bytes"]
 
 KiB = 1 << 10
 MiB = 1 << 20
+GiB = 1 << 30
 
 
 def format_bytes(nbytes: float) -> str:

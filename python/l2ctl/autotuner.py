@@ -41,7 +41,7 @@ from ._device import require_persistence, stream_device
 from ._errors import CountersUnavailableError, NotSupportedError, PersistenceUnavailableWarning
 from ._interop import BufferRef, resolve_stream
 from ._kernel_buffers import StepRecorder
-from ._limit import auto_set_aside_cap, set_aside
+from ._limit import auto_set_aside_cap, set_aside, set_aside_grid
 from ._memory import BufferLike, Event, StreamLike
 from ._persist import Policy, persist
 from ._targets import Target
@@ -51,15 +51,14 @@ from .bench.paired import bootstrap_speedup, check_confidence
 from .candidates import ModelCandidates, from_captures, from_recorded
 from .graph import TorchCaptures, torch_captures
 from .graph import buffers as graph_buffers
-from .sweep import set_aside_grid
-from .tuner import (REFINE_POINTS, TAX_GAIN, CandidateResult, PointResult, TunePoint, choose, confirmed_reason, is_discover,
-                    no_winner_reason, refine_points, resolve_candidates, screen_points, unconfirmed_reason, winners)
+from .tuner import (REFINE_POINTS, TAX_GAIN, CandidateResult, PointResult, TunePoint, check_gains, choose,
+                    confirmed_reason, is_discover, no_winner_reason, refine_points, resolve_candidates, screen_points,
+                    unconfirmed_reason, winners)
 
 __all__ = ["autotune", "AutoTuned", "Decision", "MAX_CALLS", "MAX_LAG"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
-MiB = 1 << 20
 #: The app's calls a decision may take, discovery and confirmation included: for a 1-5 ms step, under a second.
 MAX_CALLS = 200
 #: How far behind the app the timing may fall before the oldest call is waited for.
@@ -397,13 +396,7 @@ class AutoTuned(Generic[P, R]):
             return None
         point = state.chosen.point if state.decision.phase == "confirm" else state.points[arm - 1]  # type: ignore
         return persist(state.target, state.named[point.candidate][0], point.hit_ratio, set_aside=point.set_aside,
-                       **self._span(state, point))
-
-    @staticmethod
-    def _span(state: _State, point: TunePoint) -> dict[str, Any]:
-        if point.offset == 0 and point.num_bytes == state.named[point.candidate][1].nbytes:
-            return {}
-        return {"offset": point.offset, "num_bytes": point.num_bytes}
+                       **point.span(state.named[point.candidate][1].nbytes))
 
     @staticmethod
     def _event_pair(state: _State) -> tuple[Event, Event]:
@@ -473,7 +466,7 @@ class AutoTuned(Generic[P, R]):
         buffer = state.named[pt.candidate][0]
         if isinstance(buffer, tuple):  # a discovered range: an owner the entry's pointer check can remember
             buffer = _Range(*buffer)
-        span = self._span(state, pt)
+        span = pt.span(state.named[pt.candidate][1].nbytes)
         limit = set_aside(pt.set_aside, state.device)
         state.ends.append(limit.restore)
         if state.target is not state.stream:  # torch's kept graphs that are given the buffer: windowed once
@@ -557,9 +550,7 @@ def autotune(fn: Callable[P, R], candidates: Candidates = "discover", *, stream:
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             raise ValueError(f"{name} must be an int from {low} to {high}, got {value!r}")
     confidence = check_confidence(confidence)
-    for name, gain in (("min_gain", min_gain), ("tax_gain", tax_gain)):
-        if isinstance(gain, bool) or not isinstance(gain, (int, float)) or not 0 <= float(gain) < 1:
-            raise ValueError(f"{name} must be a fraction in [0, 1), got {gain!r}")
+    check_gains(min_gain, tax_gain)
     if not isinstance(strict, bool):
         raise TypeError("strict must be a bool")
     if stream is not None:

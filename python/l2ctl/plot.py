@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._units import MiB
 from .bench.records import simulated_label
-
-MiB = 1 << 20
 
 __all__ = ["hit_ratio", "set_aside", "surface", "tax", "stride", "cache_streaming", "reset_data", "save"]
 

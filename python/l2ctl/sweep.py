@@ -12,15 +12,19 @@ from typing import Any, Literal, Optional, Sequence, Union
 
 from ._memory import BufferLike, StreamLike
 from ._device import require_persistence, stream_device
-from ._limit import set_aside_granularity
+from ._errors import check
+from ._limit import set_aside_grid, set_aside_granularity
 from ._interop import resolve_buffer, resolve_stream
 from ._plan import check_nbytes, check_set_aside, hit_ratio_grid, normalize_hit_ratio, parse_set_aside_request, round_up
 from ._units import format_bytes
 from .kernels import check_variant
-from .bench import (Progress, Record, Report, check, check_repeats, clean_state, environment, measure_ceilings,
-                    time_gpu)
-from .bench.state import in_window
-from .workloads import ResetDataWorkload, describe, enqueue_of, verifier_of
+from .bench.ceilings import measure_ceilings
+from .bench.progress import Progress
+from .bench.records import Record, Report, environment
+from .bench.state import clean_state, in_window
+from .bench.timing import check_repeats, time_gpu
+from .workloads import describe, enqueue_of, verifier_of
+from .workloads.reset_data import ResetDataWorkload
 
 __all__ = ["ResetDataWorkload", "measure_point", "sweep_hit_ratio", "sweep_set_aside", "sweep_surface",
            "sweep_lut_size", "sweep_tax", "set_aside_grid", "SweepResult"]
@@ -47,17 +51,6 @@ def measure_point(workload: Any, stream: StreamLike, buf: BufferLike, set_aside:
     config = {**describe(workload), "set_aside_requested": set_aside, "set_aside_granted": granted,
               "hit_ratio": applied, "window_bytes": resolve_buffer(buf).nbytes if hit_ratio is not None else 0}
     return Record.from_timing("sweep", label, config, timing, {}, verified)
-
-
-def set_aside_grid(device: object = None, *, include_zero: bool = True) -> list[int]:
-    """Every limit the driver can grant: multiples of its granularity up to the max."""
-    info = require_persistence(device)
-    g = set_aside_granularity(info.index)
-    steps = max(1, info.persisting_l2_cache_max_size // g)
-    if steps > 64:  # drivers with a fine granularity: 32 even steps
-        g, steps = round_up(info.persisting_l2_cache_max_size // 32, g), 32
-    grid = [min(k * g, info.persisting_l2_cache_max_size) for k in range(0 if include_zero else 1, steps + 1)]
-    return sorted(set(grid))
 
 
 @dataclass

@@ -43,26 +43,25 @@ import numpy as np
 from ._device import require_persistence, stream_device
 from ._interop import BufferRef, resolve_buffer, resolve_stream
 from ._targets import Target, as_target, resolve_target
-from ._limit import auto_set_aside_cap
+from ._limit import auto_set_aside_cap, set_aside_grid
 from ._memory import BufferLike, StreamLike
 from ._persist import Persist, Policy, persist
 from ._window import AccessProperty
 from .graph import Graph, TorchCaptures
 from ._plan import check_count, normalize_hit_ratio
 from ._units import format_bytes
-from .bench import Progress, Record, Report, environment
-from .bench.records import simulated_label
+from .bench.progress import Progress
+from .bench.records import Record, Report, environment, simulated_label
 from .candidates import (ModelCandidates, SupportsNamedTensors, from_captures, from_graph, from_module, from_steps,
                          is_module)
 from .bench.paired import Arm, check_confidence, compare
 from .bench.tax import NO_TAX, Tax, measure_tax
 from .bench.timing import check_repeats
-from .sweep import set_aside_grid
 from .workloads import Workload, describe, enqueue_of
 
 __all__ = ["TunedPolicy", "TuneReport", "CandidateResult", "PointResult", "TunePoint", "tune", "TAX_GAIN",
-           "resolve_candidates", "winners", "choose", "screen_points", "refine_points", "no_winner_reason", "confirmed_reason",
-           "unconfirmed_reason"]
+           "resolve_candidates", "winners", "choose", "check_gains", "screen_points", "refine_points", "no_winner_reason",
+           "confirmed_reason", "unconfirmed_reason"]
 
 #: What tune times: a callable f(stream) or an object with enqueue(stream) (l2ctl.workloads.Workload).
 WorkloadLike = Union[Callable[[Any], Any], Workload]
@@ -83,7 +82,6 @@ _NO_BUFFER = (256, 256)
 #: up at the first, records at the second and replays from the third.
 RECORDING_CALLS = 3
 
-MiB = 1 << 20
 #: A set-aside above the driver's default limit must buy at least this much (and this much more than the
 #: best point below it): the bystander tax there is real (docs/results.md).
 TAX_GAIN = 0.02
@@ -106,6 +104,11 @@ class TunePoint(NamedTuple):
     hit_ratio: float
     offset: int
     num_bytes: int
+
+    def span(self, buffer_bytes: int) -> dict[str, Any]:
+        """persist's ``offset`` and ``num_bytes`` for this point on a buffer of ``buffer_bytes``: none for the whole."""
+        return {} if self.offset == 0 and self.num_bytes == buffer_bytes else {"offset": self.offset,
+                                                                               "num_bytes": self.num_bytes}
 
     def describe(self) -> str:
         where = format_bytes(self.num_bytes) + (f" at +{self.offset}" if self.offset else "")
@@ -369,6 +372,13 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
                      records=keeps)
 
 
+def check_gains(min_gain: object, tax_gain: object) -> None:
+    """The gains a winner must make (tune's and autotune's ``min_gain``, ``tax_gain``): fractions in [0, 1)."""
+    for name, gain in (("min_gain", min_gain), ("tax_gain", tax_gain)):
+        if isinstance(gain, bool) or not isinstance(gain, (int, float)) or not 0 <= float(gain) < 1:
+            raise ValueError(f"{name} must be a fraction in [0, 1), got {gain!r}")
+
+
 def is_discover(candidates: object) -> bool:
     """Whether ``candidates`` asks for discovery ("discover"); any other str is refused, naming "discover" (a str is
     no buffer, so a typo would otherwise read as one: "cannot use a str as a device buffer")."""
@@ -395,9 +405,7 @@ def _tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, str
     warmup, repeat = check_repeats(warmup, repeat)
     rounds = check_count(rounds, "rounds", minimum=3, maximum=1000)
     confidence = check_confidence(confidence)
-    for name, gain in (("min_gain", min_gain), ("tax_gain", tax_gain)):
-        if isinstance(gain, bool) or not isinstance(gain, (int, float)) or not 0 <= float(gain) < 1:
-            raise ValueError(f"{name} must be a fraction in [0, 1), got {gain!r}")
+    check_gains(min_gain, tax_gain)
     check_count(seed, "seed", minimum=0)
     if not isinstance(progress, bool):
         raise TypeError("progress must be a bool")
@@ -506,13 +514,9 @@ class _Search:
     def _blocks(self, points: int) -> int:  # what compare runs: the baseline and each point, once a round
         return self.rounds * (points + 1)
 
-    def span(self, point: TunePoint) -> dict[str, Any]:  # persist's offset and num_bytes: none for the whole buffer
-        if point.offset == 0 and point.num_bytes == self.named[point.candidate][1].nbytes:
-            return {}
-        return {"offset": point.offset, "num_bytes": point.num_bytes}
-
     def _arm(self, point: TunePoint) -> Arm:
-        target, buffer, span = self.where.target, self.named[point.candidate][0], self.span(point)
+        (buffer, ref), target = self.named[point.candidate], self.where.target
+        span = point.span(ref.nbytes)
 
         def scope() -> Any:
             return persist(target, buffer, point.hit_ratio, set_aside=None, **span)
@@ -577,7 +581,7 @@ class _Search:
             if winners([confirmed], self.cap, self.min_gain, self.tax_gain):
                 pt = chosen.point
                 policy = Policy(set_aside=pt.set_aside, hit_ratio=pt.hit_ratio, offset=pt.offset,
-                                num_bytes=self.span(pt).get("num_bytes"))
+                                num_bytes=pt.span(self.named[pt.candidate][1].nbytes).get("num_bytes"))
                 chosen_name, buffer = pt.candidate, self.named[pt.candidate][0]
                 baseline_ms, best_ms, ci = confirmed.baseline_ms, confirmed.median_ms, confirmed.ci
                 reason = confirmed_reason(chosen)

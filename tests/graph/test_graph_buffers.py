@@ -8,7 +8,7 @@ import pytest
 
 import l2ctl
 from l2ctl import graph
-from l2ctl.testing.workloads import ModeledWorkload
+from l2ctl.workloads.modeled import ModeledWorkload
 
 
 def _captured(fake, w, s):

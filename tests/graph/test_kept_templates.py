@@ -1,7 +1,7 @@
 """Templates kept for what torch records inside graph.torch_captures() (issue 35), on the simulator: a graph made
 with torch's defaults, a graph-tree recording and a graphed callable's graph keep their template, replay as their
 maker expects, and take windows as a keep_graph graph does; tune and "discover" on a reduce-overhead step as the
-user wrote it (the simulator's stand-in for torch.compile: l2ctl.testing.workloads._FakeCompiledStep)."""
+user wrote it (the simulator's stand-in for torch.compile: l2ctl.workloads.modeled._FakeCompiledStep)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import l2ctl
 from l2ctl import _torch_graphs, graph
 from l2ctl.testing.torch_graphs import FakeGraphTrees, FakeTorchGraph
-from l2ctl.testing.workloads import ModeledWorkload, _FakeCompiledStep
+from l2ctl.workloads.modeled import ModeledWorkload, _FakeCompiledStep
 
 MiB = 1 << 20
 NONE = (0, 0, 0.0, 0, 0)

@@ -94,7 +94,7 @@ def _model_of(workload, extra: int = 100):
 
 
 def test_tune_over_a_model_picks_the_tensor_that_pays(fake):
-    from l2ctl.testing.workloads import ModeledWorkload
+    from l2ctl.workloads.modeled import ModeledWorkload
 
     with l2ctl.Stream() as s, ModeledWorkload.scatter_add() as w:
         model = _model_of(w)
@@ -109,7 +109,7 @@ def test_tune_over_a_model_picks_the_tensor_that_pays(fake):
 
 
 def test_tune_over_a_model_where_nothing_pays(fake):
-    from l2ctl.testing.workloads import ModeledWorkload
+    from l2ctl.workloads.modeled import ModeledWorkload
 
     with l2ctl.Stream() as s, ModeledWorkload.gather() as w:
         tuned = l2ctl.tune(w, s, _model_of(w), rounds=3, repeat=2, warmup=0)
@@ -173,7 +173,7 @@ def test_an_exclude_that_matches_nothing_is_no_error(fake):
 
 def test_tune_over_the_tensors_picked_by_name(fake):
     """tune takes what from_module picked: only those tensors are measured, and the report says why not the rest."""
-    from l2ctl.testing.workloads import ModeledWorkload
+    from l2ctl.workloads.modeled import ModeledWorkload
 
     with l2ctl.Stream() as s, ModeledWorkload.scatter_add() as w:
         model = _model_of(w)

@@ -1,6 +1,6 @@
 """The package's layers, read from its source: the core never imports the measurement harness, no module
-imports from a layer above its own, there are no import cycles (through a package's own submodules too),
-and ``import l2ctl`` loads the core only."""
+imports from a layer above its own (the simulator none of the harness), there are no import cycles (through a
+package's own submodules too), ``import l2ctl`` loads the core only and ``import l2ctl.tuner`` what tune uses."""
 
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ import l2ctl
 
 PACKAGE = pathlib.Path(l2ctl.__file__).parent
 #: The layers above the core, lowest first (docs/DESIGN.md): a module imports from its own layer and those
-#: below it only. The simulator sits above the workloads (it models them) and below the CLI (its try-out).
-LAYERS = (("l2ctl.workloads",), ("l2ctl.bench",), ("l2ctl.sweep",), ("l2ctl.candidates",), ("l2ctl.tuner",), ("l2ctl.autotuner",), ("l2ctl.benchmark_gallery",),
-          ("l2ctl.plot",), ("l2ctl.testing",), ("l2ctl.cli", "l2ctl.__main__"))
+#: below it only. The simulator sits just above the core (a backend, as the compiled one is) and below the whole
+#: harness, which it never imports: the workloads modeled for it are workloads (l2ctl.workloads.modeled).
+LAYERS = (("l2ctl.testing",), ("l2ctl.workloads",), ("l2ctl.bench",), ("l2ctl.sweep",), ("l2ctl.candidates",),
+          ("l2ctl.tuner",), ("l2ctl.autotuner",), ("l2ctl.benchmark_gallery",), ("l2ctl.plot",),
+          ("l2ctl.cli", "l2ctl.__main__"))
 HARNESS = tuple(m for layer in LAYERS for m in layer if m != "l2ctl.testing")
 #: The one import that goes up, and why: the GPU-less try-out (L2CTL_SIMULATE) puts the simulator in place of
 #: the GPU when the package loads; it runs only when that variable is set.
@@ -131,7 +133,8 @@ def test_no_module_imports_from_a_layer_above_its_own():
 
 def test_the_layer_checks_catch_what_they_are_for(monkeypatch):
     """Fed a package whose __init__ imports a submodule that imports a module above, which imports the
-    package back (the shape the gallery runner once had), both checks fail."""
+    package back (the shape the gallery runner once had), both checks fail; fed a simulator module that imports a
+    workload (the shape the modeled workloads once had), the layer check fails."""
     real = _graph()
     planted = {**real, "l2ctl.bench": real["l2ctl.bench"] | {"l2ctl.bench.runner"},
                "l2ctl.bench.runner": {"l2ctl.tuner"}, "l2ctl.tuner": real["l2ctl.tuner"] | {"l2ctl.bench"}}
@@ -139,6 +142,9 @@ def test_the_layer_checks_catch_what_they_are_for(monkeypatch):
     with pytest.raises(AssertionError, match="l2ctl.bench"):
         test_there_are_no_import_cycles()
     with pytest.raises(AssertionError, match="l2ctl.tuner"):
+        test_no_module_imports_from_a_layer_above_its_own()
+    planted = {**real, "l2ctl.testing.workloads": {"l2ctl.workloads.graphed"}}
+    with pytest.raises(AssertionError, match="l2ctl.testing.workloads"):
         test_no_module_imports_from_a_layer_above_its_own()
 
 
@@ -150,6 +156,21 @@ def test_import_loads_the_core_only():
     loaded, lazily = out.stdout.splitlines()
     assert not [m for m in eval(loaded) if _in(m, OUTSIDE_THE_CORE)], loaded
     assert lazily == "l2ctl.tuner l2ctl.bench l2ctl.kernels"
+
+
+#: The most modules of l2ctl's (the extension's included) an import loads in a fresh process: the core alone, the
+#: tuner with what tune uses of the harness (its timing, hygiene, records, paired rounds, tax and the workload
+#: protocol: none of the benchmark scenarios, sweeps, gallery or command line), the simulator's presets.
+LOADS_AT_MOST = {"l2ctl": 24, "l2ctl.tuner": 36, "l2ctl.testing": 27}
+
+
+@pytest.mark.parametrize("module", sorted(LOADS_AT_MOST))
+def test_an_import_loads_only_what_it_uses(module):
+    code = f"import sys, {module}; print(sorted(m for m in sys.modules if m == 'l2ctl' or m.startswith('l2ctl.')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    loaded = eval(out.stdout)
+    assert len(loaded) <= LOADS_AT_MOST[module], f"{module} loads {len(loaded)} modules: {loaded}"
 
 
 SRC = pathlib.Path(__file__).resolve().parents[2] / "src"

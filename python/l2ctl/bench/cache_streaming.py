@@ -11,11 +11,11 @@ from .. import kernels
 from .._device import resolve_device
 from .._memory import DeviceBuffer, StreamLike
 from .._plan import check_count
+from .._errors import check
 from .progress import Progress
 from .records import Record, Report, environment
 from .state import clean_state, owned_stream
 from .timing import check_repeats, time_gpu
-from .verify import check
 
 __all__ = ["bench_cache_streaming"]
 

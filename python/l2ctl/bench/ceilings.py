@@ -9,10 +9,10 @@ from .._interop import resolve_stream
 from .._memory import DeviceBuffer, StreamLike
 from .._plan import check_nbytes, round_up
 from .._device import stream_device
-from .timing import check_repeats, time_gpu
-from .verify import check
+from .._errors import check
+from .timing import Timing, check_repeats, time_gpu
 
-__all__ = ["Ceilings", "measure_ceilings"]
+__all__ = ["Ceilings", "measure_ceilings", "time_read"]
 
 
 @dataclass
@@ -34,7 +34,6 @@ def measure_ceilings(stream: StreamLike = None, nbytes: int = 1 << 30, *, warmup
     warmup, repeat = check_repeats(warmup, repeat)
     nbytes = round_up(check_nbytes(nbytes, "nbytes"), 16)
     device = stream_device(resolve_stream(stream))
-    words = nbytes // 4
     with DeviceBuffer(nbytes, device) as a, DeviceBuffer(nbytes, device) as b, \
             DeviceBuffer(8 * kernels.max_read_partials(device), device) as partials:
         write = time_gpu(lambda s: kernels.write_index(a, s), stream, warmup=warmup, repeat=repeat)
@@ -42,13 +41,19 @@ def measure_ceilings(stream: StreamLike = None, nbytes: int = 1 << 30, *, warmup
         b.fill_bytes(0xFF, stream)
         copy = time_gpu(lambda s: kernels.copy_words(b, a, s), stream, warmup=warmup, repeat=repeat)
         check(kernels.count_mismatches(a, b, stream) == 0, "copy_words left wrong words")
-        blocks = [0]
-
-        def read(s: StreamLike) -> None:
-            blocks[0] = kernels.read_sum(a, partials, s)
-
-        rd = time_gpu(read, stream, warmup=warmup, repeat=repeat)
-        expected = (words * (words - 1) // 2) % (1 << 64)
-        check(kernels.sum_u64(partials, blocks[0], stream) == expected, "read_sum checksum")
+        rd = time_read(a, partials, stream, warmup, repeat)
     return Ceilings(nbytes, nbytes / write.median_ms / 1e6, 2 * nbytes / copy.median_ms / 1e6,
                     nbytes / rd.median_ms / 1e6, write.median_ms, copy.median_ms, rd.median_ms)
+
+
+def time_read(buf: DeviceBuffer, partials: DeviceBuffer, stream: StreamLike, warmup: int, repeat: int) -> Timing:
+    """read_sum over ``buf`` (write_index's words: 0, 1, 2, ...) timed, its checksum verified: the read ceiling."""
+    blocks = [0]
+
+    def read(s: StreamLike) -> None:
+        blocks[0] = kernels.read_sum(buf, partials, s)
+
+    timing = time_gpu(read, stream, warmup=warmup, repeat=repeat)
+    words = buf.nbytes // 4
+    check(kernels.sum_u64(partials, blocks[0], stream) == words * (words - 1) // 2 % (1 << 64), "read_sum checksum")
+    return timing

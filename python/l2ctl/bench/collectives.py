@@ -16,18 +16,17 @@ from typing import Any, Callable, Optional, Sequence
 
 from .. import _backend
 from .._device import require_persistence
-from .._errors import NotSupportedError
+from .._errors import NotSupportedError, check
 from .._limit import auto_set_aside_cap, get_set_aside, set_aside, set_aside_granularity
 from .._plan import check_count, check_nbytes
+from .._units import MiB
 from .progress import Progress
 from .records import Record, Report, environment
 from .timing import Timing, check_repeats, time_gpu
-from .verify import check
 
 __all__ = ["bench_collectives", "collective_set_asides", "collective_size_problem", "bus_factor", "collectives_table",
            "COLLECTIVE_OPS", "DEFAULT_SIZES", "SIMULATED_SIZES"]
 
-MiB = 1 << 20
 COLLECTIVE_OPS = ("all_reduce", "all_gather")
 DEFAULT_SIZES = (64 * MiB, 128 * MiB, 256 * MiB, 512 * MiB, 1024 * MiB)
 #: Under the simulator: gloo on CPU tensors, sizes that keep a CI run short.

@@ -12,7 +12,7 @@ import numpy as np
 from .. import _backend, kernels
 from .._device import require_persistence
 from .._limit import set_aside_granularity
-from .._errors import L2BudgetWarning
+from .._errors import L2BudgetWarning, check
 from .._memory import DeviceBuffer, Stream
 from .._persist import persist
 from .._plan import check_nbytes, check_set_aside, parse_set_aside_request, round_up
@@ -21,7 +21,6 @@ from .progress import Progress
 from .records import Record, Report, environment
 from .state import clean_state
 from .timing import Timing, check_repeats
-from .verify import check
 
 __all__ = ["bench_concurrent"]
 

@@ -17,11 +17,11 @@ from .._memory import DeviceBuffer, StreamLike
 from .._persist import persist
 from .._interop import resolve_stream
 from .._plan import check_count, check_nbytes, round_up
+from .._errors import check
 from .progress import Progress
 from .records import Record, Report, environment
 from .state import clean_state, owned_stream
 from .timing import check_repeats, time_gpu
-from .verify import check
 
 __all__ = ["bench_graph"]
 

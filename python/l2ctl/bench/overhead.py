@@ -30,14 +30,13 @@ from .._memory import DeviceBuffer, Stream
 from .._persist import Policy, persist
 from .._plan import check_count
 from .._stream_window import clear_window, get_window, set_window
+from .._units import MiB
 from .._window import AccessPolicyWindow
+from .._errors import check
 from .progress import Progress
 from .records import Record, Report, environment
-from .verify import check
 
 __all__ = ["bench_overhead", "OVERHEAD_VARIANTS"]
-
-MiB = 1 << 20
 
 #: name -> what one operation is.
 OVERHEAD_VARIANTS: dict[str, str] = {

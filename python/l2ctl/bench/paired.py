@@ -22,12 +22,12 @@ import numpy as np
 
 from .._memory import StreamLike
 from .._plan import check_count, check_nbytes
+from .._errors import check
 from ..workloads import enqueue_of, verifier_of
 from .progress import Progress
 from .records import Record
 from .state import clean_state
 from .timing import Timing, check_repeats, time_gpu
-from .verify import check
 
 __all__ = ["Arm", "Comparison", "compare", "bootstrap_speedup", "check_confidence", "MAX_ROUNDS"]
 

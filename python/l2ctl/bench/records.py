@@ -11,17 +11,20 @@ import platform
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import Any, Optional, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Optional, Sequence, TextIO
 
 import numpy as np
 
 from .._backend import simulated
 from .._device import versions
 from .._limit import device_info
-from .ceilings import Ceilings
 from .timing import Timing
 
-__all__ = ["Record", "Report", "environment", "simulated_label", "write_json_array", "write_csv_table"]
+if TYPE_CHECKING:
+    from .ceilings import Ceilings
+
+__all__ = ["Record", "Report", "environment", "simulated_label", "write_json_array", "write_csv_table",
+           "write_json_document", "write_csv_rows"]
 
 
 def _commit() -> str:
@@ -139,8 +142,7 @@ class Report:
             self.write_json(f)
 
     def write_json(self, file: TextIO) -> None:
-        json.dump(self.to_dict(), file, indent=2, default=_json_default)
-        file.write("\n")
+        write_json_document(self.to_dict(), file)
 
     def to_csv(self, path: str) -> None:
         with open(path, "w", newline="", encoding="utf-8") as f:
@@ -167,15 +169,23 @@ class Report:
 def write_json_array(reports: Sequence[Report], file: TextIO) -> None:
     """Several reports as one JSON document (an array of what ``write_json`` writes for each): what a reader
     of one stream can parse, where the documents one after another could not be."""
-    json.dump([r.to_dict() for r in reports], file, indent=2, default=_json_default)
-    file.write("\n")
+    write_json_document([r.to_dict() for r in reports], file)
 
 
 def write_csv_table(reports: Sequence[Report], file: TextIO) -> None:
-    """The records of ``reports`` as one CSV table: one header (every column any of them has), then their rows."""
-    rows = [row for r in reports for row in r.csv_rows()]
-    columns = list(dict.fromkeys(k for row in rows for k in row)) or ["device", "simulated"]
-    writer = csv.DictWriter(file, fieldnames=columns)
+    """The records of ``reports`` as one CSV table under one header (the device columns when there is no record)."""
+    write_csv_rows([row for r in reports for row in r.csv_rows()], file, ("device", "simulated"))
+
+
+def write_json_document(document: Any, file: TextIO) -> None:
+    """``document`` as every JSON file l2ctl writes: indented, NumPy numbers as numbers, ending with a newline."""
+    json.dump(document, file, indent=2, default=_json_default)
+    file.write("\n")
+
+
+def write_csv_rows(rows: Sequence[dict[str, Any]], file: TextIO, empty: Sequence[str] = ()) -> None:
+    """``rows`` as one CSV table: a header of every column any row has (``empty``'s when there is none), the rows."""
+    writer = csv.DictWriter(file, fieldnames=list(dict.fromkeys(k for row in rows for k in row)) or list(empty))
     writer.writeheader()
     writer.writerows(rows)
 

@@ -13,17 +13,15 @@ from .._device import DeviceProperties, require_persistence
 from .._limit import set_aside_granularity
 from .._memory import DeviceBuffer, StreamLike
 from .._plan import check_nbytes, round_up
-from .._units import format_bytes
+from .._units import MiB, format_bytes
+from .._errors import check
 from .progress import Progress
 from .records import Record, Report, environment
 from .state import clean_state, in_window, owned_stream
 from .ceilings import measure_ceilings
 from .timing import Timing, check_repeats, time_gpu
-from .verify import check
 
 __all__ = ["RESET_COLUMNS", "default_lut_sizes", "bench_reset_data"]
-
-MiB = 1 << 20
 
 #: The columns of the main benchmark: (name, description).
 RESET_COLUMNS: tuple[tuple[str, str], ...] = (

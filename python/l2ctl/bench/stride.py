@@ -8,11 +8,12 @@ from .. import kernels
 from .._device import resolve_device
 from .._memory import DeviceBuffer, StreamLike
 from .._plan import check_count, round_up
+from .._errors import check
 from .progress import Progress
 from .records import Record, Report, environment
 from .state import clean_state, owned_stream
+from .ceilings import time_read
 from .timing import check_repeats, time_gpu
-from .verify import check
 
 __all__ = ["bench_stride"]
 
@@ -54,14 +55,8 @@ def bench_stride(
             DeviceBuffer(8 * max(blocks_max, kernels.max_read_partials(index)), index) as partials:
         kernels.write_index(buf, s)
         check(kernels.count_index_mismatches(buf, s) == 0, "stride buffer fill")
-        words = nbytes // 4
+        rd = time_read(buf, partials, s, warmup, repeat)
         nblocks = [0]
-
-        def read(st_: StreamLike) -> None:
-            nblocks[0] = kernels.read_sum(buf, partials, st_)
-
-        rd = time_gpu(read, s, warmup=warmup, repeat=repeat)
-        check(kernels.sum_u64(partials, nblocks[0], s) == (words * (words - 1) // 2) % (1 << 64), "read ceiling")
         read_gbps = nbytes / rd.median_ms / 1e6
         bar.step("read ceiling")
         for stride in strides:

@@ -26,7 +26,9 @@ import sys
 import warnings
 from typing import Iterator, Optional, Sequence, TextIO, Union
 
-from .._errors import CudaError, NoDeviceError, NotSupportedError
+import l2ctl
+
+from .._errors import CudaError, NoDeviceError, NotSupportedError, VerificationError
 from . import bench_cmd, info_cmd, sweep_cmd, tune_cmd
 from .bench_cmd import cmd_bench_concurrent, cmd_bench_cs, cmd_bench_graph, cmd_bench_reset, cmd_bench_stride
 from .info_cmd import cmd_info
@@ -51,8 +53,6 @@ PROG = "l2ctl"
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The parser of the whole command line. Options are parsed with no defaults (only what was typed);
     :func:`parse_args` adds the chosen command's defaults."""
-    import l2ctl
-
     parser = Parser(prog=prog, description="NVIDIA L2 persistence controls and benchmarks",
                     epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
                     allow_abbrev=False)
@@ -95,8 +95,6 @@ def _each_warning_once() -> Iterator[None]:
 
 def run(args: argparse.Namespace) -> int:
     """Run a parsed command; errors become one line on stderr and an exit code."""
-    from ..bench import VerificationError
-
     try:
         with data_to_stdout(args), _each_warning_once():
             code: int = args.func(args)
@@ -118,8 +116,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _handle_interrupts() -> None:
     """Python's Ctrl-C (KeyboardInterrupt) back, where ``import l2ctl`` put the command line's start-up one."""
-    import l2ctl
-
     starting = getattr(l2ctl, "_interrupted_while_starting", None)
     if starting is not None and signal.getsignal(signal.SIGINT) is starting:
         signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 from typing import Any, Callable, Optional
 
-from ..bench import Report, copy_pace
+from .. import bench, plot  # the package loads a benchmark's module when it runs
+from .._errors import NotSupportedError
 from .options import (COLUMN_NAMES, COMMON, CSV, DEVICE, EVERYWHERE, GALLERY_NAMES, JSON, LUT_BYTES, LUT_SIZES,
                       OUT_BYTES, PLOT, QUIET, REPEAT, ROUNDS, SET_ASIDE, SIMULATE, SIZE_HELP, WARMUP, Option,
                       collective_sizes, columns, count, gallery_names, strides)
@@ -23,14 +24,14 @@ __all__ = ["cmd_bench_reset", "cmd_bench_stride", "cmd_bench_cs", "cmd_bench_gra
            "BENCH"]
 
 
-def _measured(args: argparse.Namespace, run: Callable[..., Report], *given: Any, **options: Any) -> Report:
+def _measured(args: argparse.Namespace, run: Callable[..., bench.Report], *given: Any, **options: Any) -> bench.Report:
     """``run(*given, **options)`` on --device with the measurement options; prints its report's header."""
     report = run(*given, device=args.device, **measure(args), **options)
     print(header(report))
     return report
 
 
-def _lut_table(report: Report, names: list[str], cell: Callable[[dict[str, Any], str], str]) -> None:
+def _lut_table(report: bench.Report, names: list[str], cell: Callable[[dict[str, Any], str], str]) -> None:
     """reset-data's table: a row per LUT size, ``cell(row, name)`` per column."""
     print(f"{'LUT':>10} " + " ".join(f"{n:>17}" for n in names))
     for row in report.summary["table_ms"]:
@@ -38,8 +39,6 @@ def _lut_table(report: Report, names: list[str], cell: Callable[[dict[str, Any],
 
 
 def cmd_bench_reset(args: argparse.Namespace) -> int:
-    from .. import bench, plot
-
     report = _measured(args, bench.bench_reset_data, args.lut_sizes, out_bytes=args.out_bytes, columns=args.columns,
                        counters=args.counters)
     c = report.ceilings
@@ -67,8 +66,6 @@ def cmd_bench_reset(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_stride(args: argparse.Namespace) -> int:
-    from .. import bench, plot
-
     report = _measured(args, bench.bench_stride, args.strides, threads=args.threads)
     print(f"strided 4-byte loads, {args.threads:,} threads, "
           f"read ceiling {report.summary['read_ceiling_gbps']:,.0f} GB/s")
@@ -83,8 +80,6 @@ def cmd_bench_stride(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_cs(args: argparse.Namespace) -> int:
-    from .. import bench, plot
-
     report = _measured(args, bench.bench_cache_streaming, args.n)
     print(f"cache-streaming loads, {args.n:,} elements; outputs of both versions identical and within 1e-5 of float64")
     print(f"{'scenario':>16} {'normal ms':>10} {'.cs ms':>10} {'speedup':>8}")
@@ -95,8 +90,6 @@ def cmd_bench_cs(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_graph(args: argparse.Namespace) -> int:
-    from .. import bench
-
     report = _measured(args, bench.bench_graph, args.lut_bytes)
     plain = report.records[0]
     print(f"graph of {plain.config['kernels_per_graph']} reset-data kernels, LUT {format_bytes(plain.config['lut_bytes'])}, "
@@ -114,8 +107,6 @@ def cmd_bench_graph(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_concurrent(args: argparse.Namespace) -> int:
-    from .. import bench
-
     report = _measured(args, bench.bench_concurrent, set_aside=args.set_aside)
     r0 = report.records[0]
     print(f"two reset-data kernels on two streams at once, set-aside {format_bytes(r0.config['set_aside_granted'])}, "
@@ -130,8 +121,6 @@ def cmd_bench_concurrent(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_overhead(args: argparse.Namespace) -> int:
-    from .. import bench
-
     report = bench.bench_overhead(device=args.device, rounds=args.rounds, iterations=args.iterations,
                                   progress=not args.quiet)
     print(header(report))
@@ -146,7 +135,6 @@ def cmd_bench_overhead(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_collectives(args: argparse.Namespace) -> int:
-    from .. import bench
     from ..bench.collectives import collectives_table
 
     try:
@@ -177,7 +165,6 @@ def frameworks_missing(names: Optional[list[str]]) -> Optional[str]:
 
 def cmd_bench_workloads(args: argparse.Namespace) -> int:
     from .. import benchmark_gallery
-    from .._errors import NotSupportedError
 
     missing = frameworks_missing(args.names)
     if missing:  # before any device work: a clear line and exit 3, not a table of skipped rows
@@ -203,7 +190,7 @@ def cmd_bench_workloads(args: argparse.Namespace) -> int:
         g = r["grid_best"]
         if g is not None:
             print(f"  {r['workload']}: grid best {g['candidate']} set-aside {format_bytes(g['set_aside'])} hit ratio "
-                  f"{g['hit_ratio']:.2f}: {g['speedup']:.3f}x (copy {copy_pace(g['copy_slowdown'])}); "
+                  f"{g['hit_ratio']:.2f}: {g['speedup']:.3f}x (copy {bench.copy_pace(g['copy_slowdown'])}); "
                   f"{r['tune_reason']}")
     for name, reason in s["skipped"].items():
         print(f"{name:<14} skipped: {reason}")

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import l2ctl
+
+from .. import _backend
 from .exitcodes import EXIT_OK, EXIT_UNSUPPORTED
 from .options import CSV, DEVICE, JSON, QUIET, SIMULATE, Option
 from .output import NO_GPU_HINT, format_bytes, note, simulated_line, write_table
@@ -14,10 +17,6 @@ __all__ = ["cmd_info", "INFO"]
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    import l2ctl
-
-    from .. import _backend
-
     count = l2ctl.device_count()
     if count == 0:
         note(f"no CUDA device: {_backend.current().device_count_error() or 'none visible'}; {NO_GPU_HINT}")

@@ -17,9 +17,9 @@ from typing import Any, Callable, Hashable, Optional, Sequence, TypeVar, Union
 
 import l2ctl
 
-from ..bench import MAX_REPEAT, RESET_COLUMNS
+from ..bench.reset_data import RESET_COLUMNS
+from ..bench.timing import MAX_REPEAT
 from .._plan import check_set_aside
-from ..bench.collectives import collective_size_problem
 from ..kernels import ResetVariant, check_variant
 from ..testing import SIMULATE_HELP, FakeDevice
 from ..workloads import gallery
@@ -148,6 +148,8 @@ def _world_size() -> int:
 def collective_sizes(text: str) -> list[int]:
     """Comma-separated collective message sizes, each one the collectives move exactly (whole float32
     elements, split evenly over the job's ranks); each measured once."""
+    from ..bench.collectives import collective_size_problem  # the collectives' rule, loaded where it is asked for
+
     parts = items(text, "size", "64M,1G")
     values = [parse_size(part) for part in parts]
     for value in values:
@@ -195,22 +197,23 @@ def strides(text: str) -> list[int]:
     return measured_once(values, parts, "stride", lambda v: f"{v} B")
 
 
+def _known_names(text: str, what: str, known: Sequence[str]) -> list[str]:
+    """Comma-separated names, each one of ``known`` (``what`` names them in a refusal); each measured once."""
+    names = items(text, what, ",".join(known[:2]))
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise _bad(f"unknown {what}(s) {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
+    return measured_once(names, names, what)
+
+
 def columns(text: str) -> list[str]:
     """Comma-separated reset-data columns, names from l2ctl.bench.RESET_COLUMNS."""
-    names = items(text, "column", "baseline,hints")
-    unknown = [n for n in names if n not in COLUMN_NAMES]
-    if unknown:
-        raise _bad(f"unknown column(s) {', '.join(map(repr, unknown))}; choose from {', '.join(COLUMN_NAMES)}")
-    return measured_once(names, names, "column")
+    return _known_names(text, "column", COLUMN_NAMES)
 
 
 def gallery_names(text: str) -> list[str]:
     """Comma-separated gallery workload names (l2ctl.workloads.gallery)."""
-    names = items(text, "workload", "broadcast,spmv")
-    unknown = [n for n in names if n not in GALLERY_NAMES]
-    if unknown:
-        raise _bad(f"unknown workload {', '.join(unknown)}; choose from {', '.join(GALLERY_NAMES)}")
-    return measured_once(names, names, "workload")
+    return _known_names(text, "workload", GALLERY_NAMES)
 
 
 def variant(text: str) -> str:

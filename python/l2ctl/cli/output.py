@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import importlib
-import json
 import os
 import sys
 from typing import Any, Callable, Iterator, Optional, TextIO
 
+from .. import plot
 from .._units import format_bytes
-from ..bench import Report
-from ..bench.records import write_csv_table, write_json_array
+from ..bench.records import Report, write_csv_rows, write_csv_table, write_json_array, write_json_document
 from .exitcodes import EXIT_OK
 
 __all__ = ["NO_GPU_HINT", "STDOUT", "OutputError", "data_to_stdout", "format_bytes", "simulated_line", "header",
@@ -105,18 +103,10 @@ def write_reports_to_stdout(reports: list[Report], json_path: Optional[str], csv
 def write_table(json_path: Optional[str], csv_path: Optional[str], document: dict[str, Any],
                 rows: list[dict[str, Any]]) -> None:
     """What is not a benchmark report (info): ``document`` as JSON and ``rows`` as CSV, where asked."""
-    def json_file(f: TextIO) -> None:
-        json.dump(document, f, indent=2)
-        f.write("\n")
-
-    def csv_file(f: TextIO) -> None:
-        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for row in rows for k in row)))
-        writer.writeheader()
-        writer.writerows(rows)
-
-    for path, write in ((json_path, json_file), (csv_path, csv_file)):
-        if path:
-            _writing(path, write)
+    if json_path:
+        _writing(json_path, lambda f: write_json_document(document, f))
+    if csv_path:
+        _writing(csv_path, lambda f: write_csv_rows(rows, f))
 
 
 def numbered_path(path: Optional[str], nbytes: int) -> Optional[str]:
@@ -147,8 +137,6 @@ def save_plot(path: Optional[str], draw: Callable[[Any], Any], result: Any) -> N
     """``draw(result)`` (an l2ctl.plot function) saved to ``path``, where asked."""
     if not path:
         return
-    from .. import plot
-
     try:
         plot.save(draw(result), path)
     except OSError as exc:

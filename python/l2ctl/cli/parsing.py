@@ -22,6 +22,10 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, NoReturn, Optional, Sequence, Union
 
+import l2ctl
+
+from .._units import GiB, MiB, format_bytes
+from ..testing import simulate as use_simulator
 from .exitcodes import EXIT_USAGE
 from .options import EVERYWHERE, SIMULATE, Option, output_path, plot_path
 from .output import STDOUT, plot_problem
@@ -30,7 +34,6 @@ __all__ = ["Parser", "Command", "Group", "Entry", "add_entries", "known_options"
            "simulate", "finish"]
 
 Run = Callable[[argparse.Namespace], int]
-GiB = 1 << 30
 _NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse's negative numbers: values, not flags
 
 
@@ -211,16 +214,12 @@ def simulate(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
             gpus = SIMULATE.type(given[0])
         except argparse.ArgumentTypeError as exc:
             parser.error(f"argument {SIMULATE.flag}: {exc}")
-        from ..testing import simulate as use_simulator
-
         use_simulator(gpus)
 
 
 def _device_info(values: dict[str, Any]) -> Any:
     """The --device's l2ctl.DeviceInfo (the current device without it), or None: with no device, the command
     itself says so."""
-    import l2ctl
-
     try:
         return l2ctl.device_info(values.get("device"))
     except l2ctl.L2ctlError:
@@ -262,8 +261,8 @@ def _l2_problem(own: dict[str, Option], values: dict[str, Any], typed: set[str])
     for option in small:
         if values[option.dest] < info.l2_cache_size:
             return (f"{option.flag} {values[option.dest]} B is smaller than the L2 of device {info.index} ({info.name}, "
-                    f"{info.l2_cache_size / (1 << 20):.2f} MiB): the output must stream past the L2 for persistence "
-                    f"to keep anything; give at least {-(-info.l2_cache_size // (1 << 20))}M")
+                    f"{format_bytes(info.l2_cache_size)}): the output must stream past the L2 for persistence "
+                    f"to keep anything; give at least {-(-info.l2_cache_size // MiB)}M")
     return None
 
 
@@ -298,16 +297,10 @@ def finish(ns: argparse.Namespace) -> argparse.Namespace:
     if foreign:
         parser.error(f"{', '.join(foreign)} {'does' if len(foreign) == 1 else 'do'} not apply to '{path}'")
     values: dict[str, Any] = {dest: given.get(dest, copy.copy(option.default)) for dest, option in own.items()}
-    same = _same_file(own, values)
-    if same:
-        parser.error(same)
     plot: Optional[str] = values.get("plot")
-    if plot:
-        problem = plot_problem(plot)
-        if problem:
-            parser.error(problem)
-    for problem in (_memory_problem(own, values, set(given)), _l2_problem(own, values, set(given))):
-        if problem:
+    for problem in (_same_file(own, values), plot and plot_problem(plot), _memory_problem(own, values, set(given)),
+                    _l2_problem(own, values, set(given))):
+        if problem:  # the first, in this order
             parser.error(problem)
     return argparse.Namespace(**values, func=command.run, command=path)
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import l2ctl
+
+from .. import plot
 from .options import COMMON, LUT_BYTES, OUT_BYTES, PLOT, SET_ASIDE, VARIANT, Option
 from .output import done, format_bytes, header, measure
 from .parsing import Command, Group
@@ -17,9 +20,7 @@ __all__ = ["cmd_sweep_hit_ratio", "cmd_sweep_set_aside", "cmd_sweep_surface", "c
 def _reset_data_sweep(args: argparse.Namespace, kind: str, **options: Any) -> int:
     """``sweep.sweep_<kind>`` of reset-data (LUT --lut-bytes, output --out-bytes, kernel --variant), its table
     and files (the plot: ``plot.<kind>``)."""
-    import l2ctl
-
-    from .. import plot, sweep
+    from .. import sweep
 
     with l2ctl.Stream(args.device) as s, \
             sweep.ResetDataWorkload(args.lut_bytes, args.out_bytes, variant=args.variant, device=args.device) as w:
@@ -48,9 +49,7 @@ def cmd_sweep_surface(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep_tax(args: argparse.Namespace) -> int:
-    import l2ctl
-
-    from .. import plot, sweep
+    from .. import sweep
 
     with l2ctl.Stream(args.device) as s:
         report = sweep.sweep_tax(s, **measure(args))

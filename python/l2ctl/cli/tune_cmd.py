@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..bench import Report
+import l2ctl
+
+from ..bench.records import Report
 from .exitcodes import EXIT_OK
 from .options import CSV, DEVICE, JSON, LUT_SIZES, OUT_BYTES, QUIET, REPEAT, ROUNDS, SIMULATE, VARIANT, WARMUP
 from .output import format_bytes, header, measure, numbered_path, write_report, write_reports_to_stdout
@@ -14,8 +16,6 @@ __all__ = ["cmd_tune", "TUNE"]
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    import l2ctl
-
     from .. import sweep, tuner
 
     sizes: list[int] = args.lut_sizes

@@ -25,16 +25,27 @@ is a machine with no GPU. Tests read the state through ``fake.device(i).limit``,
 ``fake.calls``, ``fake.windows``, ``fake.node_windows``, ``fake.launched`` and ``fake.kernel_log``;
 ``fake.launch_fake_kernel(stream)`` and ``fake.launch_modeled_kernel(stream, ...)`` launch stand-in
 kernels. Modules: devices (presets), memory (lazy memory), kernels (functional kernels), model (timing),
-profiler (CUPTI), backend (the contract).
+profiler (CUPTI), backend (the contract). Importing the package loads the presets only (the command line's
+--simulate lists them); the machine's modules load when one is made or named.
 """
 
 from __future__ import annotations
 
-from .. import _backend
-from .backend import FakeBackend, FakeDeviceMemory, FakeEvent, FakeGraph, FakeGraphExec, FakeStream, LaunchRecord
+from typing import TYPE_CHECKING
+
+from .. import _backend, _lazy_attributes
 from .devices import FakeDevice
-from .model import DeviceModel, Estimate, Traffic
-from .profiler import FakeRangeProfiler
+
+if TYPE_CHECKING:  # what __getattr__ imports at run time
+    from .backend import (FakeBackend as FakeBackend, FakeDeviceMemory as FakeDeviceMemory, FakeEvent as FakeEvent,
+                          FakeGraph as FakeGraph, FakeGraphExec as FakeGraphExec, FakeStream as FakeStream,
+                          LaunchRecord as LaunchRecord)
+    from .model import DeviceModel as DeviceModel, Estimate as Estimate, Traffic as Traffic
+    from .profiler import FakeRangeProfiler as FakeRangeProfiler
+
+__getattr__ = _lazy_attributes(__name__, {
+    "backend": ("FakeBackend", "FakeStream", "FakeEvent", "FakeDeviceMemory", "FakeGraph", "FakeGraphExec",
+                "LaunchRecord"), "model": ("DeviceModel", "Estimate", "Traffic"), "profiler": ("FakeRangeProfiler",)})
 
 __all__ = ["FakeBackend", "FakeDevice", "FakeStream", "FakeEvent", "FakeDeviceMemory", "FakeGraph", "FakeGraphExec",
            "FakeRangeProfiler", "LaunchRecord", "DeviceModel", "Estimate", "Traffic", "simulate", "simulate_from_environment",
@@ -48,6 +59,8 @@ def simulate(gpus: str = "h100") -> FakeBackend:
     """Make l2ctl use simulated GPUs from now on, process-wide (``L2CTL_SIMULATE=h100`` or ``python -m l2ctl
     --simulate h100`` do this): the GPU-less try-out. ``gpus``: a preset name, or several, comma-separated;
     "1" or "yes" mean the H100. Returns the machine (its state is readable as in tests)."""
+    from .backend import FakeBackend  # the machine's modules, loaded when one is made
+
     names = [n for n in gpus.split(",") if n.strip()]
     if not names or all(n.strip().lower() in ("1", "yes", "true", "on") for n in names):
         names = ["h100"]
@@ -60,6 +73,8 @@ def simulate_from_environment(value: str) -> FakeBackend:
     """``L2CTL_SIMULATE=value`` put into effect (``import l2ctl`` calls this; it never raises): the simulator,
     which names itself on stderr at the first device query, or, for a value that names no simulated GPU, a
     machine without devices whose every device call says what is wrong (NoDeviceError)."""
+    from .backend import FakeBackend
+
     try:
         machine = simulate(value)
     except ValueError as exc:

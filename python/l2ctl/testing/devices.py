@@ -21,10 +21,9 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Optional, Tuple
 
-__all__ = ["FakeDevice", "TaxCurve", "H100_TAX_WRITE", "H100_TAX_COPY", "tax_at"]
+from .._units import GiB, MiB
 
-MiB = 1 << 20
-GiB = 1 << 30
+__all__ = ["FakeDevice", "TaxCurve", "H100_TAX_WRITE", "H100_TAX_COPY", "tax_at"]
 
 #: (limit as a fraction of persistingL2CacheMaxSize, bandwidth multiplier), increasing fractions.
 TaxCurve = Tuple[Tuple[float, float], ...]

@@ -74,7 +74,8 @@ from typing import Optional
 
 import numpy as np
 
-from .devices import FakeDevice, GiB, MiB, tax_at
+from .._units import GiB, MiB
+from .devices import FakeDevice, tax_at
 
 __all__ = ["Traffic", "Profile", "PROFILES", "Estimate", "DeviceModel", "hill_miss", "METRIC_NAMES", "GiB"]
 

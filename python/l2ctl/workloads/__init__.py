@@ -9,26 +9,37 @@ without ``verify`` are recorded as unverified.
 Built in: ``ResetDataWorkload`` (l2ctl's own kernel), ``CopyWorkload`` (the bystander of the tax), and the
 gallery of framework workloads (``gallery.GALLERY``: PyTorch broadcast, scatter-add, index_select,
 embedding, embedding_bag, a mixed step; CuPy/cuSPARSE SpMV), each with ``candidates()``, the buffers
-worth offering to l2ctl.tune. Importing this package imports no framework.
+worth offering to l2ctl.tune. Importing this package loads the protocol only (each workload is imported on
+first use), and never a framework.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, TypeVar, runtime_checkable
 
-from . import gallery
-from .broadcast import BroadcastAdd
-from .copy import CopyWorkload
-from .gathers import Embedding, EmbeddingBag, IndexSelect
-from .graphed import Compiled, Graphed
-from .reset_data import ResetDataWorkload
-from .scatter_add import ScatterAdd
-from .spmv import SpMV
-from .step import TrainingStep
+from .. import _lazy_attributes
 
-__all__ = ["Workload", "VerifiedWorkload", "enqueue_of", "verifier_of", "describe", "ResetDataWorkload", "CopyWorkload",
-           "gallery", "BroadcastAdd", "ScatterAdd", "IndexSelect", "Embedding", "EmbeddingBag", "SpMV", "TrainingStep",
-           "Graphed", "Compiled"]
+if TYPE_CHECKING:  # what __getattr__ imports at run time
+    from . import gallery as gallery
+    from .broadcast import BroadcastAdd as BroadcastAdd
+    from .copy import CopyWorkload as CopyWorkload
+    from .gathers import Embedding as Embedding, EmbeddingBag as EmbeddingBag, IndexSelect as IndexSelect
+    from .graphed import Compiled as Compiled, Graphed as Graphed
+    from .reset_data import ResetDataWorkload as ResetDataWorkload
+    from .scatter_add import ScatterAdd as ScatterAdd
+    from .spmv import SpMV as SpMV
+    from .step import TrainingStep as TrainingStep
+
+#: submodule -> the names it gives ("": submodules themselves); the protocol, below, is this module's own
+_LAZY = {"reset_data": ("ResetDataWorkload",), "copy": ("CopyWorkload",), "": ("gallery",),
+         "broadcast": ("BroadcastAdd",), "scatter_add": ("ScatterAdd",),
+         "gathers": ("IndexSelect", "Embedding", "EmbeddingBag"), "spmv": ("SpMV",), "step": ("TrainingStep",),
+         "graphed": ("Graphed", "Compiled")}
+__getattr__ = _lazy_attributes(__name__, _LAZY)
+__all__ = ["Workload", "VerifiedWorkload", "enqueue_of", "verifier_of", "describe",
+           *(name for names in _LAZY.values() for name in names)]
+
+_Self = TypeVar("_Self", bound="Closing")
 
 
 @runtime_checkable
@@ -61,3 +72,16 @@ def describe(workload: object) -> dict[str, Any]:
     """The workload's own description for records ({} when it has none)."""
     method = getattr(workload, "describe", None)
     return dict(method()) if callable(method) else {}
+
+
+class Closing:
+    """A workload closed at the end of its ``with`` block."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self: _Self) -> _Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

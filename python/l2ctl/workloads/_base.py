@@ -1,37 +1,22 @@
-"""What the gallery's workloads share: sizes from the device, the buffers offered to the tuner, closing."""
+"""What the gallery's workloads share: sizes from the device, the buffers offered to the tuner."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Optional, TypeVar
+from typing import Any, Callable, ClassVar, Optional
 
 from .._device import properties
 from .._plan import check_nbytes
+from .._units import GiB, MiB
+from . import Closing
 from ._frameworks import on_torch_stream, require_torch
 
-__all__ = ["Closing", "GalleryWorkload", "TorchWorkload", "fraction_of_l2", "MiB", "GiB"]
-
-MiB = 1 << 20
-GiB = 1 << 30
-_Self = TypeVar("_Self", bound="Closing")
+__all__ = ["GalleryWorkload", "TorchWorkload", "fraction_of_l2", "MiB", "GiB"]
 
 
 def fraction_of_l2(fraction: float, device: object = None, *, multiple: int = MiB) -> int:
     """``fraction`` of the device's L2 size, rounded down to ``multiple`` bytes (at least one multiple):
     gallery sizes follow the GPU at hand, never one GPU's constants."""
     return max(multiple, int(fraction * properties(device).l2_cache_size) // multiple * multiple)
-
-
-class Closing:
-    """A workload closed at the end of its ``with`` block."""
-
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self: _Self) -> _Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class GalleryWorkload(Closing):

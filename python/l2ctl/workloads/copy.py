@@ -7,7 +7,7 @@ from typing import Any
 from .. import kernels
 from .._memory import DeviceBuffer, StreamLike
 from .._plan import check_nbytes, round_up
-from ._base import Closing
+from . import Closing
 
 __all__ = ["CopyWorkload"]
 

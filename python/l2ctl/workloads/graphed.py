@@ -21,7 +21,7 @@ from .._stream_window import get_window
 from .._targets import ScopedWindow
 from .._window import AccessPolicyWindow
 from ..graph import TorchCaptures, torch_captures
-from ._base import Closing
+from . import Closing
 from ._frameworks import on_torch_stream, require_torch
 
 __all__ = ["Stepped", "Graphed", "Compiled"]
@@ -145,7 +145,7 @@ class Compiled(_Wrapped):
         if self.static_inputs:
             self._static_inputs()
 
-    # ---- what PyTorch does (the simulator's stand-in, l2ctl.testing.workloads, replaces these) ----------
+    # ---- what PyTorch does (the simulator's stand-in, l2ctl.workloads.modeled, replaces these) ----------
 
     def _static_inputs(self) -> None:
         """Static addresses for the step's tensors (its attributes and its candidates): graph trees then

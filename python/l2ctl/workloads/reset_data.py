@@ -9,7 +9,7 @@ import numpy as np
 from .. import kernels
 from .._memory import DeviceBuffer, StreamLike
 from .._plan import check_nbytes, round_up
-from ._base import Closing
+from . import Closing
 
 __all__ = ["ResetDataWorkload"]
 

@@ -1,5 +1,5 @@
-"""Modeled workloads for the simulator: stand-ins for the gallery (l2ctl.workloads.gallery) whose kernels
-only take time, so the tuner's logic and the gallery benchmark run without a GPU or a framework.
+"""Modeled workloads, for the simulator (l2ctl.testing): stand-ins for the gallery (l2ctl.workloads.gallery) whose
+kernels only take time, so the tuner's logic and the gallery benchmark run without a GPU or a framework.
 
 Each kernel streams some bytes and re-reads one of the workload's buffers (its *hot* buffer); the model
 (l2ctl.testing.model) decides how much persistence of that buffer saves. A kernel with a compute floor
@@ -18,11 +18,11 @@ from .. import _backend
 from .._device import resolve_device
 from .._torch_graphs import SKIP_LOGGERS
 from .._interop import resolve_stream
-from .._memory import DeviceBuffer
-from ..workloads._base import fraction_of_l2
-from ..workloads.graphed import Compiled, Graphed
-from .devices import GiB, MiB
-from .torch_graphs import FakeGraphTrees, FakeRecording, FakeTorchGraph
+from .._memory import DeviceBuffer, Stream
+from ..testing.torch_graphs import FakeGraphTrees, FakeRecording, FakeTorchGraph
+from . import Closing
+from ._base import GiB, MiB, fraction_of_l2
+from .graphed import Compiled, Graphed
 
 __all__ = ["ModeledKernel", "ModeledWorkload", "ModeledEagerStep", "ModeledGraphed", "ModeledCompiled",
            "SetAsideSurface"]
@@ -42,7 +42,7 @@ class ModeledKernel:
     given: tuple[str, ...] = ()  # the buffers passed to it (the hot one when empty): what its node's arguments show
 
 
-class ModeledWorkload:
+class ModeledWorkload(Closing):
     """Buffers (name -> bytes, allocated lazily on the simulated device) and the kernels one run launches.
     ``candidates()`` offers every buffer to the tuner; ``verify`` checks that the last run launched all
     its kernels on the stream it was given."""
@@ -156,12 +156,6 @@ class ModeledWorkload:
         for b in self.buffers.values():
             b.free()
 
-    def __enter__(self) -> "ModeledWorkload":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 class ModeledEagerStep(ModeledWorkload):
     """An eager step that allocates its hot buffer inside, as a GNN layer's ``out = torch.zeros(N, D,
@@ -214,8 +208,6 @@ class ModeledGraphed(Graphed):
         return self.base.on_stream(stream)  # type: ignore[attr-defined, no-any-return]
 
     def _capture(self) -> FakeTorchGraph:
-        from .._memory import Stream
-
         graph = FakeTorchGraph(keep_graph=True)
         with Stream(self.device) as side, self._on_stream(side):
             graph.capture_begin(side)
@@ -295,7 +287,7 @@ class ModeledCompiled(Compiled):
         return self.skips
 
 
-class SetAsideSurface:
+class SetAsideSurface(Closing):
     """A step whose time is a given function of the set-aside, not the model's: a timing surface measured on a
     GPU, replayed. ``times_ms`` maps a set-aside in granules of the simulated device to the step's milliseconds
     under a window that covers ``buf`` with the hit ratio that fits (granule counts it does not name are
@@ -358,9 +350,3 @@ class SetAsideSurface:
 
     def close(self) -> None:
         self.buf.free()
-
-    def __enter__(self) -> "SetAsideSurface":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
