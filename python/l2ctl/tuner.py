@@ -36,7 +36,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, NamedTuple, Optional, Union, cast
+from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple, Optional, Union, cast
 
 import numpy as np
 
@@ -50,14 +50,15 @@ from ._window import AccessProperty
 from .graph import Graph, TorchCaptures
 from ._plan import check_count, normalize_hit_ratio
 from ._units import format_bytes
-from .bench.progress import Progress
 from .bench.records import Record, Report, environment, simulated_label
 from .candidates import (ModelCandidates, SupportsNamedTensors, from_captures, from_graph, from_module, from_steps,
                          is_module)
-from .bench.paired import Arm, check_confidence, compare
 from .bench.tax import NO_TAX, Tax, measure_tax
 from .bench.timing import check_repeats
 from .workloads import Workload, describe, enqueue_of
+
+if TYPE_CHECKING:  # the measuring modules (paired rounds, the progress bar) load when a tune runs
+    from .bench.paired import Arm
 
 __all__ = ["TunedPolicy", "TuneReport", "CandidateResult", "PointResult", "TunePoint", "tune", "TAX_GAIN",
            "resolve_candidates", "winners", "choose", "check_gains", "screen_points", "refine_points", "no_winner_reason",
@@ -404,6 +405,8 @@ def _tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, str
     listed = {} if is_module(candidates) or discover else resolve_candidates(candidates)
     warmup, repeat = check_repeats(warmup, repeat)
     rounds = check_count(rounds, "rounds", minimum=3, maximum=1000)
+    from .bench.paired import check_confidence
+
     confidence = check_confidence(confidence)
     check_gains(min_gain, tax_gain)
     check_count(seed, "seed", minimum=0)
@@ -509,6 +512,8 @@ class _Search:
         self.planned = {"screen": self._blocks(len(self.screened)),
                         "refine": self._blocks(REFINE_POINTS * min(REFINED_CANDIDATES, len(named))),
                         "confirm": self._blocks(1)}
+        from .bench.progress import Progress
+
         self.bar = Progress(sum(self.planned.values()), "tune", progress)
 
     def _blocks(self, points: int) -> int:  # what compare runs: the baseline and each point, once a round
@@ -521,11 +526,15 @@ class _Search:
         def scope() -> Any:
             return persist(target, buffer, point.hit_ratio, set_aside=None, **span)
 
+        from .bench.paired import Arm
+
         return Arm(point.describe(), point.set_aside, scope, {**self.base_config, **point._asdict()})
 
     def run(self, points: list[TunePoint], stage: str, stage_seed: int) -> list[PointResult]:
         assert self._blocks(len(points)) <= self.planned[stage], f"the {stage} stage outgrew its plan: see REFINE_POINTS"
         self.bar.skip(self.planned[stage] - self._blocks(len(points)))  # what this stage does not need of its plan
+        from .bench.paired import compare
+
         base, comps = compare(self.workload, self.where.stream, [self._arm(p) for p in points], rounds=self.rounds,
                               repeat=self.repeat, warmup=self.warmup, confidence=self.confidence, seed=stage_seed,
                               benchmark="tune", progress=self.bar)

@@ -15,8 +15,6 @@ from .._device import properties, stream_device
 from .._interop import resolve_stream
 from .._limit import set_aside_granularity
 from .._plan import check_nbytes, round_up
-from ..workloads.copy import CopyWorkload
-from .paired import Arm, compare
 
 __all__ = ["Tax", "NO_TAX", "measure_tax", "forget_taxes", "copy_pace"]
 
@@ -81,6 +79,9 @@ def measure_tax(stream: StreamLike, set_aside: int, *, rounds: int = 3, repeat: 
     if cached is not None:
         return cached
     nbytes = round_up(8 * info.l2_cache_size, 1 << 20)
+    from ..workloads.copy import CopyWorkload  # the bystander and the rounds, loaded when a tax is first measured
+    from .paired import Arm, compare
+
     with CopyWorkload(nbytes, device) as copy:
         base, (taxed,) = compare(copy, stream, [Arm("set-aside", granted)], rounds=rounds, repeat=repeat, warmup=1,
                                  benchmark="tax")
