@@ -58,17 +58,15 @@ void register_host(py::handle given) {
     checked.*f.slot = owned.ptr();
     kept.push_back(std::move(owned));
   }
-  py::handle property = checked.property_type;
-  py::object persisting = property(static_cast<int>(l2ctl::access_persisting));
-  py::object streaming = property(static_cast<int>(l2ctl::access_streaming));
+  py::object access[3];
+  for (int value = 0; value < 3; ++value) access[value] = py::handle(checked.property_type)(value);
   py::object no_window = py::handle(checked.window_type)();
   if (host.registered) {
     PyErr_SetString(PyExc_RuntimeError, "l2ctl's Host is registered already (once per process, by l2ctl._host)");
     throw py::error_already_set();
   }
   for (py::object& field : kept) field.release();
-  checked.persisting = persisting.release().ptr();
-  checked.streaming = streaming.release().ptr();
+  for (int value = 0; value < 3; ++value) checked.access[value] = access[value].release().ptr();
   checked.no_window = no_window.release().ptr();
   checked.registered = true;
   host = checked;
@@ -82,6 +80,28 @@ const Host& registered_host() {
     throw py::error_already_set();
   }
   return host;
+}
+
+py::object window_object(const l2ctl::Window& w) {
+  const Host& h = registered_host();
+  const auto property = [&](int value) {
+    return value >= 0 && value < 3 ? py::reinterpret_borrow<py::object>(h.access[value]) : py::handle(h.property_type)(value);
+  };
+  const py::object items[] = {py::int_(w.base), py::int_(w.num_bytes), py::float_(w.hit_ratio), property(w.hit_prop),
+                              property(w.miss_prop)};
+  // Made as tuple.__new__ makes a named tuple: no Python code runs.
+  auto* type = reinterpret_cast<PyTypeObject*>(h.window_type);
+  PyObject* out = type->tp_alloc(type, 5);
+  if (out == nullptr) throw py::error_already_set();
+  for (Py_ssize_t i = 0; i < 5; ++i) PyTuple_SET_ITEM(out, i, Py_NewRef(items[i].ptr()));
+  return py::reinterpret_steal<py::object>(out);
+}
+
+l2ctl::Window to_window(py::handle w) {
+  const py::tuple t(py::reinterpret_borrow<py::object>(w));
+  if (t.size() != 5) throw py::type_error("a window is (base, num_bytes, hit_ratio, hit_prop, miss_prop)");
+  return l2ctl::Window{t[0].cast<std::uintptr_t>(), t[1].cast<std::size_t>(), t[2].cast<double>(), t[3].cast<int>(),
+                       t[4].cast<int>()};
 }
 
 void bind_host(py::module_& planner) {

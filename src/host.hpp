@@ -5,6 +5,8 @@
 
 #include <pybind11/pybind11.h>
 
+#include "l2ctl/window_value.hpp"
+
 namespace l2ctl_bindings {
 
 namespace py = pybind11;
@@ -23,9 +25,10 @@ struct Host {
 #define L2CTL_HOST_FIELD(name) PyObject* name = nullptr;
   L2CTL_HOST_FIELDS(L2CTL_HOST_FIELD, L2CTL_HOST_FIELD, L2CTL_HOST_FIELD)
 #undef L2CTL_HOST_FIELD
-  // Made from the fields at registration: AccessProperty.PERSISTING and .STREAMING, and AccessPolicyWindow() (an
-  // unentered scope's window).
-  PyObject *persisting = nullptr, *streaming = nullptr, *no_window = nullptr;
+  // Made from the fields at registration: AccessProperty's members by value (NORMAL, STREAMING, PERSISTING), and
+  // AccessPolicyWindow() (an unentered scope's window).
+  PyObject* access[3] = {nullptr, nullptr, nullptr};
+  PyObject* no_window = nullptr;
   bool registered = false;
 };
 extern Host host;
@@ -34,5 +37,10 @@ extern Host host;
 const Host& registered_host();
 
 void bind_host(py::module_& planner);
+
+// The one converter between the two window shapes: l2ctl::Window (C++) and AccessPolicyWindow (Python: a named
+// tuple, base, num_bytes, hit_ratio, hit_prop, miss_prop; any 5-sequence of them is read).
+py::object window_object(const l2ctl::Window& w);
+l2ctl::Window to_window(py::handle w);
 
 }  // namespace l2ctl_bindings

@@ -251,7 +251,7 @@ Where resolve(Persist* self, Registry_object& registry) {
 // What the check planned: the window, the limit asked for, and what the warnings need.
 struct Plan {
   Device_limits limits;
-  pl::Plan_window window;
+  l2ctl::Window window;
   long long full = 0, nbytes = 0, request = 0;
   bool clipped = false, clamped = false, fit = false;
   py::object changed;  // what to call with the scope after its slots changed, or empty

@@ -60,7 +60,7 @@ struct Persist {
   PyObject* changed;      // called with the scope after the slots changed (graph targets), or NULL
   PyObject* executables;  // an l2ctl Graph to mark stale at the end, or NULL
   PyObject* window;       // the window object, made when first read, or NULL
-  pl::Plan_window entered_window;
+  l2ctl::Window entered_window;
   bool has_window;
   bool clipped;
   int device;

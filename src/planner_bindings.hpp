@@ -80,8 +80,9 @@ struct Registry_object {
   std::map<int, Device_limits> limits;  // filled by the scope objects from l2ctl._device.properties
 };
 
-pl::Plan_window to_window(py::handle w);
-py::object window_object(const pl::Plan_window& w);
+// The planner's calls for `backend`: the CUDA runtime (`cuda`: the extension itself), else the backend's Python
+// methods of the same names (backend_calls.cpp).
+std::unique_ptr<pl::Calls> calls_for(py::handle backend, bool cuda);
 // Registers `scope_obj` (a Scope_object) with `registry` and makes the device match, for `holder` (the object
 // whose `_scope` names it while live; None: none): the entry every scope object makes.
 // A compiled holder (persist's scope) is told of its scope without Python: `is_live(holder)` (null for any other

@@ -324,8 +324,8 @@ bool take_common(Persist* self, PyObject* const* v) {
     if (!PyLong_CheckExact(v[a_offset]) || PyLong_AsLongLongAndOverflow(v[a_offset], &overflow) != 0 || overflow)
       return false;
   }
-  if (v[a_hit_prop] != nullptr && v[a_hit_prop] != host.persisting) return false;
-  if (v[a_miss_prop] != nullptr && v[a_miss_prop] != host.streaming) return false;
+  if (v[a_hit_prop] != nullptr && v[a_hit_prop] != host.access[l2ctl::access_persisting]) return false;
+  if (v[a_miss_prop] != nullptr && v[a_miss_prop] != host.access[l2ctl::access_streaming]) return false;
   if (v[a_reset_on_exit] != nullptr && !is_bool(v[a_reset_on_exit])) return false;
   if (v[a_share] != nullptr && !is_bool(v[a_share])) return false;
   if (v[a_strict] != nullptr && !is_bool(v[a_strict])) return false;
@@ -406,8 +406,8 @@ void take_prepared(Persist* self, PyObject* const* v) {
   if (args[a_hit_ratio] == nullptr) args[a_hit_ratio] = Py_None;
   if (args[a_num_bytes] == nullptr) args[a_num_bytes] = Py_None;
   if (args[a_offset] == nullptr) args[a_offset] = zero;
-  if (args[a_hit_prop] == nullptr) args[a_hit_prop] = host.persisting;
-  if (args[a_miss_prop] == nullptr) args[a_miss_prop] = host.streaming;
+  if (args[a_hit_prop] == nullptr) args[a_hit_prop] = host.access[l2ctl::access_persisting];
+  if (args[a_miss_prop] == nullptr) args[a_miss_prop] = host.access[l2ctl::access_streaming];
   if (args[a_set_aside] == nullptr) args[a_set_aside] = L2CTL_NAME("auto").ptr();
   if (args[a_reset_on_exit] == nullptr) args[a_reset_on_exit] = Py_True;
   if (args[a_share] == nullptr) args[a_share] = Py_False;

@@ -113,7 +113,7 @@ class Graph:
     def kernel_nodes(self, predicate: Optional[Predicate] = None) -> list[KernelNode]:
         """The kernel nodes (optionally those for which ``predicate(node)`` is true), with their windows."""
         backend = _backend.current()
-        nodes = (KernelNode(*t, AccessPolicyWindow.from_tuple(backend.get_node_window(t[0])))
+        nodes = (KernelNode(*t, backend.get_node_window(t[0]))
                  for t in self._kernel_node_tuples())
         return [k for k in nodes if predicate is None or predicate(k)]
 

@@ -20,7 +20,7 @@ from l2ctl import _core, _plan, _registry
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "python" / "l2ctl" if (ROOT / "python" / "l2ctl").is_dir() else pathlib.Path(l2ctl.__file__).parent
 #: Calls that change device state: only the planner makes them (the simulator implements them).
-DEVICE_CHANGES = {"apply_window", "apply_state", "set_persisting_limit", "set_stream_window", "set_node_window",
+DEVICE_CHANGES = {"apply_batch", "set_persisting_limit", "set_stream_window", "set_node_window",
                   "reset_persisting_lines"}
 #: The planner's arithmetic, named in _plan.py for the API and its tests: each only calls the compiled one.
 ARITHMETIC = {"round_up": "plan_round_up", "tax_free_limit": "plan_tax_free_limit",
@@ -168,8 +168,8 @@ def test_the_planning_arithmetic_is_the_compiled_one():
 
 def test_only_the_planner_changes_a_device():
     assert device_changes_outside_the_planner(core_sources()) == []
-    planted = {"shortcut.py": "def fast(backend, s):\n    backend.apply_window(0, 0, [s], 0, 0, 0.0, 0, 0)\n"}
-    assert device_changes_outside_the_planner(planted) == ["shortcut.py:2: .apply_window"]
+    planted = {"shortcut.py": "def fast(backend, s):\n    backend.apply_batch(0, -1, False, False, False, [(0, s, w)])\n"}
+    assert device_changes_outside_the_planner(planted) == ["shortcut.py:2: .apply_batch"]
 
 
 @pytest.mark.parametrize("name", sorted(ARITHMETIC))
