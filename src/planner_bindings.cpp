@@ -78,6 +78,20 @@ py::object device_state(Registry_object& registry, int device) {
       "batch"_a = st->batch ? py::object(py::str("cut short")) : py::none());
 }
 
+// What a scope needs of a device's properties (the Host's `properties`), asked once per registry.
+const Device_limits& limits_of(Registry_object& registry, int device) {
+  auto it = registry.limits.find(device);
+  if (it != registry.limits.end()) return it->second;
+  PyObject* props = PyObject_CallOneArg(host.properties, py::int_(device).ptr());
+  if (props == nullptr) throw py::error_already_set();
+  py::object p = py::reinterpret_steal<py::object>(props);
+  Device_limits out;
+  out.max_window = p.attr("access_policy_max_window_size").cast<long long>();
+  out.persisting_max = p.attr("persisting_l2_cache_max_size").cast<long long>();
+  out.supported = p.attr("supports_persistence").cast<bool>();
+  return registry.limits.emplace(device, out).first->second;
+}
+
 std::vector<pl::Slot> slots_of(py::handle slots) {
   std::vector<pl::Slot> out;
   for (py::handle slot : py::reinterpret_borrow<py::iterable>(slots)) out.push_back(to_slot(slot));
@@ -134,7 +148,7 @@ pl::Entered enter_scope(const std::shared_ptr<Registry_object>& r, const std::sh
     return translated([&] {
       Locked locked(r.get(), true);  // nothing changed yet: a Ctrl-C while waiting ends the entry
       if (!holder.is_none()) {
-        const bool live = compiled ? compiled_holders.is_live(holder.ptr()) : !holder.attr(L2CTL_NAME("_scope")).is_none();
+        const bool live = compiled ? compiled_holders.is_live(holder.ptr()) : !holder.attr(host.name.scope).is_none();
         if (live) {
           PyErr_SetString(PyExc_RuntimeError, already_active);
           throw py::error_already_set();
@@ -160,10 +174,9 @@ pl::Entered enter_scope(const std::shared_ptr<Registry_object>& r, const std::sh
       if (compiled)
         compiled_holders.take(holder.ptr(), record);
       else if (!holder.is_none())
-        holder.attr(L2CTL_NAME("_scope")) = scope_object(record);
+        holder.attr(host.name.scope) = scope_object(record);
       if (scope.core->fit_hit_ratio && scope.core->has_window && !scope.window.is_none())
-        scope.window = scope.window.attr("_replace")("num_bytes"_a = scope.core->window.num_bytes,
-                                                     "hit_ratio"_a = scope.core->window.hit_ratio);
+        scope.window = window_object(scope.core->window);  // as fitted
       return entered;
     });
   } L2CTL_THREAD_ENDED catch (...) {
@@ -296,7 +309,7 @@ void end_scope(Scope_object& scope) {
 void finish_scope(Scope_object& ending, const py::object& executables, const py::object& changed,
                   const py::object& exc) {
   ending.core->ending = true;
-  if (!executables.is_none()) executables.attr(L2CTL_NAME("_dirty")) = true;
+  if (!executables.is_none()) executables.attr(host.name.dirty) = true;
   auto noted = [&](py::error_already_set& error) {
     if (exc.is_none()) return false;
     add_note(exc, py::str("l2ctl: restoring device state after the error also failed: {!r}").format(error.value()));

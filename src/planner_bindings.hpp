@@ -71,6 +71,12 @@ struct Device_limits {
   bool supported = false;        // L2 persistence available
 };
 
+struct Registry_object;
+// The device's limits as `registry` knows them (asked of the Host's `properties` the first time).
+const Device_limits& limits_of(Registry_object& registry, int device);
+// Slots as Python holds them ((kind, handle, generation) tuples, the planner's own, made by slot_tuple).
+std::vector<pl::Slot> slots_of(py::handle slots);
+
 struct Registry_object {
   Registry_object(py::handle backend, bool cuda);
   pl::Registry planner;

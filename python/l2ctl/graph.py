@@ -71,6 +71,7 @@ class Graph:
     template (l2ctl's own lazily, at its next launch; torch's at once)."""
 
     _impl: Optional[_core.Graph]
+    _dirty: bool  # its executable is stale (marked by a scope's compiled end, too)
 
     def __init__(self, handle: int, *, owned: bool = False, device: object = None, owner: Any = None) -> None:
         graph = check_count(handle, "a graph handle (cudaGraph_t)", minimum=1, maximum=(1 << 64) - 1)
