@@ -263,9 +263,11 @@ Plan check(Persist* self, Registry_object& registry, const Where& where) {
   Plan plan;
   plan.limits = limits_of(registry, device);
   if (!plan.limits.supported) call_host(host.require_persistence, py::int_(device).ptr());  // raises, saying why
-  plan.full = self->num_bytes < 0 ? self->nbytes - self->offset : self->num_bytes;
-  plan.clipped = plan.limits.max_window > 0 && plan.full > plan.limits.max_window;
-  plan.nbytes = plan.clipped ? plan.limits.max_window : plan.full;
+  // The byte range was checked when the scope was made (its fault is none): clipped to the device's largest window.
+  const pl::Clipped_window clip = pl::clip_window(self->offset, self->num_bytes, self->nbytes, plan.limits.max_window);
+  plan.full = clip.asked;
+  plan.clipped = clip.clipped;
+  plan.nbytes = clip.num_bytes;
   if (!self->allocation && (self->buffer_checked != device || self->buffer_checked_on != registry.serial)) {
     // A remembered object's whole range, checked once per device and backend (a sub-range needs no more); any
     // other buffer's window range, as given (_device remembers it while the owner lives).

@@ -555,8 +555,11 @@ void bind_planner(py::module_& core) {
                                                    : throw std::invalid_argument("form: 'bytes', 'max' or 'fraction'");
     return pl::requested_set_aside(f, bytes, fraction, maximum, clamp);
   }, "form"_a, "bytes"_a, "fraction"_a, "maximum"_a, "clamp"_a);
-  m.def("plan_check_set_aside_fraction",
-        [](double fraction) { return static_cast<int>(pl::check_set_aside_fraction(fraction)); }, "fraction"_a);
+  m.def("plan_set_aside_fraction_refusal", &pl::set_aside_fraction_refusal, "fraction"_a);
+  m.def("plan_clip_window", [](long long offset, long long num_bytes, long long buffer_bytes, long long max_window) {
+    const pl::Clipped_window w = pl::clip_window(offset, num_bytes, buffer_bytes, max_window);
+    return py::make_tuple(w.num_bytes, w.clipped, static_cast<int>(w.fault));
+  }, "offset"_a, "num_bytes"_a, "buffer_bytes"_a, "max_window"_a);
   m.def("plan_auto_set_aside", &pl::auto_set_aside, "demand"_a, "current"_a, "granularity"_a, "maximum"_a);
   m.def("plan_default_hit_ratio", &pl::default_hit_ratio, "granted"_a, "window_bytes"_a);
   m.def("plan_fit_window", [](long long room, long long window_bytes) {

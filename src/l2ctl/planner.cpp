@@ -119,11 +119,16 @@ long long granted_set_aside(long long request, long long maximum, bool clamp) {
                               ", or 'max'");
 }
 
-Set_aside_fraction_fault check_set_aside_fraction(double fraction) {
-  if (fraction == 1.0) return Set_aside_fraction_fault::ambiguous;
-  if (fraction == 0.0) return Set_aside_fraction_fault::zero;  // -0.0 too
-  if (!(fraction > 0.0 && fraction < 1.0)) return Set_aside_fraction_fault::out_of_range;  // NaN included
-  return Set_aside_fraction_fault::none;
+std::string set_aside_fraction_refusal(double fraction) {
+  if (fraction == 1.0)
+    return " is ambiguous: write 'max' for all of persistingL2CacheMaxSize, or an int for bytes (1 is one byte); a "
+           "float is a fraction of the max strictly between 0 and 1";
+  if (fraction == 0.0)  // -0.0 too
+    return ": write 0 for no set-aside; a float is a fraction of the max strictly between 0 and 1";
+  if (!(fraction > 0.0 && fraction < 1.0))  // NaN included
+    return ": a float is a fraction of the max strictly between 0 and 1; write an int for bytes, 'max' for all of the "
+           "max";
+  return "";
 }
 
 long long requested_set_aside(Set_aside_form form, long long bytes, double fraction, long long maximum, bool clamp) {
@@ -131,9 +136,8 @@ long long requested_set_aside(Set_aside_form form, long long bytes, double fract
     case Set_aside_form::max:
       return maximum;
     case Set_aside_form::fraction:
-      if (check_set_aside_fraction(fraction) != Set_aside_fraction_fault::none)
-        throw std::invalid_argument("a float set-aside must be a fraction of the max strictly between 0 and 1 "
-                                    "(write 'max' for all of it, an int for bytes)");
+      if (const std::string refused = set_aside_fraction_refusal(fraction); !refused.empty())
+        throw std::invalid_argument("set_aside=" + std::to_string(fraction) + refused);
       return static_cast<long long>(std::floor(fraction * static_cast<double>(maximum)));
     case Set_aside_form::bytes:
       break;
@@ -151,6 +155,22 @@ double default_hit_ratio(long long granted, long long window_bytes) {
   if (window_bytes <= 0)
     throw std::invalid_argument("window must cover at least one byte, got " + std::to_string(window_bytes));
   return normalize_hit_ratio(std::min(1.0, static_cast<double>(granted) / static_cast<double>(window_bytes)));
+}
+
+Clipped_window clip_window(long long offset, long long num_bytes, long long buffer_bytes, long long max_window) {
+  Clipped_window out;
+  if (offset < 0 || offset >= buffer_bytes) {
+    out.fault = Window_fault::offset_outside;
+    return out;
+  }
+  out.asked = num_bytes < 0 ? buffer_bytes - offset : num_bytes;
+  if (out.asked > buffer_bytes - offset) {  // offset + num_bytes > buffer_bytes, without overflow
+    out.fault = Window_fault::past_end;
+    return out;
+  }
+  out.clipped = max_window > 0 && out.asked > max_window;
+  out.num_bytes = out.clipped ? max_window : out.asked;
+  return out;
 }
 
 Fitted_window fit_window(long long room, long long window_bytes) {

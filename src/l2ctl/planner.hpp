@@ -350,13 +350,13 @@ long long tax_free_limit(long long maximum, long long granularity);
 long long granted_set_aside(long long request, long long maximum, bool clamp);
 // What a set-aside request asks of a device whose max is `maximum`, in bytes: `max` the max itself, a `fraction`
 // strictly between 0 and 1 that share of it rounded down, `bytes` what granted_set_aside grants
-// (std::invalid_argument as it says, or for a fraction check_set_aside_fraction refuses).
+// (std::invalid_argument as it says, or for a fraction set_aside_fraction_refusal refuses).
 enum class Set_aside_form : int { bytes = 0, max = 1, fraction = 2 };
-// Why a float set-aside is refused; `none`: it is a fraction of the max. 1.0 could mean one byte or all of the max
-// (`ambiguous`), 0.0 is no fraction (`zero`: write 0), anything else outside (0, 1) or NaN is `out_of_range`. The
-// caller words the refusal (it says what to write instead). The one copy of the rule.
-enum class Set_aside_fraction_fault : int { none = 0, ambiguous = 1, zero = 2, out_of_range = 3 };
-Set_aside_fraction_fault check_set_aside_fraction(double fraction);
+// Why a float set-aside is refused, in the words that follow "set_aside=<the value>" (the caller writes the value as
+// its language does), or "" where it is a fraction of the max: 1.0 could mean one byte or all of the max, 0.0 is no
+// fraction (write 0), anything else outside (0, 1) or NaN is out of range. The one copy of the rule and its words:
+// _plan.check_set_aside and requested_set_aside ask it.
+std::string set_aside_fraction_refusal(double fraction);
 long long requested_set_aside(Set_aside_form form, long long bytes, double fraction, long long maximum, bool clamp);
 long long auto_set_aside(double demand, long long current, long long granularity, long long maximum);
 double default_hit_ratio(long long granted, long long window_bytes);
@@ -364,6 +364,19 @@ double default_hit_ratio(long long granted, long long window_bytes);
 // is kept whole at hit ratio 1.0; a larger one is cut to its first `room` bytes (256-byte units) at 1.0, not spread
 // over the whole window at room / window (docs/results.md measures both: scripts/bench_defaults.py); a room under
 // 256 bytes keeps the whole window at default_hit_ratio(room, window).
+// A window over [offset, offset + num_bytes) of a buffer of `buffer_bytes` bytes (num_bytes < 0: to its end): the
+// bytes asked, the bytes kept (clipped to the device's largest window, `max_window`; 0: never clipped), whether they
+// were clipped, and why the range is refused (`fault`; the caller words it): an offset outside the buffer, or a range
+// past its end (never clipped to the buffer: it would cover memory l2ctl knows nothing of). The one copy of the rule:
+// persist's entry, _plan.clip_window (persist's arguments, AccessPolicyWindow.for_buffer, the tuner's window sizes)
+// and set_window's size check ask it.
+enum class Window_fault : int { none = 0, offset_outside = 1, past_end = 2 };
+struct Clipped_window {
+  long long asked = 0, num_bytes = 0;
+  bool clipped = false;
+  Window_fault fault = Window_fault::none;
+};
+Clipped_window clip_window(long long offset, long long num_bytes, long long buffer_bytes, long long max_window);
 struct Fitted_window {
   long long num_bytes;
   double hit_ratio;

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -315,6 +316,25 @@ int main() {
       }
     }
     expect(refused == 3, "above the max, and fractions outside [0, 1]: refused");
+    expect(pl::set_aside_fraction_refusal(0.5).empty() && pl::set_aside_fraction_refusal(1e-9).empty(), "fractions");
+    for (double refused_fraction : {1.0, 0.0, -0.0, 1.5, -0.5, std::nan("")})
+      expect(!pl::set_aside_fraction_refusal(refused_fraction).empty(), "not a fraction: refused, with words");
+    expect(pl::set_aside_fraction_refusal(1.0).rfind(" is ambiguous", 0) == 0, "1.0: one byte or all of the max?");
+  });
+
+  run("a window is clipped to the device's largest and kept inside its buffer", [] {
+    using pl::Window_fault;
+    const auto clip = [](long long offset, long long bytes, long long buffer, long long max_window) {
+      const pl::Clipped_window w = pl::clip_window(offset, bytes, buffer, max_window);
+      return std::make_tuple(w.asked, w.num_bytes, w.clipped, w.fault);
+    };
+    expect(clip(0, -1, 4096, 0) == std::make_tuple(4096LL, 4096LL, false, Window_fault::none), "the whole buffer");
+    expect(clip(1024, -1, 4096, 1000) == std::make_tuple(3072LL, 1000LL, true, Window_fault::none), "clipped");
+    expect(clip(1024, 3072, 4096, 3072) == std::make_tuple(3072LL, 3072LL, false, Window_fault::none), "to the end");
+    expect(std::get<3>(clip(4096, -1, 4096, 0)) == Window_fault::offset_outside, "an offset outside the buffer");
+    expect(std::get<3>(clip(1024, 3073, 4096, 0)) == Window_fault::past_end, "a range past its end");
+    expect(std::get<3>(clip(1, std::numeric_limits<long long>::max(), 4096, 0)) == Window_fault::past_end,
+           "past its end, without overflow");
   });
 
   run("the driver's rounding is probed in every direction", [] {
