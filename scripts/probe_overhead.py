@@ -41,15 +41,6 @@ def main() -> None:
     rows.append(("_core.set_stream_window x2", best(lambda: (_core.set_stream_window(h, *w),
                                                              _core.set_stream_window(h, *empty)))))
     rows.append(("_core.get_stream_window", best(lambda: _core.get_stream_window(h))))
-    rows.append(("_core.apply_state 1 window, no read, x2", best(lambda: (
-        _core.apply_state(0, -1, False, [(h, w)], [], False, False),
-        _core.apply_state(0, -1, False, [(h, empty)], [], False, False)))))
-    rows.append(("_core.apply_state 1 window, read, x2", best(lambda: (
-        _core.apply_state(0, -1, False, [(h, w)], [], False, True),
-        _core.apply_state(0, -1, False, [(h, empty)], [], False, True)))))
-    rows.append(("_core.apply_window 1 stream, read, x2", best(lambda: (
-        _core.apply_window(0, 0, (h,), *w, True, -1, False, False),
-        _core.apply_window(0, 0, (h,), *empty, False, -1, False, False)))))
     rows.append(("_core.get_persisting_limit", best(lambda: _core.get_persisting_limit(0))))
     rows.append(("_core.reset_persisting_lines", best(lambda: _core.reset_persisting_lines(0), n=5000)))
     rows.append(("Persist() construction", best(lambda: Persist(s, buf, 0.75, set_aside=None, reset_on_exit=False))))

@@ -1,12 +1,10 @@
-// l2ctl._core: a thin pybind11 layer over the C++ core. Every call that can take time releases the GIL; a
-// scope's stream-attribute changes (apply_window with one holder and no limit or reset, well under a microsecond)
-// keep it, since giving it up costs more than they do. C++ errors become l2ctl's Python exceptions through one
-// translation (error_translation.cpp): CudaError as l2ctl.CudaError (defined in Python, so that it can be raised
-// and caught without the extension, e.g. by the test backend).
+// l2ctl._core: a thin pybind11 layer over the C++ core. Every call that can take time releases the GIL (the
+// planner's own calls keep it for a stream attribute alone: backend_calls.cpp). C++ errors become l2ctl's Python
+// exceptions through one translation (error_translation.cpp): CudaError as l2ctl.CudaError (defined in Python, so
+// that it can be raised and caught without the extension, e.g. by the test backend).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <tuple>
 #include <vector>
 
 #include "l2ctl/context.hpp"
@@ -18,7 +16,6 @@
 #include "l2ctl/kernels.hpp"
 #include "l2ctl/memory.hpp"
 #include "l2ctl/event.hpp"
-#include "l2ctl/state.hpp"
 #include "l2ctl/stream.hpp"
 #include "l2ctl/window.hpp"
 
@@ -26,6 +23,7 @@ namespace py = pybind11;
 using namespace pybind11::literals;
 
 #include "error_translation.hpp"
+#include "host.hpp"
 
 namespace l2ctl_bindings {
 void bind_planner(py::module_& m);        // planner_bindings.cpp
@@ -49,7 +47,6 @@ auto compiling(F&& f) {
   l2ctl_bindings::Exit_gate::Pass pass(*l2ctl_bindings::exit_gate);  // left before the GIL is taken back
   return f();
 }
-using WindowTuple = std::tuple<std::uintptr_t, std::size_t, float, int, int>;
 
 // What making the kernels' image did, as l2ctl.kernels.compile_info() reports it.
 py::dict image_info(const l2ctl::KernelImage& image) {
@@ -59,27 +56,21 @@ py::dict image_info(const l2ctl::KernelImage& image) {
                   "nvrtc_version"_a = std::to_string(image.nvrtc_major) + "." + std::to_string(image.nvrtc_minor));
 }
 
-l2ctl::Window make_window(const WindowTuple& t) {
-  l2ctl::Window w;
-  std::tie(w.base, w.num_bytes, w.hit_ratio, w.hit_prop, w.miss_prop) = t;
-  return w;
-}
-
-// get_<what>_window(handle) and set_<what>_window(handle, base, num_bytes, hit_ratio, hit_prop, miss_prop),
-// defined once for every holder of a window.
+// get_<what>_window(handle) -> AccessPolicyWindow and set_<what>_window(handle, base, num_bytes, hit_ratio,
+// hit_prop, miss_prop): CUDA's own calls (the planner makes its changes through backend_calls.cpp), defined once for
+// every holder of a window.
 void bind_window_accessors(py::module_& m, const std::string& what, l2ctl::WindowHolder holder) {
   m.def(
       ("get_" + what + "_window").c_str(),
       [holder](std::uintptr_t handle) {
-        const l2ctl::Window w = l2ctl::get_window(holder, handle);
-        return WindowTuple(w.base, w.num_bytes, w.hit_ratio, w.hit_prop, w.miss_prop);
+        return l2ctl_bindings::window_object(unlocked([&] { return l2ctl::get_window(holder, handle); }));
       },
-      py::arg(what.c_str()), release());
+      py::arg(what.c_str()));
   m.def(
       ("set_" + what + "_window").c_str(),
-      [holder](std::uintptr_t handle, std::uintptr_t base, std::size_t num_bytes, float hit_ratio, int hit_prop,
+      [holder](std::uintptr_t handle, std::uintptr_t base, std::size_t num_bytes, double hit_ratio, int hit_prop,
                int miss_prop) {
-        l2ctl::set_window(holder, handle, make_window(WindowTuple(base, num_bytes, hit_ratio, hit_prop, miss_prop)));
+        l2ctl::set_window(holder, handle, l2ctl::Window{base, num_bytes, hit_ratio, hit_prop, miss_prop});
       },
       py::arg(what.c_str()), "base"_a, "num_bytes"_a, "hit_ratio"_a, "hit_prop"_a, "miss_prop"_a, release());
 }
@@ -98,103 +89,6 @@ py::list words_list(const std::vector<l2ctl::ArgumentWord>& words) {
   return out;
 }
 
-std::vector<l2ctl::WindowChange> window_changes(const std::vector<std::tuple<std::uintptr_t, WindowTuple>>& items,
-                                                l2ctl::WindowHolder holder) {
-  std::vector<l2ctl::WindowChange> out;
-  out.reserve(items.size());
-  for (const auto& [handle, window] : items) out.push_back({holder, handle, make_window(window)});
-  return out;
-}
-// apply_window(device, kind, handles, base, num_bytes, hit_ratio, hit_prop, miss_prop, read_previous, limit,
-// at_least, reset_lines, journal): one window on every handle (kind 0: streams, 1: graph kernel nodes), with the
-// limit and the reset of apply_state; returns (limit before, limit after, [previous windows]), and appends that
-// same tuple to `journal` (a list, or None) before returning: no Python code runs between the device's change
-// and that append, so a caller interrupted as the call returns still finds what it read. A scope's commonest
-// change, so it is a METH_FASTCALL function that reads its positional arguments itself: pybind11's dispatcher
-// (argument loaders, overload resolution, keyword matching) costs more than the CUDA calls of a scope's side
-// (about 0.25 us on an H100 host). The GIL is released only around the slow calls (a limit change, a reset,
-// many holders): a stream attribute alone returns in well under a microsecond.
-constexpr const char* apply_window_doc =
-    "apply_window(device: int, kind: int, handles: Sequence[int], base: int, num_bytes: int, hit_ratio: float, "
-    "hit_prop: int, miss_prop: int, read_previous: bool, limit: int, at_least: bool, reset_lines: bool, "
-    "journal: list | None = None) -> tuple\n\n"
-    "One window on every handle, with apply_state's limit and reset (positional arguments only).";
-
-// The result of a batch: returned, and appended to the journal first when there is one.
-PyObject* journaled(PyObject* result, PyObject* journal) {
-  if (result != nullptr && journal != nullptr && journal != Py_None && PyList_Append(journal, result) != 0) {
-    Py_DECREF(result);
-    return nullptr;
-  }
-  return result;
-}
-
-PyObject* apply_window(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 12 && nargs != 13) {
-    PyErr_Format(PyExc_TypeError, "apply_window() takes 12 or 13 positional arguments (%zd given)", nargs);
-    return nullptr;
-  }
-  PyObject* journal = nargs == 13 ? args[12] : nullptr;
-  if (journal != nullptr && journal != Py_None && !PyList_Check(journal)) {
-    PyErr_SetString(PyExc_TypeError, "apply_window(): journal must be a list or None");
-    return nullptr;
-  }
-  const long device = PyLong_AsLong(args[0]);
-  const long kind = PyLong_AsLong(args[1]);
-  l2ctl::Window window;
-  window.base = static_cast<std::uintptr_t>(PyLong_AsUnsignedLongLong(args[3]));
-  window.num_bytes = static_cast<std::size_t>(PyLong_AsUnsignedLongLong(args[4]));
-  window.hit_ratio = static_cast<float>(PyFloat_AsDouble(args[5]));
-  window.hit_prop = static_cast<int>(PyLong_AsLong(args[6]));
-  window.miss_prop = static_cast<int>(PyLong_AsLong(args[7]));
-  const int read_previous = PyObject_IsTrue(args[8]);
-  const long long limit = PyLong_AsLongLong(args[9]);
-  const int at_least = PyObject_IsTrue(args[10]);
-  const int reset_lines = PyObject_IsTrue(args[11]);
-  if (PyErr_Occurred()) return nullptr;
-  PyObject* sequence = PySequence_Fast(args[2], "apply_window(): handles must be a sequence of ints");
-  if (sequence == nullptr) return nullptr;
-  const Py_ssize_t count = PySequence_Fast_GET_SIZE(sequence);
-  PyObject** items = PySequence_Fast_ITEMS(sequence);
-  const l2ctl::WindowHolder holder = kind == 0 ? l2ctl::WindowHolder::stream : l2ctl::WindowHolder::kernel_node;
-  std::vector<l2ctl::WindowChange> changes;
-  changes.reserve(static_cast<std::size_t>(count));
-  for (Py_ssize_t i = 0; i < count; ++i)
-    changes.push_back({holder, static_cast<std::uintptr_t>(PyLong_AsUnsignedLongLong(items[i])), window});
-  Py_DECREF(sequence);
-  if (PyErr_Occurred()) return nullptr;
-  l2ctl::StateResult r;
-  try {
-    if (limit >= 0 || reset_lines || count > 1) {
-      l2ctl_bindings::Gil_released unlocked;
-      r = l2ctl::apply_state(static_cast<int>(device), limit, at_least != 0, changes, reset_lines != 0,
-                             read_previous != 0);
-    } else {
-      r = l2ctl::apply_state(static_cast<int>(device), limit, at_least != 0, changes, false, read_previous != 0);
-    }
-  } L2CTL_THREAD_ENDED catch (...) {
-    l2ctl_bindings::set_python_error(std::current_exception());
-    return nullptr;
-  }
-  PyObject* previous = PyList_New(static_cast<Py_ssize_t>(r.previous.size()));
-  if (previous == nullptr) return nullptr;
-  for (std::size_t i = 0; i < r.previous.size(); ++i) {
-    const l2ctl::Window& w = r.previous[i];
-    PyObject* item = Py_BuildValue("(KKdii)", static_cast<unsigned long long>(w.base),
-                                   static_cast<unsigned long long>(w.num_bytes), static_cast<double>(w.hit_ratio),
-                                   w.hit_prop, w.miss_prop);
-    if (item == nullptr) {
-      Py_DECREF(previous);
-      return nullptr;
-    }
-    PyList_SET_ITEM(previous, static_cast<Py_ssize_t>(i), item);
-  }
-  return journaled(Py_BuildValue("(LLN)", r.previous_limit, r.granted_limit, previous), journal);
-}
-
-PyMethodDef apply_window_def = {"apply_window",
-                                reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)(void)>(apply_window)),
-                                METH_FASTCALL, apply_window_doc};
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -318,32 +212,6 @@ PYBIND11_MODULE(_core, m) {
       "node"_a);
   m.def("address_range", &l2ctl::address_range, "address"_a, release());
   bind_window_accessors(m, "node", l2ctl::WindowHolder::kernel_node);
-
-  // The hottest call, without pybind11's dispatcher (see apply_window above).
-  m.add_object("apply_window", py::reinterpret_steal<py::object>(PyCFunction_NewEx(&apply_window_def, nullptr,
-                                                                                   m.attr("__name__").ptr())));
-
-  // Device state in one crossing (see l2ctl/state.hpp).
-  m.def(
-      "apply_state",
-      [](int device, long long limit, bool at_least,
-         const std::vector<std::tuple<std::uintptr_t, WindowTuple>>& stream_windows,
-         const std::vector<std::tuple<std::uintptr_t, WindowTuple>>& node_windows, bool reset_lines,
-         bool read_previous, py::object journal) {
-        std::vector<l2ctl::WindowChange> changes = window_changes(stream_windows, l2ctl::WindowHolder::stream);
-        std::vector<l2ctl::WindowChange> nodes = window_changes(node_windows, l2ctl::WindowHolder::kernel_node);
-        changes.insert(changes.end(), nodes.begin(), nodes.end());
-        l2ctl::StateResult r =
-            unlocked([&] { return l2ctl::apply_state(device, limit, at_least, changes, reset_lines, read_previous); });
-        py::list previous;
-        for (const l2ctl::Window& w : r.previous)
-          previous.append(py::make_tuple(w.base, w.num_bytes, w.hit_ratio, w.hit_prop, w.miss_prop));
-        py::tuple result = py::make_tuple(r.previous_limit, r.granted_limit, previous);
-        if (!journal.is_none()) journal.cast<py::list>().append(result);  // before returning: see apply_window
-        return result;
-      },
-      "device"_a, "limit"_a, "at_least"_a, "stream_windows"_a, "node_windows"_a, "reset_lines"_a,
-      "read_previous"_a, "journal"_a = py::none());
 
   // The planner: the registry of device state (planner_bindings.cpp).
   l2ctl_bindings::bind_planner(m);

@@ -92,7 +92,8 @@ PyObject* persist_new(PyTypeObject* type, PyObject*, PyObject*) {
   return reinterpret_cast<PyObject*>(self);
 }
 
-int initialise(Persist* self, PyObject* const* v) {
+// The arguments in vectorcall's form: placed by name, their common forms taken in C++, any other through _prepare.
+int initialise(Persist* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   if (self->live) {
     PyErr_SetString(PyExc_RuntimeError, "this persist scope is live: end it before initialising it again");
     return -1;
@@ -105,6 +106,8 @@ int initialise(Persist* self, PyObject* const* v) {
     PyErr_SetString(PyExc_RuntimeError, "l2ctl's compiled layer has no Host: use l2ctl.persist");
     return -1;
   }
+  PyObject* v[n_args];
+  if (!place_arguments(args, nargs, kwnames, v)) return -1;
   return guarded(
       [&] {
         self->own_released = own_released.load();  // first: a close from now on is seen at entry
@@ -113,7 +116,7 @@ int initialise(Persist* self, PyObject* const* v) {
           const Object_table_use use;  // take_common holds pointers into the table of foreign objects
           common = take_common(self, v);
         }
-        if (!common) take_prepared(self, v);
+        if (!common) take_prepared(self, args, nargs, kwnames, v);
         self->has_window = false;
         self->clipped = false;
         self->device = -1;
@@ -142,18 +145,14 @@ int persist_init(PyObject* self, PyObject* args, PyObject* kwargs) {
       flat.push_back(value);
     }
   }
-  PyObject* v[n_args];
-  if (!place_arguments(flat.data(), nargs, names ? names.ptr() : nullptr, v)) return -1;
-  return initialise(reinterpret_cast<Persist*>(self), v);
+  return initialise(reinterpret_cast<Persist*>(self), flat.data(), nargs, names ? names.ptr() : nullptr);
 }
 
 // `persist(...)`: made and initialised in one vectorcall (no argument tuple or dict).
 PyObject* persist_vectorcall(PyObject* type, PyObject* const* args, std::size_t nargsf, PyObject* kwnames) {
-  PyObject* v[n_args];
-  if (!place_arguments(args, PyVectorcall_NARGS(nargsf), kwnames, v)) return nullptr;
   PyObject* self = persist_new(reinterpret_cast<PyTypeObject*>(type), nullptr, nullptr);
   if (self == nullptr) return nullptr;
-  if (initialise(reinterpret_cast<Persist*>(self), v) < 0) {
+  if (initialise(reinterpret_cast<Persist*>(self), args, PyVectorcall_NARGS(nargsf), kwnames) < 0) {
     Py_DECREF(self);
     return nullptr;
   }
@@ -161,19 +160,6 @@ PyObject* persist_vectorcall(PyObject* type, PyObject* const* args, std::size_t 
 }
 
 // ---- entry --------------------------------------------------------------------------------------------------
-
-const Device_limits& limits_of(Registry_object& registry, int device) {
-  auto it = registry.limits.find(device);
-  if (it != registry.limits.end()) return it->second;
-  PyObject* props = PyObject_CallOneArg(host.properties, py::int_(device).ptr());
-  if (props == nullptr) throw py::error_already_set();
-  py::object p = py::reinterpret_steal<py::object>(props);
-  Device_limits out;
-  out.max_window = p.attr("access_policy_max_window_size").cast<long long>();
-  out.persisting_max = p.attr("persisting_l2_cache_max_size").cast<long long>();
-  out.supported = p.attr("supports_persistence").cast<bool>();
-  return registry.limits.emplace(device, out).first->second;
-}
 
 // `f(args...)` for a Host callable whose result is not needed.
 template <typename... Args>
@@ -190,6 +176,14 @@ int device_of_stream(Persist* self) {
   const int device = static_cast<int>(as_ll(d));
   Py_DECREF(d);
   return device;
+}
+
+// A graph-like target resolved (the Host's `resolve_target`: its predicate runs here), a Target.
+py::object resolved_target(Persist* self) {
+  py::object target = py::reinterpret_steal<py::object>(PyObject_CallOneArg(host.resolve_target, self->target));
+  if (!target) throw py::error_already_set();
+  if (!host.target.holds(target.ptr())) throw py::type_error("l2ctl._targets.resolve_target must return a Target");
+  return target;
 }
 
 // Clears `entering` when the entry returns, however it does.
@@ -213,7 +207,7 @@ Where resolve(Persist* self, Registry_object& registry) {
   Where where;
   if (self->stream_ref != nullptr) {  // a stream: the common case
     where.device = device_of_stream(self);
-    PyObject* stream_owner = PyTuple_GET_ITEM(self->stream_ref, 3);
+    PyObject* stream_owner = host.stream_ref(self->stream_ref, Stream_ref::owner);
     if (self->own_stream) {
       if (self->own_released != own_released.load()) {  // it may have been closed since the scope was made
         PyObject* ref = own_ref(stream_owner);
@@ -230,20 +224,17 @@ Where resolve(Persist* self, Registry_object& registry) {
     where.owner = py::reinterpret_borrow<py::object>(stream_owner);
   }
   if (self->allocation && self->own_released != own_released.load()) {
-    PyObject* ref = own_ref(PyTuple_GET_ITEM(self->buffer_ref, 4));  // an l2ctl buffer freed since the scope was made
+    PyObject* ref = own_ref(host.buffer_ref(self->buffer_ref, Buffer_ref::owner));  // an l2ctl buffer freed since the scope was made
     if (ref == nullptr) value_error("the device buffer has been freed");
     Py_DECREF(ref);
   }
   if (self->stream_ref == nullptr) {
-    where.target = py::reinterpret_steal<py::object>(PyObject_CallOneArg(host.resolve_target, self->target));
-    if (!where.target) throw py::error_already_set();
-    where.device = where.target.attr(L2CTL_NAME("device")).cast<int>();
-    for (py::handle s : where.target.attr(L2CTL_NAME("slots"))) {
-      py::tuple t = py::reinterpret_borrow<py::tuple>(s);
-      where.slots.push_back(pl::Slot{t[0].cast<int>(), t[1].cast<std::uintptr_t>(), t[2].cast<std::uint64_t>()});
-    }
-    where.owner = where.target.attr(L2CTL_NAME("owner"));
-    where.executables = where.target.attr(L2CTL_NAME("executables"));
+    where.target = resolved_target(self);
+    const auto& field = host.target;
+    where.device = py::handle(field(where.target.ptr(), Target_record::device)).cast<int>();
+    where.slots = slots_of(field(where.target.ptr(), Target_record::slots));
+    where.owner = py::reinterpret_borrow<py::object>(field(where.target.ptr(), Target_record::owner));
+    where.executables = py::reinterpret_borrow<py::object>(field(where.target.ptr(), Target_record::executables));
   }
   return where;
 }
@@ -251,7 +242,7 @@ Where resolve(Persist* self, Registry_object& registry) {
 // What the check planned: the window, the limit asked for, and what the warnings need.
 struct Plan {
   Device_limits limits;
-  pl::Plan_window window;
+  l2ctl::Window window;
   long long full = 0, nbytes = 0, request = 0;
   bool clipped = false, clamped = false, fit = false;
   py::object changed;  // what to call with the scope after its slots changed, or empty
@@ -272,16 +263,18 @@ Plan check(Persist* self, Registry_object& registry, const Where& where) {
   Plan plan;
   plan.limits = limits_of(registry, device);
   if (!plan.limits.supported) call_host(host.require_persistence, py::int_(device).ptr());  // raises, saying why
-  plan.full = self->num_bytes < 0 ? self->nbytes - self->offset : self->num_bytes;
-  plan.clipped = plan.limits.max_window > 0 && plan.full > plan.limits.max_window;
-  plan.nbytes = plan.clipped ? plan.limits.max_window : plan.full;
+  // The byte range was checked when the scope was made (its fault is none): clipped to the device's largest window.
+  const pl::Clipped_window clip = pl::clip_window(self->offset, self->num_bytes, self->nbytes, plan.limits.max_window);
+  plan.full = clip.asked;
+  plan.clipped = clip.clipped;
+  plan.nbytes = clip.num_bytes;
   if (!self->allocation && (self->buffer_checked != device || self->buffer_checked_on != registry.serial)) {
     // A remembered object's whole range, checked once per device and backend (a sub-range needs no more); any
     // other buffer's window range, as given (_device remembers it while the owner lives).
     const bool whole = self->buffer_object != nullptr;
     const std::uintptr_t start = whole ? self->ptr : self->ptr + static_cast<std::uintptr_t>(self->offset);
     call_host(host.check_owned_pointer, py::int_(start).ptr(), py::int_(whole ? self->nbytes : plan.nbytes).ptr(),
-              py::int_(device).ptr(), PyTuple_GET_ITEM(self->buffer_ref, 4), py::str("the buffer").ptr());
+              py::int_(device).ptr(), host.buffer_ref(self->buffer_ref, Buffer_ref::owner), py::str("the buffer").ptr());
     if (whole) {
       self->buffer_checked = device;
       self->buffer_checked_on = registry.serial;
@@ -310,7 +303,8 @@ Plan check(Persist* self, Registry_object& registry, const Where& where) {
   plan.clamped = self->limit == Limit::exact && plan.request != self->limit_bytes;
   if (where.target) {  // a graph-like target may refuse a window that would not reach what it launches
     // The window object only for a target that looks at it (its `admit`).
-    py::object asked = where.target.attr(L2CTL_NAME("admit")).is_none() ? py::none() : window_object(plan.window);
+    const bool admits = host.target(where.target.ptr(), Target_record::admit) != Py_None;
+    py::object asked = admits ? window_object(plan.window) : py::none();
     py::object after = py::reinterpret_steal<py::object>(
         PyObject_CallFunctionObjArgs(host.after_changes, where.target.ptr(), asked.ptr(), nullptr));
     if (!after) throw py::error_already_set();
@@ -347,7 +341,7 @@ std::pair<std::shared_ptr<Scope_object>, pl::Entered> record(Persist* self, Wher
   core.reset_on_exit = self->reset_on_exit;
   core.fit_hit_ratio = plan.fit;
   scope->owner = py::make_tuple(where.owner ? where.owner : py::none(),
-                                py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(self->buffer_ref, 4)));
+                                py::reinterpret_borrow<py::object>(host.buffer_ref(self->buffer_ref, Buffer_ref::owner)));
   py::object holder = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(self));
   const pl::Entered entered = enter_scope(registry, scope, plan.limits.persisting_max, holder, backend);
   // Registered (self->live is the record), and the device matches. Nothing below allocates before `announce`.
@@ -450,14 +444,11 @@ void describe_idle(Persist* self) {
       }
       self->device = device;
     } else {
-      py::object target = py::reinterpret_steal<py::object>(PyObject_CallOneArg(host.resolve_target, self->target));
-      if (!target) throw py::error_already_set();
-      for (py::handle slot : target.attr(L2CTL_NAME("slots"))) {
-        self->first_slot = py::reinterpret_borrow<py::tuple>(slot)[1].cast<std::uintptr_t>();
-        self->has_slots = true;
-        break;
-      }
-      self->device = target.attr(L2CTL_NAME("device")).cast<int>();
+      const py::object target = resolved_target(self);
+      const std::vector<pl::Slot> slots = slots_of(host.target(target.ptr(), Target_record::slots));
+      self->has_slots = !slots.empty();
+      self->first_slot = self->has_slots ? slots.front().handle : 0;
+      self->device = py::handle(host.target(target.ptr(), Target_record::device)).cast<int>();
     }
   } catch (py::error_already_set& error) {
     if (!error.matches(host.not_supported)) throw;  // no device: -1
@@ -653,6 +644,9 @@ void persist_forget(PyObject* holder, const Scope_object* record) {
 
 void bind_persist(py::module_& planner) {
   intern_argument_names();
+  py::tuple arguments(static_cast<std::size_t>(n_args));
+  for (int i = 0; i < n_args; ++i) arguments[i] = py::reinterpret_borrow<py::str>(interned_args[i]);
+  planner.attr("PERSIST_ARGUMENTS") = arguments;  // what the registration checks _prepare's parameters against
   PyType_Slot slots[] = {
       {Py_tp_new, reinterpret_cast<void*>(persist_new)},
       {Py_tp_init, reinterpret_cast<void*>(persist_init)},

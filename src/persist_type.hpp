@@ -17,11 +17,34 @@
 
 namespace l2ctl_bindings {
 
-// persist()'s parameters, in the declared order (`_persist._parameters` shows the same; a test compares them).
-enum Arg { a_stream, a_buf, a_hit_ratio, a_num_bytes, a_offset, a_hit_prop, a_miss_prop, a_set_aside, a_reset_on_exit,
-           a_share, a_policy, a_strict, a_clamp, n_args };
-extern const char* const arg_names[n_args];
+// persist()'s arguments, by name. Their one Python declaration is l2ctl._persist._prepare's parameters (their order,
+// defaults and types: Persist's signature is theirs). The Host's registration checks this list against them, and
+// against the fields of the Request that _prepare returns: a field of each argument's name but `policy` (which it
+// folds into the others), and those of L2CTL_PERSIST_RESOLVED. Neither side depends on the other's order: the
+// registration finds which arguments are positional (`persist_arguments`).
+#define L2CTL_PERSIST_ARGUMENTS(ARG)                                                                               \
+  ARG(stream) ARG(buf) ARG(hit_ratio) ARG(num_bytes) ARG(offset) ARG(hit_prop) ARG(miss_prop) ARG(set_aside)       \
+  ARG(reset_on_exit) ARG(share) ARG(policy) ARG(strict) ARG(clamp)
+// What the Request adds: the target as given (a graph-like one is resolved at entry), why the scope changes nothing
+// (None: it does not), whether the stream object may be remembered, how to tell the buffer object's memory moved
+// (None: it is not remembered).
+#define L2CTL_PERSIST_RESOLVED(FIELD) FIELD(target) FIELD(reason) FIELD(remember_stream) FIELD(buffer_stamp)
+
+#define L2CTL_ARG_ENUM(name) a_##name,
+#define L2CTL_RESOLVED_ENUM(name) r_##name,
+enum Arg { L2CTL_PERSIST_ARGUMENTS(L2CTL_ARG_ENUM) n_args };
+enum Resolved { L2CTL_PERSIST_RESOLVED(L2CTL_RESOLVED_ENUM) n_resolved };
 extern PyObject* interned_args[n_args];
+
+// Where persist's positional arguments go, and how many are required: what the registration found in _prepare.
+struct Persist_arguments {
+  Arg positional[n_args] = {};
+  int n_positional = 0, n_required = 0;
+};
+extern Persist_arguments persist_arguments;
+// _prepare's parameters and its Request's fields checked against the lists above (a TypeError naming the first
+// that differs); what it found, for the registration to keep.
+Persist_arguments check_persist_arguments(py::handle prepare, py::handle request_type);
 
 enum class Limit { none, automatic, max, exact, fraction };
 
@@ -60,7 +83,7 @@ struct Persist {
   PyObject* changed;      // called with the scope after the slots changed (graph targets), or NULL
   PyObject* executables;  // an l2ctl Graph to mark stale at the end, or NULL
   PyObject* window;       // the window object, made when first read, or NULL
-  pl::Plan_window entered_window;
+  l2ctl::Window entered_window;
   bool has_window;
   bool clipped;
   int device;
@@ -78,13 +101,14 @@ extern PyTypeObject* persist_type;
 
 // The common forms of every argument, taken without Python; true when all of them were.
 bool take_common(Persist* self, PyObject* const* v);
-// Any other form, through the Host's `prepare` (l2ctl._persist._prepare).
-void take_prepared(Persist* self, PyObject* const* v);
+// Any other form, through the Host's `prepare` (l2ctl._persist._prepare), given the arguments as they came
+// (vectorcall's form) and as placed (`v`).
+void take_prepared(Persist* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, PyObject* const* v);
 long long as_ll(PyObject* value);
 
 // An l2ctl Stream's or DeviceBuffer's reference (`_ref`), or NULL when it is closed or freed (new reference).
 PyObject* own_ref(PyObject* obj);
-// Arguments in the declared order from positional values and keyword names (vectorcall's form).
+// Arguments placed by name from positional values and keyword names (vectorcall's form).
 bool place_arguments(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, PyObject** out);
 // A remembered foreign object's stream context or pointer range checked for `device` of registry `serial`.
 void mark_checked(PyObject* obj, int device, std::uint64_t serial);

@@ -1,12 +1,7 @@
-// The planner's bindings: the scope record, one registry per backend, a scope's entry and end, and the backends
-// the planner calls: the CUDA runtime directly (Cuda_calls), or a Python backend (the simulator) through a
-// trampoline (Python_calls), so the simulator tests the very planner the GPU runs.
-//
-// The GIL is held throughout a registry call except while waiting for the lock and around CUDA calls that take
-// time (a limit, a reset, a batch of many holders). Between a device change and its bookkeeping no Python code
-// runs on the CUDA backend; the trampoline runs the simulator's Python, which may raise anywhere: an exception
-// that is not a failed call is a call cut short, and its journal says what it did. References a call drops
-// (a scope leaving the registry) are dropped after the lock is released, so a finalizer they run is served.
+// The planner's bindings: the scope record, one registry per backend (its calls: backend_calls.cpp), a scope's entry
+// and end. The GIL is held throughout a registry call except while waiting for the lock and around the CUDA calls
+// backend_calls.cpp says. References a call drops (a scope leaving the registry) are dropped after the lock is
+// released, so a finalizer they run is served.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -14,11 +9,7 @@
 
 #include "planner_bindings.hpp"
 
-#include "l2ctl/device.hpp"
-#include "l2ctl/error.hpp"
 #include "l2ctl/planner.hpp"
-#include "l2ctl/state.hpp"
-#include "l2ctl/window.hpp"
 
 namespace py = pybind11;
 using namespace pybind11::literals;
@@ -27,224 +18,12 @@ namespace pl = l2ctl::planner;
 namespace l2ctl_bindings {
 
 
-// ---- Python objects the planner hands back --------------------------------------------------------------------
-
-pl::Plan_window to_window(py::handle w) {
-  py::tuple t = py::reinterpret_borrow<py::tuple>(w);
-  if (t.size() != 5) throw py::type_error("a window is (base, num_bytes, hit_ratio, hit_prop, miss_prop)");
-  pl::Plan_window out;
-  out.base = t[0].cast<std::uintptr_t>();
-  out.num_bytes = t[1].cast<std::size_t>();
-  out.hit_ratio = t[2].cast<double>();
-  out.hit_prop = t[3].cast<int>();
-  out.miss_prop = t[4].cast<int>();
-  return out;
-}
-
-py::tuple window_tuple(const pl::Plan_window& w) {
-  return py::make_tuple(w.base, w.num_bytes, w.hit_ratio, w.hit_prop, w.miss_prop);
-}
-
-py::object window_object(const pl::Plan_window& w) {
-  const Host& h = registered_host();
-  py::handle property = h.property_type;
-  return py::handle(h.window_type)(w.base, w.num_bytes, w.hit_ratio, property(w.hit_prop), property(w.miss_prop));
-}
-
 py::tuple slot_tuple(const pl::Slot& s) { return py::make_tuple(s.kind, s.handle, s.generation); }
 
 pl::Slot to_slot(py::handle h) {
   py::tuple t = py::reinterpret_borrow<py::tuple>(h);
   return pl::Slot{t[0].cast<int>(), t[1].cast<std::uintptr_t>(), t[2].cast<std::uint64_t>()};
 }
-
-// ---- the backends -----------------------------------------------------------------------------------------------
-
-pl::Call_failed cuda_failure(const l2ctl::CudaError& e) {
-  return pl::Call_failed(e.what(), e.call(), e.name(), true, std::current_exception());
-}
-
-// The CUDA runtime, called directly.
-class Cuda_calls final : public pl::Calls {
- public:
-  long long get_limit(int device) override {
-    try {
-      Gil_released released;
-      return static_cast<long long>(l2ctl::get_persisting_limit(device));
-    } catch (const l2ctl::CudaError& e) {
-      throw cuda_failure(e);
-    }
-  }
-  long long set_limit(int device, long long nbytes) override {
-    try {
-      Gil_released released;
-      return static_cast<long long>(l2ctl::set_persisting_limit(device, static_cast<std::size_t>(nbytes)));
-    } catch (const l2ctl::CudaError& e) {
-      throw cuda_failure(e);
-    }
-  }
-  pl::Plan_window get_window(const pl::Slot& slot) override {
-    try {
-      return from_window(l2ctl::get_window(holder(slot.kind), slot.handle));
-    } catch (const l2ctl::CudaError& e) {
-      throw cuda_failure(e);
-    }
-  }
-  void reset_lines(int device) override {
-    try {
-      Gil_released released;
-      l2ctl::reset_persisting_lines(device);
-    } catch (const l2ctl::CudaError& e) {
-      throw cuda_failure(e);
-    }
-  }
-  pl::Batch_result apply(const pl::Batch& batch, std::optional<pl::Batch_result>* journal) override {
-    std::vector<l2ctl::WindowChange>& changes = changes_;  // reused: the registry's lock serialises its calls
-    changes.clear();
-    for (const auto& [slot, w] : batch.changes) {
-      l2ctl::Window window;
-      window.base = w.base;
-      window.num_bytes = w.num_bytes;
-      window.hit_ratio = static_cast<float>(w.hit_ratio);
-      window.hit_prop = w.hit_prop;
-      window.miss_prop = w.miss_prop;
-      changes.push_back({holder(slot.kind), slot.handle, window});
-    }
-    pl::Batch_result out;  // reserved before the device changes: filling it after cannot fail
-    if (batch.read_previous) out.previous.reserve(changes.size());
-    l2ctl::StateResult r;
-    try {
-      // A stream attribute alone returns in well under a microsecond: the GIL is released only for slow calls.
-      if (batch.limit >= 0 || batch.reset_lines || changes.size() > 1) {
-        Gil_released released;
-        r = l2ctl::apply_state(batch.device, batch.limit, batch.at_least, changes, batch.reset_lines,
-                               batch.read_previous);
-      } else {
-        r = l2ctl::apply_state(batch.device, batch.limit, batch.at_least, changes, false, batch.read_previous);
-      }
-    } catch (const l2ctl::CudaError& e) {
-      throw cuda_failure(e);
-    }
-    out.previous_limit = r.previous_limit;
-    out.granted_limit = r.granted_limit;
-    for (const l2ctl::Window& w : r.previous) out.previous.push_back(from_window(w));
-    if (journal == nullptr) return out;
-    *journal = std::move(out);  // a move: no allocation
-    return {};
-  }
-
-  static l2ctl::WindowHolder holder(int kind) {
-    return kind == pl::stream_slot ? l2ctl::WindowHolder::stream : l2ctl::WindowHolder::kernel_node;
-  }
-  static pl::Plan_window from_window(const l2ctl::Window& w) {
-    return pl::Plan_window{w.base, w.num_bytes, static_cast<double>(w.hit_ratio), w.hit_prop, w.miss_prop};
-  }
-
- private:
-  std::vector<l2ctl::WindowChange> changes_;
-};
-
-// A Python backend (the simulator) through its `Backend` methods, looked up at every call (a test may replace
-// one on the instance). A Python exception becomes a failed call when it is an Exception (CudaError: `cuda`),
-// and stays what it is otherwise (KeyboardInterrupt: a call cut short).
-class Python_calls final : public pl::Calls {
- public:
-  explicit Python_calls(py::handle backend) : backend_(backend.ptr()) {}  // borrowed: the registry lives with it
-
-  long long get_limit(int device) override {
-    return call([&] { return backend().attr(L2CTL_NAME("get_persisting_limit"))(device).cast<long long>(); });
-  }
-  long long set_limit(int device, long long nbytes) override {
-    return call([&] { return backend().attr(L2CTL_NAME("set_persisting_limit"))(device, nbytes).cast<long long>(); });
-  }
-  pl::Plan_window get_window(const pl::Slot& slot) override {
-    return call([&] {
-      return to_window(py::tuple(backend().attr(slot.kind == pl::stream_slot ? "get_stream_window" : "get_node_window")(
-          slot.handle)));
-    });
-  }
-  void reset_lines(int device) override {
-    call([&] {
-      backend().attr(L2CTL_NAME("reset_persisting_lines"))(device);
-      return 0;
-    });
-  }
-  pl::Batch_result apply(const pl::Batch& batch, std::optional<pl::Batch_result>* journal) override {
-    py::list entries;
-    try {
-      call([&] {
-        if (batch.uniform) {
-          const pl::Plan_window w = batch.changes.empty() ? pl::Plan_window{} : batch.changes.front().second;
-          py::list handles(batch.changes.size());
-          for (std::size_t i = 0; i < batch.changes.size(); ++i) handles[i] = py::int_(batch.changes[i].first.handle);
-          const int kind = batch.changes.empty() ? 0 : batch.changes.front().first.kind;
-          // apply_window(device, kind, handles, base, num_bytes, hit_ratio, hit_prop, miss_prop, read_previous,
-          // limit, at_least, reset_lines[, journal]), called through vectorcall: the scope's commonest crossing.
-          const py::object args[] = {py::int_(batch.device), py::int_(kind), handles, py::int_(w.base),
-                                     py::int_(w.num_bytes), py::float_(w.hit_ratio), py::int_(w.hit_prop),
-                                     py::int_(w.miss_prop), py::bool_(batch.read_previous), py::int_(batch.limit),
-                                     py::bool_(batch.at_least), py::bool_(batch.reset_lines), entries};
-          PyObject* stack[13];
-          for (int i = 0; i < 13; ++i) stack[i] = args[i].ptr();
-          py::object method = backend().attr(L2CTL_NAME("apply_window"));
-          PyObject* result = PyObject_Vectorcall(method.ptr(), stack, journal != nullptr ? 13 : 12, nullptr);
-          if (result == nullptr) throw py::error_already_set();
-          Py_DECREF(result);
-        } else {
-          py::list streams, nodes;
-          for (const auto& [slot, w] : batch.changes)
-            (slot.kind == pl::stream_slot ? streams : nodes).append(py::make_tuple(slot.handle, window_tuple(w)));
-          backend().attr(L2CTL_NAME("apply_state"))(batch.device, batch.limit, batch.at_least, streams, nodes, batch.reset_lines,
-                                        batch.read_previous, journal != nullptr ? py::object(entries) : py::none());
-        }
-        return 0;
-      });
-    } L2CTL_THREAD_ENDED catch (...) {
-      record(entries, journal);  // the call may have run before it was cut short: its journal says so
-      throw;
-    }
-    record(entries, journal);
-    return journal != nullptr && *journal ? **journal : pl::Batch_result{};
-  }
-
- private:
-  py::handle backend() const { return backend_; }
-
-  // The journal's entry read into the planner's. The device has changed already: by index, since an iterator is a
-  // Python allocation, whose failure (a MemoryError) lost what the batch read (the base limit, the base windows),
-  // so that nothing ever put them back.
-  static void record(const py::list& entries, std::optional<pl::Batch_result>* journal) {
-    if (journal == nullptr || entries.empty()) return;
-    py::tuple result = py::reinterpret_borrow<py::tuple>(entries[0]);
-    pl::Batch_result out;
-    out.previous_limit = result[0].cast<long long>();
-    out.granted_limit = result[1].cast<long long>();
-    const py::sequence previous = py::reinterpret_borrow<py::sequence>(result[2]);
-    const std::size_t n = previous.size();
-    out.previous.reserve(n);
-    for (std::size_t i = 0; i < n; ++i) out.previous.push_back(to_window(previous[i]));
-    *journal = std::move(out);
-  }
-
-  template <typename F>
-  auto call(F&& f) -> decltype(f()) {
-    try {
-      return f();
-    } catch (py::error_already_set& e) {
-      if (e.matches(registered_host().cuda_error)) {
-        py::object value = e.value();
-        throw pl::Call_failed(py::str(value), py::str(value.attr("call")), py::str(value.attr("name")), true,
-                              std::current_exception());
-      }
-      if (e.matches(PyExc_Exception))
-        throw pl::Call_failed(e.what(), "", "", false, std::current_exception());
-      throw;  // an interrupt: the call was cut short
-    }
-    L2CTL_THREAD_ENDED  // the simulator's Python ran as the interpreter exited: the thread stops here
-  }
-
-  py::handle backend_;
-};
 
 // ---- scopes and registries ----------------------------------------------------------------------------------------
 
@@ -254,7 +33,7 @@ std::uint64_t next_registry_serial() {
 }
 
 Registry_object::Registry_object(py::handle backend, bool cuda)
-    : planner(cuda ? std::unique_ptr<pl::Calls>(new Cuda_calls) : std::unique_ptr<pl::Calls>(new Python_calls(backend))),
+    : planner(calls_for(backend, cuda)),
       epoch(fork_epoch.load()), serial(next_registry_serial()) {}
 
 const char* const already_active = "this scope is already active (entered in another thread?); create a new one";
@@ -285,8 +64,8 @@ py::object device_state(Registry_object& registry, int device) {
   if (st == nullptr) return py::none();
   py::dict scopes, bases, applied;
   for (const auto& [id, scope] : st->scopes) scopes[py::int_(id)] = scope_object_of(*scope);
-  for (const auto& [slot, w] : st->base_windows) bases[slot_tuple(slot)] = window_tuple(w);
-  for (const auto& [slot, w] : st->applied_windows) applied[slot_tuple(slot)] = window_tuple(w);
+  for (const auto& [slot, w] : st->base_windows) bases[slot_tuple(slot)] = window_object(w);
+  for (const auto& [slot, w] : st->applied_windows) applied[slot_tuple(slot)] = window_object(w);
   py::object bounds = st->auto_bounds ? py::object(py::make_tuple(st->auto_bounds->first, st->auto_bounds->second))
                                       : py::none();
   static py::object* namespace_type = new py::object(py::module_::import("types").attr("SimpleNamespace"));
@@ -297,6 +76,20 @@ py::object device_state(Registry_object& registry, int device) {
       "in_force_demand"_a = st->in_force_demand, "auto_capped"_a = st->auto_capped, "auto_bounds"_a = bounds,
       "dirty"_a = st->dirty, "shared"_a = st->shared,
       "batch"_a = st->batch ? py::object(py::str("cut short")) : py::none());
+}
+
+// What a scope needs of a device's properties (the Host's `properties`), asked once per registry.
+const Device_limits& limits_of(Registry_object& registry, int device) {
+  auto it = registry.limits.find(device);
+  if (it != registry.limits.end()) return it->second;
+  PyObject* props = PyObject_CallOneArg(host.properties, py::int_(device).ptr());
+  if (props == nullptr) throw py::error_already_set();
+  py::object p = py::reinterpret_steal<py::object>(props);
+  Device_limits out;
+  out.max_window = p.attr("access_policy_max_window_size").cast<long long>();
+  out.persisting_max = p.attr("persisting_l2_cache_max_size").cast<long long>();
+  out.supported = p.attr("supports_persistence").cast<bool>();
+  return registry.limits.emplace(device, out).first->second;
 }
 
 std::vector<pl::Slot> slots_of(py::handle slots) {
@@ -355,7 +148,7 @@ pl::Entered enter_scope(const std::shared_ptr<Registry_object>& r, const std::sh
     return translated([&] {
       Locked locked(r.get(), true);  // nothing changed yet: a Ctrl-C while waiting ends the entry
       if (!holder.is_none()) {
-        const bool live = compiled ? compiled_holders.is_live(holder.ptr()) : !holder.attr(L2CTL_NAME("_scope")).is_none();
+        const bool live = compiled ? compiled_holders.is_live(holder.ptr()) : !holder.attr(host.name.scope).is_none();
         if (live) {
           PyErr_SetString(PyExc_RuntimeError, already_active);
           throw py::error_already_set();
@@ -381,10 +174,9 @@ pl::Entered enter_scope(const std::shared_ptr<Registry_object>& r, const std::sh
       if (compiled)
         compiled_holders.take(holder.ptr(), record);
       else if (!holder.is_none())
-        holder.attr(L2CTL_NAME("_scope")) = scope_object(record);
+        holder.attr(host.name.scope) = scope_object(record);
       if (scope.core->fit_hit_ratio && scope.core->has_window && !scope.window.is_none())
-        scope.window = scope.window.attr("_replace")("num_bytes"_a = scope.core->window.num_bytes,
-                                                     "hit_ratio"_a = scope.core->window.hit_ratio);
+        scope.window = window_object(scope.core->window);  // as fitted
       return entered;
     });
   } L2CTL_THREAD_ENDED catch (...) {
@@ -517,7 +309,7 @@ void end_scope(Scope_object& scope) {
 void finish_scope(Scope_object& ending, const py::object& executables, const py::object& changed,
                   const py::object& exc) {
   ending.core->ending = true;
-  if (!executables.is_none()) executables.attr(L2CTL_NAME("_dirty")) = true;
+  if (!executables.is_none()) executables.attr(host.name.dirty) = true;
   auto noted = [&](py::error_already_set& error) {
     if (exc.is_none()) return false;
     add_note(exc, py::str("l2ctl: restoring device state after the error also failed: {!r}").format(error.value()));
@@ -763,8 +555,11 @@ void bind_planner(py::module_& core) {
                                                    : throw std::invalid_argument("form: 'bytes', 'max' or 'fraction'");
     return pl::requested_set_aside(f, bytes, fraction, maximum, clamp);
   }, "form"_a, "bytes"_a, "fraction"_a, "maximum"_a, "clamp"_a);
-  m.def("plan_check_set_aside_fraction",
-        [](double fraction) { return static_cast<int>(pl::check_set_aside_fraction(fraction)); }, "fraction"_a);
+  m.def("plan_set_aside_fraction_refusal", &pl::set_aside_fraction_refusal, "fraction"_a);
+  m.def("plan_clip_window", [](long long offset, long long num_bytes, long long buffer_bytes, long long max_window) {
+    const pl::Clipped_window w = pl::clip_window(offset, num_bytes, buffer_bytes, max_window);
+    return py::make_tuple(w.num_bytes, w.clipped, static_cast<int>(w.fault));
+  }, "offset"_a, "num_bytes"_a, "buffer_bytes"_a, "max_window"_a);
   m.def("plan_auto_set_aside", &pl::auto_set_aside, "demand"_a, "current"_a, "granularity"_a, "maximum"_a);
   m.def("plan_default_hit_ratio", &pl::default_hit_ratio, "granted"_a, "window_bytes"_a);
   m.def("plan_fit_window", [](long long room, long long window_bytes) {

@@ -71,6 +71,12 @@ struct Device_limits {
   bool supported = false;        // L2 persistence available
 };
 
+struct Registry_object;
+// The device's limits as `registry` knows them (asked of the Host's `properties` the first time).
+const Device_limits& limits_of(Registry_object& registry, int device);
+// Slots as Python holds them ((kind, handle, generation) tuples, the planner's own, made by slot_tuple).
+std::vector<pl::Slot> slots_of(py::handle slots);
+
 struct Registry_object {
   Registry_object(py::handle backend, bool cuda);
   pl::Registry planner;
@@ -80,8 +86,9 @@ struct Registry_object {
   std::map<int, Device_limits> limits;  // filled by the scope objects from l2ctl._device.properties
 };
 
-pl::Plan_window to_window(py::handle w);
-py::object window_object(const pl::Plan_window& w);
+// The planner's calls for `backend`: the CUDA runtime (`cuda`: the extension itself), else the backend's Python
+// methods of the same names (backend_calls.cpp).
+std::unique_ptr<pl::Calls> calls_for(py::handle backend, bool cuda);
 // Registers `scope_obj` (a Scope_object) with `registry` and makes the device match, for `holder` (the object
 // whose `_scope` names it while live; None: none): the entry every scope object makes.
 // A compiled holder (persist's scope) is told of its scope without Python: `is_live(holder)` (null for any other

@@ -87,10 +87,10 @@ Locked::~Locked() {
         compiled_holders.forget(holder.ptr(), &ended);
         continue;
       }
-      PyObject* named = PyObject_GetAttr(holder.ptr(), L2CTL_NAME("_scope").ptr());
+      PyObject* named = PyObject_GetAttr(holder.ptr(), host.name.scope.ptr());
       if (named != nullptr && named != Py_None && py::isinstance<Scope_object>(named) &&
           &py::handle(named).cast<const Scope_object&>() == &ended)
-        PyObject_SetAttr(holder.ptr(), L2CTL_NAME("_scope").ptr(), Py_None);
+        PyObject_SetAttr(holder.ptr(), host.name.scope.ptr(), Py_None);
       Py_XDECREF(named);
       PyErr_Clear();
     } L2CTL_THREAD_ENDED catch (...) {  // no memory for a name: the holder names the scope, no longer live

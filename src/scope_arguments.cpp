@@ -10,13 +10,55 @@
 
 namespace l2ctl_bindings {
 
-const char* const arg_names[n_args] = {"stream",    "buf",       "hit_ratio",     "num_bytes", "offset",
-                                       "hit_prop",  "miss_prop", "set_aside",     "reset_on_exit", "share",
-                                       "policy",    "strict",    "clamp"};
+#define L2CTL_TEXT(name) #name,
+const char* const arg_names[n_args] = {L2CTL_PERSIST_ARGUMENTS(L2CTL_TEXT)};
+const char* const resolved_names[n_resolved] = {L2CTL_PERSIST_RESOLVED(L2CTL_TEXT)};
 PyObject* interned_args[n_args];
+PyObject* interned_resolved[n_resolved];
+Persist_arguments persist_arguments;
 
 void intern_argument_names() {
   for (int i = 0; i < n_args; ++i) interned_args[i] = PyUnicode_InternFromString(arg_names[i]);
+  for (int i = 0; i < n_resolved; ++i) interned_resolved[i] = PyUnicode_InternFromString(resolved_names[i]);
+}
+
+namespace {
+[[noreturn]] void refuse(const char* field, const std::string& why) {
+  PyErr_Format(PyExc_TypeError, "l2ctl._host.Host.%s: %s (src/persist_type.hpp)", field, why.c_str());
+  throw py::error_already_set();
+}
+}  // namespace
+
+Persist_arguments check_persist_arguments(py::handle prepare, py::handle request_type) {
+  Persist_arguments out;
+  const py::object code = py::getattr(prepare, "__code__", py::none());
+  if (code.is_none()) refuse("prepare", "not a Python function");
+  const int positional = code.attr("co_argcount").cast<int>();
+  const py::tuple names = code.attr("co_varnames");
+  const int count = positional + code.attr("co_kwonlyargcount").cast<int>();
+  const py::object defaults = py::getattr(prepare, "__defaults__", py::none());
+  out.n_positional = positional;
+  out.n_required = positional - (defaults.is_none() ? 0 : static_cast<int>(py::len(defaults)));
+  bool seen[n_args] = {};
+  for (int i = 0; i < count; ++i) {
+    int found = 0;
+    while (found < n_args && py::str(names[i]).cast<std::string>() != arg_names[found]) ++found;
+    if (found == n_args) refuse("prepare", "its parameter " + py::str(names[i]).cast<std::string>() + " is no argument of persist");
+    seen[found] = true;
+    if (i < positional) out.positional[i] = static_cast<Arg>(found);
+  }
+  for (int a = 0; a < n_args; ++a)
+    if (!seen[a]) refuse("prepare", std::string("persist's argument ") + arg_names[a] + " is not a parameter");
+  // The Request's fields: one per argument but `policy`, and the resolved ones.
+  const py::object keys = py::getattr(request_type, "__required_keys__", py::none());
+  std::size_t expected = n_resolved;
+  for (int a = 0; a < n_args; ++a)
+    if (a != a_policy && (++expected, keys.is_none() || !keys.contains(py::handle(interned_args[a]))))
+      refuse("request_type", std::string("no field ") + arg_names[a]);
+  for (int r = 0; r < n_resolved; ++r)
+    if (!keys.contains(py::handle(interned_resolved[r]))) refuse("request_type", std::string("no field ") + resolved_names[r]);
+  if (py::len(keys) != expected) refuse("request_type", "a field the compiled scope does not read");
+  return out;
 }
 
 namespace {
@@ -28,7 +70,7 @@ namespace {
 // same object (a torch tensor's set_ or resize_), `stamp_of(obj)` must still equal it, or it is resolved again.
 // `ref` is kept without its owner (the object itself): the table must not keep the object, and a tensor's memory,
 // alive; `with_owner` puts it back at each use. `stream`: what the object was resolved as (a stream or a buffer).
-struct Resolved {
+struct Known_object {
   py::object weak, ref, stamp_of, stamp;
   bool stream = false;
   // The stream's context, or the buffer's pointer range, checked for this device of this registry's backend.
@@ -42,7 +84,7 @@ struct Resolved {
 // (`users`), entries are marked stale instead of erased, never overwritten, and the eviction at the bound waits.
 // Entries leave the table before their references are dropped (dropping them may run Python too).
 struct Object_table {
-  std::unordered_map<const void*, Resolved> entries;
+  std::unordered_map<const void*, Known_object> entries;
   int users = 0;
   bool evict_all = false;  // the bound was reached while in use
   bool has_stale = false;
@@ -54,8 +96,8 @@ Object_table& table() {
 constexpr std::size_t resolved_bound = 1024;
 
 // The entries to drop, taken out of the table first: their references go when the returned vector does.
-std::vector<Resolved> take_evicted(Object_table& t) {
-  std::vector<Resolved> out;
+std::vector<Known_object> take_evicted(Object_table& t) {
+  std::vector<Known_object> out;
   for (auto it = t.entries.begin(); it != t.entries.end();) {
     if (t.evict_all || it->second.stale) {
       out.push_back(std::move(it->second));
@@ -68,16 +110,13 @@ std::vector<Resolved> take_evicted(Object_table& t) {
   return out;
 }
 
-void forget(Object_table& t, std::unordered_map<const void*, Resolved>::iterator it) {
+void forget(Object_table& t, std::unordered_map<const void*, Known_object>::iterator it) {
   it->second.stale = true;
   t.has_stale = true;
   if (t.users == 0) take_evicted(t);
 }
 
-constexpr Py_ssize_t stream_owner_field = 3;  // StreamRef.owner
-constexpr Py_ssize_t buffer_owner_field = 4;  // BufferRef.owner
-
-// `ref` (a StreamRef or BufferRef: a named tuple) with `owner` in field `index` (a new reference).
+// `ref` (a StreamRef or BufferRef: a named tuple) with `owner` in its field at `index` (a new reference).
 PyObject* with_owner(PyObject* ref, Py_ssize_t index, PyObject* owner) {
   PyTypeObject* type = Py_TYPE(ref);
   const Py_ssize_t n = PyTuple_GET_SIZE(ref);
@@ -90,7 +129,7 @@ PyObject* with_owner(PyObject* ref, Py_ssize_t index, PyObject* owner) {
 
 // The entry of `obj` resolved as a stream (`stream`) or as a buffer, or null. Valid while an Object_table_use
 // lives.
-Resolved* known_object(PyObject* obj, bool stream) {
+Known_object* known_object(PyObject* obj, bool stream) {
   Object_table& t = table();
   auto it = t.entries.find(obj);
   if (it == t.entries.end() || it->second.stale || it->second.stream != stream) return nullptr;
@@ -118,6 +157,10 @@ Resolved* known_object(PyObject* obj, bool stream) {
   return &it->second;
 }
 
+Py_ssize_t owner_at(bool stream) {
+  return stream ? host.stream_ref.at[Stream_ref::owner] : host.buffer_ref.at[Buffer_ref::owner];
+}
+
 void remember_object(PyObject* obj, const py::object& ref, const py::object& stamp_of, const py::object& stamp,
                      bool stream) {
   PyObject* weak = PyWeakref_NewRef(obj, nullptr);
@@ -125,9 +168,9 @@ void remember_object(PyObject* obj, const py::object& ref, const py::object& sta
     PyErr_Clear();
     return;
   }
-  Resolved entry{py::reinterpret_steal<py::object>(weak),
+  Known_object entry{py::reinterpret_steal<py::object>(weak),
                  py::reinterpret_steal<py::object>(
-                     with_owner(ref.ptr(), stream ? stream_owner_field : buffer_owner_field, Py_None)),
+                     with_owner(ref.ptr(), stream ? owner_at(true) : owner_at(false), Py_None)),
                  stamp_of, stamp, stream};
   // From here no Python runs until the table holds the entry.
   Object_table& t = table();
@@ -137,7 +180,7 @@ void remember_object(PyObject* obj, const py::object& ref, const py::object& sta
     std::swap(it->second, entry);  // what it held goes with `entry`, after the table changed
     return;
   }
-  std::vector<Resolved> evicted;
+  std::vector<Known_object> evicted;
   if (t.entries.size() >= resolved_bound) {
     t.evict_all = true;
     if (t.users == 0) evicted = take_evicted(t);
@@ -189,36 +232,35 @@ std::uintptr_t as_address(PyObject* value) {
   return static_cast<std::uintptr_t>(out);
 }
 
-// A StreamRef (handle, device, source, owner) into the scope's fields.
+int device_or_unknown(PyObject* device) { return device == Py_None ? -1 : static_cast<int>(as_ll(device)); }
+
+// A StreamRef into the scope's fields (read by name: host.hpp).
 void take_stream_ref(Persist* self, PyObject* ref) {
-  if (!PyTuple_Check(ref) || PyTuple_GET_SIZE(ref) < 4) throw py::type_error("a stream reference is a StreamRef");
-  PyObject* handle = PyTuple_GET_ITEM(ref, 0);
-  self->handle = as_address(handle);
-  PyObject* device = PyTuple_GET_ITEM(ref, 1);
-  self->stream_device = device == Py_None ? -1 : static_cast<int>(as_ll(device));
+  const auto& field = host.stream_ref;
+  if (!field.holds(ref)) throw py::type_error("a stream reference is an l2ctl StreamRef");
+  self->handle = as_address(field(ref, Stream_ref::handle));
+  self->stream_device = device_or_unknown(field(ref, Stream_ref::device));
   // An l2ctl.Stream, or one of a subclass: checked for being closed at entry, before the device is touched.
-  self->own_stream = PyObject_TypeCheck(PyTuple_GET_ITEM(ref, 3), reinterpret_cast<PyTypeObject*>(host.stream_type));
-  Py_INCREF(ref);
-  Py_XSETREF(self->stream_ref, ref);
+  self->own_stream = PyObject_TypeCheck(field(ref, Stream_ref::owner), reinterpret_cast<PyTypeObject*>(host.stream_type));
+  Py_XSETREF(self->stream_ref, Py_NewRef(ref));
 }
 
-// A BufferRef (ptr, nbytes, device, source, owner, allocation) into the scope's fields.
+// A BufferRef into the scope's fields.
 void take_buffer_ref(Persist* self, PyObject* ref) {
-  if (!PyTuple_Check(ref) || PyTuple_GET_SIZE(ref) < 6) throw py::type_error("a buffer reference is a BufferRef");
-  self->ptr = as_address(PyTuple_GET_ITEM(ref, 0));
-  self->nbytes = as_ll(PyTuple_GET_ITEM(ref, 1));
-  PyObject* device = PyTuple_GET_ITEM(ref, 2);
-  self->buffer_device = device == Py_None ? -1 : static_cast<int>(as_ll(device));
-  self->allocation = PyTuple_GET_ITEM(ref, 5) == Py_True;
-  Py_INCREF(ref);
-  Py_XSETREF(self->buffer_ref, ref);
+  const auto& field = host.buffer_ref;
+  if (!field.holds(ref)) throw py::type_error("a buffer reference is an l2ctl BufferRef");
+  self->ptr = as_address(field(ref, Buffer_ref::ptr));
+  self->nbytes = as_ll(field(ref, Buffer_ref::nbytes));
+  self->buffer_device = device_or_unknown(field(ref, Buffer_ref::device));
+  self->allocation = field(ref, Buffer_ref::allocation) == Py_True;
+  Py_XSETREF(self->buffer_ref, Py_NewRef(ref));
 }
 
 std::atomic<std::uint64_t> own_released{0};
 
 // An l2ctl Stream's or DeviceBuffer's reference (`_ref`), or NULL when it is closed or freed (new reference).
 PyObject* own_ref(PyObject* obj) {
-  PyObject* ref = PyObject_GetAttr(obj, L2CTL_NAME("_ref").ptr());
+  PyObject* ref = PyObject_GetAttr(obj, host.name.ref.ptr());
   if (ref == nullptr) throw py::error_already_set();
   if (ref == Py_None || !PyTuple_Check(ref)) {
     Py_DECREF(ref);
@@ -284,25 +326,24 @@ bool fast_limit(PyObject* value, Limit* kind, long long* bytes) {
   return true;
 }
 
-// `policy=`: an l2ctl Policy (exactly: its class names itself `_l2ctl_policy`), its fields checked when it was made,
-// enabled and without a byte range, read into the hit ratio and set-aside it asks for. False for anything else (a
-// tuned policy, a subclass, a disabled one, one with a range): _prepare takes those.
+// `policy=`: an l2ctl Policy (the Host's `policy_type` exactly: its fields were checked when it was made), enabled
+// and without a byte range, read into the hit ratio and set-aside it asks for. False for anything else (a tuned
+// policy, a subclass, a disabled one, one with a range): _prepare takes those.
 bool fast_policy(PyObject* policy, double* requested, Limit* kind, long long* bytes) {
-  PyTypeObject* type = Py_TYPE(policy);
-  if (_PyType_Lookup(type, L2CTL_NAME("_l2ctl_policy").ptr()) != reinterpret_cast<PyObject*>(type)) return false;
-  const auto field = [policy](py::handle name) {
-    PyObject* value = PyObject_GetAttr(policy, name.ptr());
+  if (Py_TYPE(policy) != reinterpret_cast<PyTypeObject*>(host.policy_type)) return false;
+  const auto field = [policy](Policy_record::Field f) {
+    PyObject* value = PyObject_GetAttr(policy, host.policy.name[f]);
     if (value == nullptr) throw py::error_already_set();
     return py::reinterpret_steal<py::object>(value);
   };
-  const py::object enabled = field(L2CTL_NAME("enabled")), offset = field(L2CTL_NAME("offset")),
-                   num_bytes = field(L2CTL_NAME("num_bytes"));
+  const py::object enabled = field(Policy_record::enabled), offset = field(Policy_record::offset),
+                   num_bytes = field(Policy_record::num_bytes);
   if (enabled.ptr() != Py_True || !num_bytes.is_none() || !PyLong_CheckExact(offset.ptr())) return false;
   int overflow = 0;
   if (PyLong_AsLongLongAndOverflow(offset.ptr(), &overflow) != 0 || overflow) return false;
-  const py::object hit_ratio = field(L2CTL_NAME("hit_ratio"));
+  const py::object hit_ratio = field(Policy_record::hit_ratio);
   if (!hit_ratio.is_none() && !fast_hit_ratio(hit_ratio.ptr(), requested)) return false;
-  return fast_limit(field(L2CTL_NAME("set_aside")).ptr(), kind, bytes);
+  return fast_limit(field(Policy_record::set_aside).ptr(), kind, bytes);
 }
 
 // The common forms of every argument, taken without Python; true when all of them were.
@@ -324,8 +365,8 @@ bool take_common(Persist* self, PyObject* const* v) {
     if (!PyLong_CheckExact(v[a_offset]) || PyLong_AsLongLongAndOverflow(v[a_offset], &overflow) != 0 || overflow)
       return false;
   }
-  if (v[a_hit_prop] != nullptr && v[a_hit_prop] != host.persisting) return false;
-  if (v[a_miss_prop] != nullptr && v[a_miss_prop] != host.streaming) return false;
+  if (v[a_hit_prop] != nullptr && v[a_hit_prop] != host.access[l2ctl::access_persisting]) return false;
+  if (v[a_miss_prop] != nullptr && v[a_miss_prop] != host.access[l2ctl::access_streaming]) return false;
   if (v[a_reset_on_exit] != nullptr && !is_bool(v[a_reset_on_exit])) return false;
   if (v[a_share] != nullptr && !is_bool(v[a_share])) return false;
   if (v[a_strict] != nullptr && !is_bool(v[a_strict])) return false;
@@ -335,8 +376,8 @@ bool take_common(Persist* self, PyObject* const* v) {
   PyObject* buf = v[a_buf];
   py::object stream_ref, buffer_ref;
   // What the table knew of each, copied out at once: looking up the buffer runs Python, which may change the table.
-  Resolved* stream_known = nullptr;
-  Resolved* buffer_known = nullptr;
+  Known_object* stream_known = nullptr;
+  Known_object* buffer_known = nullptr;
   int stream_checked = -1, buffer_checked = -1;
   std::uint64_t stream_checked_on = 0, buffer_checked_on = 0;
   bool graph_like = false;
@@ -344,10 +385,10 @@ bool take_common(Persist* self, PyObject* const* v) {
     PyObject* ref = own_ref(stream);
     if (ref == nullptr) return false;  // closed: _prepare says so
     stream_ref = py::reinterpret_steal<py::object>(ref);
-  } else if (PyObject_HasAttr(reinterpret_cast<PyObject*>(Py_TYPE(stream)), L2CTL_NAME("_l2ctl_target").ptr())) {
+  } else if (PyObject_HasAttr(reinterpret_cast<PyObject*>(Py_TYPE(stream)), host.name.l2ctl_target.ptr())) {
     graph_like = true;  // an l2ctl graph, a node selection, torch_captures(): resolved at entry (as _prepare does)
   } else if ((stream_known = known_object(stream, true)) != nullptr) {
-    stream_ref = py::reinterpret_steal<py::object>(with_owner(stream_known->ref.ptr(), stream_owner_field, stream));
+    stream_ref = py::reinterpret_steal<py::object>(with_owner(stream_known->ref.ptr(), owner_at(true), stream));
     stream_checked = stream_known->checked_device;
     stream_checked_on = stream_known->checked_on;
   } else {
@@ -358,7 +399,7 @@ bool take_common(Persist* self, PyObject* const* v) {
     if (ref == nullptr) return false;
     buffer_ref = py::reinterpret_steal<py::object>(ref);
   } else if ((buffer_known = known_object(buf, false)) != nullptr) {
-    buffer_ref = py::reinterpret_steal<py::object>(with_owner(buffer_known->ref.ptr(), buffer_owner_field, buf));
+    buffer_ref = py::reinterpret_steal<py::object>(with_owner(buffer_known->ref.ptr(), owner_at(false), buf));
     buffer_checked = buffer_known->checked_device;
     buffer_checked_on = buffer_known->checked_on;
   } else {
@@ -397,33 +438,23 @@ bool take_common(Persist* self, PyObject* const* v) {
   return true;
 }
 
-// Any other form: l2ctl._persist._prepare checks and normalises every argument (the one place their rules are
-// written), and says which foreign objects may be remembered.
-void take_prepared(Persist* self, PyObject* const* v) {
-  PyObject* args[n_args];
-  PyObject* zero = PyLong_FromLong(0);
-  for (int i = 0; i < n_args; ++i) args[i] = v[i];
-  if (args[a_hit_ratio] == nullptr) args[a_hit_ratio] = Py_None;
-  if (args[a_num_bytes] == nullptr) args[a_num_bytes] = Py_None;
-  if (args[a_offset] == nullptr) args[a_offset] = zero;
-  if (args[a_hit_prop] == nullptr) args[a_hit_prop] = host.persisting;
-  if (args[a_miss_prop] == nullptr) args[a_miss_prop] = host.streaming;
-  if (args[a_set_aside] == nullptr) args[a_set_aside] = L2CTL_NAME("auto").ptr();
-  if (args[a_reset_on_exit] == nullptr) args[a_reset_on_exit] = Py_True;
-  if (args[a_share] == nullptr) args[a_share] = Py_False;
-  if (args[a_policy] == nullptr) args[a_policy] = Py_None;
-  if (args[a_strict] == nullptr) args[a_strict] = Py_True;
-  if (args[a_clamp] == nullptr) args[a_clamp] = Py_False;
-  PyObject* result = PyObject_Vectorcall(host.prepare, args, n_args, nullptr);
-  Py_DECREF(zero);
+// Any other form: l2ctl._persist._prepare takes the arguments as they were given (`args`, vectorcall's form), checks
+// and normalises every one (the one place their rules are written), and returns its Request, read here by field
+// name; it says which foreign objects may be remembered. `v`: the same arguments placed.
+void take_prepared(Persist* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, PyObject* const* v) {
+  PyObject* result = PyObject_Vectorcall(host.prepare, args, static_cast<std::size_t>(nargs), kwnames);
   if (result == nullptr) throw py::error_already_set();
-  py::tuple t = py::reinterpret_steal<py::tuple>(result);
-  // (stream_ref | None, target, buffer_ref, offset, num_bytes | None, hit_prop, miss_prop, hit_ratio | None,
-  //  limit (None, "auto", "max" or bytes), reset_on_exit, share, disabled (None, or why), stream_remembered,
-  //  buffer_stamp, strict, clamp)
-  //  buffer_stamp: None (not remembered), or (stamp_of | None, stamp).
-  if (t.size() != 16) throw py::type_error("_prepare returned the wrong number of fields");
-  py::object stream_ref = t[0];
+  const py::object request = py::reinterpret_steal<py::object>(result);
+  const auto field = [&](PyObject* name) {
+    PyObject* value = PyDict_Check(result) ? PyDict_GetItemWithError(result, name) : nullptr;
+    if (value == nullptr && PyErr_Occurred() == nullptr)
+      PyErr_Format(PyExc_TypeError, "l2ctl._persist._prepare returned no %R (its Request)", name);
+    if (value == nullptr) throw py::error_already_set();
+    return py::handle(value);
+  };
+  const auto arg = [&](Arg a) { return field(interned_args[a]); };
+  const auto found = [&](Resolved r) { return field(interned_resolved[r]); };
+  const py::handle stream_ref = arg(a_stream);
   if (stream_ref.is_none()) {
     Py_CLEAR(self->stream_ref);
     self->handle = 0;
@@ -432,53 +463,53 @@ void take_prepared(Persist* self, PyObject* const* v) {
   } else {
     take_stream_ref(self, stream_ref.ptr());
   }
-  Py_XSETREF(self->target, Py_NewRef(t[1].ptr()));
-  take_buffer_ref(self, t[2].ptr());
-  self->offset = t[3].cast<long long>();
-  self->num_bytes = t[4].is_none() ? -1 : t[4].cast<long long>();
-  self->hit_prop = t[5].cast<int>();
-  self->miss_prop = t[6].cast<int>();
-  self->requested = t[7].is_none() ? std::nan("") : t[7].cast<double>();
-  py::object limit = t[8];
-  if (limit.is_none()) {
-    self->limit = Limit::none;
-  } else if (PyUnicode_Check(limit.ptr())) {
-    self->limit = PyUnicode_Compare(limit.ptr(), L2CTL_NAME("max").ptr()) == 0 ? Limit::max : Limit::automatic;
-  } else if (PyFloat_Check(limit.ptr())) {  // a fraction of the max, checked by _prepare (check_set_aside)
+  Py_XSETREF(self->target, Py_NewRef(found(r_target).ptr()));
+  take_buffer_ref(self, arg(a_buf).ptr());
+  self->offset = arg(a_offset).cast<long long>();
+  self->num_bytes = arg(a_num_bytes).is_none() ? -1 : arg(a_num_bytes).cast<long long>();
+  self->hit_prop = arg(a_hit_prop).cast<int>();
+  self->miss_prop = arg(a_miss_prop).cast<int>();
+  self->requested = arg(a_hit_ratio).is_none() ? std::nan("") : arg(a_hit_ratio).cast<double>();
+  PyObject* limit = arg(a_set_aside).ptr();
+  if (PyFloat_Check(limit)) {  // a fraction of the max, checked by _prepare (check_set_aside)
     self->limit = Limit::fraction;
-    self->limit_fraction = PyFloat_AS_DOUBLE(limit.ptr());
-  } else {
-    self->limit = Limit::exact;
-    self->limit_bytes = limit.cast<long long>();
+    self->limit_fraction = PyFloat_AS_DOUBLE(limit);
+  } else if (!fast_limit(limit, &self->limit, &self->limit_bytes)) {
+    throw py::type_error("l2ctl._persist._prepare returned a set-aside of no known form");
   }
-  self->reset_on_exit = t[9].cast<bool>();
-  self->share = t[10].cast<bool>();
-  self->enabled = t[11].is_none();
-  Py_XSETREF(self->reason, t[11].is_none() ? nullptr : Py_NewRef(t[11].ptr()));
-  self->strict = t[14].cast<bool>();
-  self->clamp = t[15].cast<bool>();
+  self->reset_on_exit = arg(a_reset_on_exit).cast<bool>();
+  self->share = arg(a_share).cast<bool>();
+  self->strict = arg(a_strict).cast<bool>();
+  self->clamp = arg(a_clamp).cast<bool>();
+  const py::handle reason = found(r_reason);
+  self->enabled = reason.is_none();
+  Py_XSETREF(self->reason, reason.is_none() ? nullptr : Py_NewRef(reason.ptr()));
   Py_CLEAR(self->stream_object);
   Py_CLEAR(self->buffer_object);
   self->stream_checked = self->buffer_checked = -1;
-  if (t[12].cast<bool>()) {
-    remember_object(v[a_stream], stream_ref, py::none(), py::none(), true);
+  if (found(r_remember_stream).cast<bool>()) {
+    remember_object(v[a_stream], py::reinterpret_borrow<py::object>(stream_ref), py::none(), py::none(), true);
     Py_XSETREF(self->stream_object, Py_NewRef(v[a_stream]));
   }
-  if (!t[13].is_none()) {
-    py::tuple stamp = t[13];
-    remember_object(v[a_buf], t[2], stamp[0], stamp[1], false);
+  const py::handle stamp = found(r_buffer_stamp);
+  if (!stamp.is_none()) {
+    const py::tuple pair = py::reinterpret_borrow<py::tuple>(stamp);
+    remember_object(v[a_buf], py::reinterpret_borrow<py::object>(arg(a_buf)), pair[0], pair[1], false);
     Py_XSETREF(self->buffer_object, Py_NewRef(v[a_buf]));
   }
 }
 
-// Arguments in the declared order from positional values and keyword names (vectorcall's form).
+// Arguments placed by name from positional values and keyword names (vectorcall's form); the positional ones go
+// where the registration found them (_prepare's parameters).
 bool place_arguments(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, PyObject** out) {
+  const Persist_arguments& known = persist_arguments;
   for (int i = 0; i < n_args; ++i) out[i] = nullptr;
-  if (nargs > 3) {
-    PyErr_Format(PyExc_TypeError, "persist() takes from 2 to 3 positional arguments but %zd were given", nargs);
+  if (nargs > known.n_positional) {
+    PyErr_Format(PyExc_TypeError, "persist() takes from %d to %d positional arguments but %zd were given",
+                 known.n_required, known.n_positional, nargs);
     return false;
   }
-  for (Py_ssize_t i = 0; i < nargs; ++i) out[i] = args[i];
+  for (Py_ssize_t i = 0; i < nargs; ++i) out[known.positional[i]] = args[i];
   const Py_ssize_t nkw = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
   for (Py_ssize_t k = 0; k < nkw; ++k) {
     PyObject* name = PyTuple_GET_ITEM(kwnames, k);
@@ -497,9 +528,9 @@ bool place_arguments(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames,
     }
     out[found] = args[nargs + k];
   }
-  for (int i = 0; i < 2; ++i)
-    if (out[i] == nullptr) {
-      PyErr_Format(PyExc_TypeError, "persist() missing required argument '%s'", arg_names[i]);
+  for (int i = 0; i < known.n_required; ++i)
+    if (out[known.positional[i]] == nullptr) {
+      PyErr_Format(PyExc_TypeError, "persist() missing required argument '%s'", arg_names[known.positional[i]]);
       return false;
     }
   return true;

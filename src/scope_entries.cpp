@@ -8,22 +8,21 @@ namespace l2ctl_bindings {
 namespace {
 
 // `__enter__` of the scoped window: `self._prepare_entry()` (Python: resolves the target and checks the window,
-// changing nothing) gives (scope, maximum, changed, executables); the entry and what follows are compiled, and an
-// error after the entry ends the scope here.
+// changing nothing on the device; it keeps what the end calls and marks stale, `_changed` and `_executables`) gives
+// the scope; the entry and what follows are compiled, and an error after the entry ends the scope here.
 py::object holder_enter(py::object self) {
-  py::tuple prepared = self.attr(L2CTL_NAME("_prepare_entry"))();
-  py::object scope = prepared[0], changed = prepared[2], executables = prepared[3];
+  const py::object scope = self.attr(host.name.prepare_entry)();
+  const auto record = scope.cast<std::shared_ptr<Scope_object>>();
   py::object backend;
   const std::shared_ptr<Registry_object> registry = active_registry(&backend);
-  enter_scope(registry, scope.cast<std::shared_ptr<Scope_object>>(), prepared[1].cast<long long>(), self, backend);
-  self.attr(L2CTL_NAME("_changed")) = changed;
-  self.attr(L2CTL_NAME("_executables")) = executables;
+  enter_scope(registry, record, limits_of(*registry, record->core->device).persisting_max, self, backend);
+  const py::object changed = self.attr(host.name.changed);
   if (!changed.is_none()) {
     try {
       changed(scope);
     } catch (py::error_already_set& error) {
       try {
-        finish_scope(scope.cast<Scope_object&>(), executables, changed, error.value());
+        finish_scope(*record, self.attr(host.name.executables), changed, error.value());
       } catch (py::error_already_set&) {
       }
       throw;
@@ -34,7 +33,7 @@ py::object holder_enter(py::object self) {
 
 // `__enter__` of a set_aside scope: the request, standing until now, ends with the block.
 py::object set_aside_enter(py::object self) {
-  py::object scope = self.attr(L2CTL_NAME("_scope"));
+  py::object scope = self.attr(host.name.scope);
   scope.cast<Scope_object&>().core->standing = false;
   return self;
 }
@@ -75,7 +74,7 @@ py::object stream_exit(py::object self, py::object, py::object, py::object) {
 // `_capturing`: False before the capture, True while it runs, None once it ended (one capture per object: its Graph
 // object has been given its graph, or the partial one was destroyed).
 py::object capture_enter(py::object self) {
-  const py::object state = self.attr(L2CTL_NAME("_capturing"));
+  const py::object state = self.attr(host.name.capturing);
   if (state.is_none()) {
     PyErr_SetString(PyExc_RuntimeError, "this capture has ended; make a new one with graph.capture(...)");
     throw py::error_already_set();
@@ -84,10 +83,10 @@ py::object capture_enter(py::object self) {
     PyErr_SetString(PyExc_RuntimeError, "this capture is already under way; make a new one with graph.capture(...)");
     throw py::error_already_set();
   }
-  py::object backend = self.attr(L2CTL_NAME("_backend"));
-  py::object stream = self.attr(L2CTL_NAME("_stream"));
+  py::object backend = self.attr(host.name.backend);
+  py::object stream = self.attr(host.name.stream);
   try {
-    backend.attr(L2CTL_NAME("begin_capture"))(stream, self.attr(L2CTL_NAME("_mode")));
+    backend.attr(L2CTL_NAME("begin_capture"))(stream, self.attr(host.name.mode));
   } catch (py::error_already_set&) {
     try {
       if (backend.attr(L2CTL_NAME("is_capturing"))(stream).cast<bool>()) {
@@ -99,25 +98,25 @@ py::object capture_enter(py::object self) {
     }
     throw;
   }
-  self.attr(L2CTL_NAME("_capturing")) = true;
-  return self.attr(L2CTL_NAME("_graph"));
+  self.attr(host.name.capturing) = true;
+  return self.attr(host.name.graph);
 }
 
 // The capture ended: its graph given to the Graph object, or, when the block raised, destroyed (the block's
 // error is the one to see).
 py::object capture_exit(py::object self, py::object, py::object exc, py::object) {
-  const py::object state = self.attr(L2CTL_NAME("_capturing"));
+  const py::object state = self.attr(host.name.capturing);
   if (state.is_none() || !state.cast<bool>()) return py::none();
-  py::object backend = self.attr(L2CTL_NAME("_backend"));
+  py::object backend = self.attr(host.name.backend);
   py::object handle;
   try {
-    handle = backend.attr(L2CTL_NAME("end_capture"))(self.attr(L2CTL_NAME("_stream")));
+    handle = backend.attr(L2CTL_NAME("end_capture"))(self.attr(host.name.stream));
   } catch (py::error_already_set&) {
-    self.attr(L2CTL_NAME("_capturing")) = py::none();
+    self.attr(host.name.capturing) = py::none();
     if (!exc.is_none()) return py::none();  // the capture may already be invalidated; the block's error matters
     throw;
   }
-  self.attr(L2CTL_NAME("_capturing")) = py::none();
+  self.attr(host.name.capturing) = py::none();
   if (!exc.is_none()) {
     try {
       if (handle.cast<std::uintptr_t>() != 0) backend.attr(L2CTL_NAME("Graph"))(handle, true).attr("destroy")();
@@ -125,7 +124,7 @@ py::object capture_exit(py::object self, py::object, py::object exc, py::object)
     }
     return py::none();
   }
-  self.attr(L2CTL_NAME("_graph")).attr(L2CTL_NAME("_impl")) = backend.attr(L2CTL_NAME("Graph"))(handle, true);
+  self.attr(host.name.graph).attr(host.name.impl) = backend.attr(L2CTL_NAME("Graph"))(handle, true);
   return py::none();
 }
 
@@ -135,10 +134,10 @@ py::object instance_method(py::cpp_function f) {
 // `__exit__` of the scoped window and the set_aside scope: the object's live scope (`_scope`) ended, with its
 // `_executables` and `_changed` (finish_scope).
 py::object scope_exit(py::object self, py::object, py::object exc, py::object) {
-  py::object scope = py::getattr(self, L2CTL_NAME("_scope"), py::none());
+  py::object scope = py::getattr(self, host.name.scope, py::none());
   if (scope.is_none()) return py::none();
-  finish_scope(scope.cast<Scope_object&>(), py::getattr(self, L2CTL_NAME("_executables"), py::none()),
-               py::getattr(self, L2CTL_NAME("_changed"), py::none()), exc);
+  finish_scope(scope.cast<Scope_object&>(), py::getattr(self, host.name.executables, py::none()),
+               py::getattr(self, host.name.changed, py::none()), exc);
   return py::none();
 }
 

@@ -2,13 +2,17 @@
 backend offers (l2ctl._backend: the simulator implements the same names; tests/simulator/test_backend_contract.py).
 
 Handles (streams, pointers, graphs, nodes) are plain ints. Every function whose CUDA calls can take time
-releases the GIL (``apply_window``'s single stream-attribute change keeps it: well under a microsecond). CUDA
-failures raise l2ctl.CudaError (call, CUDA error name, numbers); CUPTI failures raise l2ctl.CuptiError. Sizes are in bytes unless a name says words (4-byte elements).
+releases the GIL. CUDA failures raise l2ctl.CudaError (call, CUDA error name, numbers); CUPTI failures raise
+l2ctl.CuptiError. Sizes are in bytes unless a name says words (4-byte elements). The calls that change L2 state
+(a limit, a window, a reset) are CUDA's own, one each; l2ctl changes state only through its planner
+(l2ctl._registry), which batches them (``_PlannerCalls`` below).
 """
 
-from typing import Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
+
+from l2ctl._window import AccessPolicyWindow
 
 __version__: str
 
@@ -43,7 +47,7 @@ def stream_context(stream: int) -> tuple[int, int]: ...
 # The same for a device pointer; (0, 0) where the driver knows no context (host memory).
 def pointer_context(ptr: int) -> tuple[int, int]: ...
 def stream_synchronize(stream: int) -> None: ...
-def get_stream_window(stream: int) -> tuple[int, int, float, int, int]: ...
+def get_stream_window(stream: int) -> AccessPolicyWindow: ...
 def set_stream_window(stream: int, base: int, num_bytes: int, hit_ratio: float, hit_prop: int, miss_prop: int) -> None: ...
 
 class Event:
@@ -53,26 +57,6 @@ class Event:
     def synchronize(self) -> None: ...
     def query(self) -> bool: ...
     def elapsed_since(self, start: Event) -> float: ...
-
-# One window on every handle of ``handles`` (kind 0: streams, 1: graph kernel nodes), with the limit and the
-# reset of apply_state: a scope's commonest change in the cheapest call. Returns as apply_state does.
-def apply_window(device: int, kind: int, handles: Sequence[int], base: int, num_bytes: int, hit_ratio: float,
-                 hit_prop: int, miss_prop: int, read_previous: bool, limit: int, at_least: bool,
-                 reset_lines: bool, journal: list[Any] | None = None
-                 ) -> tuple[int, int, list[tuple[int, int, float, int, int]]]: ...
-
-# In one call: the limit when limit >= 0 (at_least: raised to it if below, never lowered); the windows
-# (stream_windows on streams, then node_windows on graph kernel nodes, each a list of (handle, (base,
-# num_bytes, hit_ratio, hit_prop, miss_prop))), reading each holder's window first when read_previous; a
-# reset of persisting lines. Returns (limit before, limit after, previous windows in the order given); the
-# limits are -1 when limit < 0, the list empty unless read_previous. A failing call puts back the limit
-# and the windows whose previous value was read, then raises. ``journal`` (a list): the result is appended to
-# it before the call returns, so a caller interrupted as it returns still finds it (no Python runs in between).
-def apply_state(device: int, limit: int, at_least: bool,
-                stream_windows: Sequence[tuple[int, tuple[int, int, float, int, int]]],
-                node_windows: Sequence[tuple[int, tuple[int, int, float, int, int]]], reset_lines: bool,
-                read_previous: bool, journal: list[Any] | None = None
-                ) -> tuple[int, int, list[tuple[int, int, float, int, int]]]: ...
 
 # memory
 class DeviceMemory:
@@ -119,7 +103,7 @@ def graph_node_count(graph: int) -> int: ...
 def graph_kernel_nodes(graph: int) -> list[tuple[int, str, tuple[int, int, int], tuple[int, int, int]]]: ...
 def kernel_node_words(node: int) -> list[tuple[int, int, int]]: ...
 def address_range(address: int) -> tuple[int, int]: ...
-def get_node_window(node: int) -> tuple[int, int, float, int, int]: ...
+def get_node_window(node: int) -> AccessPolicyWindow: ...
 def set_node_window(node: int, base: int, num_bytes: int, hit_ratio: float, hit_prop: int, miss_prop: int) -> None: ...
 
 # hardware counters
@@ -182,7 +166,9 @@ class _PlannerRules:
     @staticmethod
     def plan_requested_set_aside(form: str, bytes: int, fraction: float, maximum: int, clamp: bool) -> int: ...
     @staticmethod
-    def plan_check_set_aside_fraction(fraction: float) -> int: ...
+    def plan_set_aside_fraction_refusal(fraction: float) -> str: ...
+    @staticmethod
+    def plan_clip_window(offset: int, num_bytes: int, buffer_bytes: int, max_window: int) -> tuple[int, bool, int]: ...
     @staticmethod
     def plan_check_hit_ratio(ratio: float) -> tuple[float, int]: ...
     @staticmethod
@@ -197,3 +183,18 @@ class _PlannerRules:
     def plan_shared_hit_ratios(requests: Sequence[tuple[float, int]], set_aside: int) -> list[float]: ...
 
 _planner: _PlannerRules
+
+# What the planner calls on a backend (planner::Calls, src/l2ctl/planner.hpp): on the extension it calls CUDA in C++;
+# another backend (the simulator) implements these by name (src/backend_calls.cpp forwards to them): the contract's
+# get_persisting_limit, set_persisting_limit, get_stream_window, get_node_window and reset_persisting_lines, and the
+# batch below, which no backend offers to l2ctl's Python. In one call: the limit when limit >= 0 (at_least: raised to
+# it if below, never lowered); the windows, ``changes`` as (kind: 0 a stream, 1 a kernel node; handle; window) with
+# the streams first, each holder's window read first when read_previous; a reset of persisting lines. Returns (limit
+# before, limit after, previous windows in the order given); the limits are -1 when limit < 0, the list empty unless
+# read_previous. A failing call puts back the limit and the windows whose previous value was read, then raises. The
+# result is appended to ``journal`` (a list) before the call returns, so a caller interrupted as it returns still
+# finds it (no Python runs in between).
+class _PlannerCalls(Protocol):
+    def apply_batch(self, device: int, limit: int, at_least: bool, reset_lines: bool, read_previous: bool,
+                    changes: Sequence[tuple[int, int, AccessPolicyWindow]], journal: list[Any] | None = None
+                    ) -> tuple[int, int, list[AccessPolicyWindow]]: ...

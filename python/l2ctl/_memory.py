@@ -31,11 +31,13 @@ class Stream:
     (``cupy.cuda.ExternalStream(s.handle)``) and cuda.core can use it.
     """
 
+    _ref: Optional[StreamRef]  # what l2ctl's own calls need of it; None once closed (read by the compiled layer)
+
     def __init__(self, device: object = None, *, non_blocking: bool = True, priority: int = 0) -> None:
         index = resolve_device(device)
         self._impl = _backend.current().Stream(index, bool(non_blocking), int(priority))
         # What l2ctl's own calls need, made once: a stream's handle and device never change while it is open.
-        self._ref: Optional[StreamRef] = StreamRef(self._impl.handle, index, "l2ctl.Stream", self)
+        self._ref = StreamRef(self._impl.handle, index, "l2ctl.Stream", self)
 
     @property
     def handle(self) -> int:
@@ -162,6 +164,8 @@ class DeviceBuffer:
     ``with`` exit, or garbage collection. Exposes ``__cuda_array_interface__`` (version 3).
     """
 
+    _ref: Optional[BufferRef]  # what l2ctl's own calls need of it; None once freed (read by the compiled layer)
+
     def __init__(
         self,
         nbytes: int,
@@ -188,7 +192,7 @@ class DeviceBuffer:
         self._exports = 0  # DLPack views still held by a consumer: the memory outlives free() until they go
         self._free_pending = False
         self._impl = _backend.current().DeviceMemory(index, nbytes)
-        self._ref: Optional[BufferRef] = BufferRef(self._impl.ptr, nbytes, index, "l2ctl.DeviceBuffer", self, True)
+        self._ref = BufferRef(self._impl.ptr, nbytes, index, "l2ctl.DeviceBuffer", self, True)
 
     @classmethod
     def from_numpy(cls, array: np.ndarray, device: object = None, stream: StreamLike = None) -> "DeviceBuffer":

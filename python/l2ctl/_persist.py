@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Concatenate, Optional, ParamSpec, TypedDict
 
 from . import _registry
 from ._registry import _native
@@ -44,9 +44,6 @@ class Policy:
     enabled: bool = True
     offset: int = 0
     num_bytes: Optional[int] = None
-    #: The class whose fields the compiled scope reads as they are (src/scope_arguments.cpp, fast_policy): this one,
-    #: not a subclass (whose checks may differ) nor a tuned policy; those go through _prepare.
-    _l2ctl_policy: ClassVar[type]
 
     def __post_init__(self) -> None:
         # Checked (and the hit ratio normalised) once, here: persist() then takes a Policy's fields as they
@@ -55,8 +52,6 @@ class Policy:
         for name, value in zip(("hit_ratio", "set_aside", "enabled", "offset", "num_bytes"), fields):
             object.__setattr__(self, name, value)
 
-
-Policy._l2ctl_policy = Policy
 
 
 @dataclass(frozen=True)
@@ -109,20 +104,37 @@ def _disabled_reason(policy: object) -> str:
     return f"the policy is \"no persistence\" ({reason})" if isinstance(reason, str) else "the policy is disabled"
 
 
-#: What _prepare returns for the compiled scope (src/scope_arguments.cpp): the stream (None for a graph-like target,
-#: resolved at entry), the target as given, the buffer, the byte range, the properties, the hit ratio (None: fit
-#: to the set-aside), the limit request, reset_on_exit, share, why the scope is disabled (None: it is not),
-#: whether the stream object may be remembered, how to tell the buffer object's memory moved (None: not
-#: remembered), strict and clamp.
-Prepared = tuple[Optional[StreamRef], object, BufferRef, int, Optional[int], int, int, Optional[float], LimitRequest,
-                 bool, bool, Optional[str], bool, Optional[tuple[Optional[Callable[[Any], Any]], Any]], bool, bool]
+class Request(TypedDict):
+    """persist's arguments as ``_prepare`` checked and normalised them: a field per argument, of its name, but
+    ``policy`` (folded into the others), and what resolving them found. The compiled scope reads it by field name
+    (src/persist_type.hpp); the Host's registration checks the names (l2ctl._host)."""
+
+    stream: Optional[StreamRef]  # None: a graph-like target, resolved at entry
+    buf: BufferRef
+    hit_ratio: Optional[float]  # None: fitted to the set-aside
+    num_bytes: Optional[int]  # None: to the buffer's end
+    offset: int
+    hit_prop: AccessProperty
+    miss_prop: AccessProperty
+    set_aside: LimitRequest
+    reset_on_exit: bool
+    share: bool
+    strict: bool
+    clamp: bool
+    target: object  # the target as given
+    reason: Optional[str]  # why the scope changes nothing (a "no persistence" policy), or None
+    remember_stream: bool  # the stream object may be remembered (a torch or CuPy stream)
+    buffer_stamp: Optional[tuple[Optional[Callable[[Any], Any]], Any]]  # how to tell its memory moved; None: forget it
 
 
-def _prepare(stream: object, buf: object, hit_ratio: object, num_bytes: object, offset: object, hit_prop: object,
-             miss_prop: object, set_aside: object, reset_on_exit: object, share: object, policy: object,
-             strict: object, clamp: object) -> Prepared:
+def _prepare(stream: Target, buf: BufferLike, hit_ratio: Optional[float] = None, *, num_bytes: Optional[int] = None,
+             offset: int = 0, hit_prop: AccessProperty = _PERSISTING, miss_prop: AccessProperty = _STREAMING,
+             set_aside: LimitRequest = "auto", reset_on_exit: bool = True, share: bool = False,
+             policy: Optional[Any] = None, strict: bool = True, clamp: bool = False) -> Request:
     """``persist``'s arguments checked and normalised, before any device query or CUDA call: every form the
-    compiled scope does not take as it is (the one place their rules are written)."""
+    compiled scope does not take as it is (the one place their rules are written). Its parameters are the one
+    declaration of persist's arguments (Persist's signature is theirs; src/persist_type.hpp names the same, and the
+    Host's registration checks them): the compiled scope hands it the arguments as it was given them."""
     requested = None if hit_ratio is None else normalize_hit_ratio(hit_ratio)
     limit = check_set_aside(set_aside, scope=True)
     enabled = True
@@ -137,10 +149,11 @@ def _prepare(stream: object, buf: object, hit_ratio: object, num_bytes: object, 
             offset, num_bytes = policy_offset, policy_bytes
     # A stream is resolved now (its errors now, not at entry); a graph's nodes at entry.
     own_stream = getattr(type(stream), "_l2ctl_stream_ref", None)
+    target: object = stream
     if own_stream is not None:
         ref: Optional[StreamRef] = own_stream(stream)  # raises for a closed stream
     else:  # a graph is checked now and resolved at entry (its nodes, a predicate)
-        ref, stream = as_target(stream)
+        ref, target = as_target(stream)
     own_buffer = getattr(type(buf), "_l2ctl_buffer_ref", None)
     buffer: BufferRef = own_buffer(buf) if own_buffer is not None else resolve_buffer(buf)
     offset = check_nbytes(offset, "offset", allow_zero=True)
@@ -151,10 +164,19 @@ def _prepare(stream: object, buf: object, hit_ratio: object, num_bytes: object, 
     if (reset_on_exit is not True and reset_on_exit is not False or share is not True and share is not False
             or strict is not True and strict is not False or clamp is not True and clamp is not False):
         raise TypeError("reset_on_exit, share, strict and clamp must be bools")
-    remember_stream = ref is not None and own_stream is None and stream_remembered(stream, ref)
-    stamp = None if own_buffer is not None else remembered(buf, buffer)
-    return (ref, stream, buffer, offset, checked_bytes, int(hit), int(miss), requested, limit, reset_on_exit, share,
-            None if enabled else _disabled_reason(policy), remember_stream, stamp, strict, clamp)
+    return {"stream": ref, "buf": buffer, "hit_ratio": requested, "num_bytes": checked_bytes, "offset": offset,
+            "hit_prop": hit, "miss_prop": miss, "set_aside": limit, "reset_on_exit": reset_on_exit, "share": share,
+            "strict": strict, "clamp": clamp, "target": target, "reason": None if enabled else _disabled_reason(policy),
+            "remember_stream": ref is not None and own_stream is None and stream_remembered(target, ref),
+            "buffer_stamp": None if own_buffer is not None else remembered(buf, buffer)}
+
+
+_P = ParamSpec("_P")
+
+
+def _arguments_of(declared: Callable[_P, Any]) -> Callable[[Callable[..., None]], Callable[Concatenate[Any, _P], None]]:
+    """Types ``__init__`` with the parameters of ``declared`` (for type checkers: the one declaration stays one)."""
+    return lambda init: init
 
 
 def _announce(scope: "Persist", clip: Optional[tuple[int, int, int]], limit: int, demand: float, capped: bool,
@@ -303,23 +325,8 @@ class Persist:
     clipped: bool
     _requested_hit_ratio: Optional[float]
 
-    def __init__(
-        self,
-        stream: Target,
-        buf: BufferLike,
-        hit_ratio: Optional[float] = None,
-        *,
-        num_bytes: Optional[int] = None,
-        offset: int = 0,
-        hit_prop: AccessProperty = AccessProperty.PERSISTING,
-        miss_prop: AccessProperty = AccessProperty.STREAMING,
-        set_aside: LimitRequest = "auto",
-        reset_on_exit: bool = True,
-        share: bool = False,
-        policy: Optional[Any] = None,
-        strict: bool = True,
-        clamp: bool = False,
-    ) -> None: ...
+    @_arguments_of(_prepare)  # its parameters: _prepare's, the one declaration of them
+    def __init__(self, *args: Any, **kwargs: Any) -> None: ...
 
     @property
     def active(self) -> bool: ...
@@ -341,13 +348,13 @@ class Persist:
 if not TYPE_CHECKING:
     # The scope is a compiled type (src/persist_scope.cpp): its construction, entry and end run in C++, so no
     # bytecode runs between a device change and its record, and a lean scope costs about its driver calls. The
-    # class above declares it (for type checkers, help() and inspect.signature: a compiled type carries no
-    # signature of its own; a test compares its parameters with ``arg_names`` in src/scope_arguments.cpp).
+    # class above declares it (for type checkers and help()); its signature is _prepare's (a compiled type carries
+    # none of its own).
     _declared = Persist
     Persist = _native.Persist
     Persist.__doc__ = inspect.cleandoc(_declared.__doc__)
     Persist.set_aside = property(_set_aside, doc=_set_aside.__doc__)
-    Persist.__signature__ = inspect.signature(_declared).replace(return_annotation=inspect.Signature.empty)
+    Persist.__signature__ = inspect.signature(_prepare).replace(return_annotation=inspect.Signature.empty)
     Persist.__repr__ = _repr
 
 

@@ -146,21 +146,12 @@ def check_set_aside(value: object, *, scope: bool = False) -> SetAsideRequest:
         return check_nbytes(value, "set_aside", allow_zero=True)
     if isinstance(value, numbers.Real):
         f = _as_float(value, "a float set_aside must be a fraction strictly between 0 and 1 (of the max)")
-        fault = int(_native.plan_check_set_aside_fraction(f))
-        if fault:
-            raise ValueError(_SET_ASIDE_FRACTION_REFUSALS[fault].format(x=f))
+        refused = _native.plan_set_aside_fraction_refusal(f)  # the planner's rule and its words
+        if refused:
+            raise ValueError(f"set_aside={f!r}{refused}")
         return f
     raise TypeError(f"set_aside must be {SET_ASIDE_FORMS}, not {type(value).__name__}")
 
-
-#: The planner's reasons to refuse a float set-aside (its Set_aside_fraction_fault), worded for the user.
-_SET_ASIDE_FRACTION_REFUSALS = {
-    1: "set_aside={x!r} is ambiguous: write 'max' for all of persistingL2CacheMaxSize, or an int for bytes (1 is one "
-       "byte); a float is a fraction of the max strictly between 0 and 1",
-    2: "set_aside={x!r}: write 0 for no set-aside; a float is a fraction of the max strictly between 0 and 1",
-    3: "set_aside={x!r}: a float is a fraction of the max strictly between 0 and 1; write an int for bytes, 'max' for "
-       "all of the max",
-}
 
 
 def parse_set_aside_request(value: object, maximum: int) -> int:
@@ -220,25 +211,20 @@ def fit_window(room: int, window_bytes: int) -> tuple[int, float]:
 
 
 def clip_window(offset: int, num_bytes: int | None, buffer_nbytes: int, max_window: int) -> tuple[int, bool]:
-    """Bytes of the window, and whether it was clipped to ``max_window``.
+    """Bytes of the window, and whether it was clipped to ``max_window`` (0: never): the planner's rule
+    (``clip_window``, which persist's entry applies too).
 
     ``num_bytes=None`` means from ``offset`` to the end of the buffer. A window that runs past the end
     of the buffer is an error (not clipped): it would cover memory l2ctl knows nothing about.
     """
     offset = check_nbytes(offset, "offset", allow_zero=True)
-    if offset >= buffer_nbytes:
+    n = -1 if num_bytes is None else check_nbytes(num_bytes, "num_bytes")
+    kept, clipped, fault = _native.plan_clip_window(offset, n, int(buffer_nbytes), int(max_window))
+    if fault == 1:
         raise ValueError(f"offset {offset} is not inside the buffer ({buffer_nbytes} bytes)")
-    if num_bytes is None:
-        n = buffer_nbytes - offset
-    else:
-        n = check_nbytes(num_bytes, "num_bytes")
-        if offset + n > buffer_nbytes:
-            raise ValueError(
-                f"the window [{offset}, {offset + n}) runs past the end of the buffer ({buffer_nbytes} bytes)"
-            )
-    if max_window > 0 and n > max_window:
-        return int(max_window), True
-    return n, False
+    if fault == 2:
+        raise ValueError(f"the window [{offset}, {offset + n}) runs past the end of the buffer ({buffer_nbytes} bytes)")
+    return int(kept), bool(clipped)
 
 
 def shared_hit_ratios(requests: Sequence[tuple[float, int]], set_aside: int) -> list[float]:

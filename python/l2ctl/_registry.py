@@ -178,7 +178,7 @@ def enter(scope: Scope, maximum: int, holder: Any = None) -> tuple[int, float, b
 def set_base_window(slots: Iterable[Slot], device: int, maximum: int, window: AccessPolicyWindow) -> None:
     """A window set outside any scope (``l2ctl.set_window``, ``Graph.set_window``): applied at once on
     idle slots; on a slot a live scope covers, it becomes what the slot returns to when the scopes end."""
-    _planner(_backend._active).set_base_window(slots, device, maximum, window.as_tuple())
+    _planner(_backend._active).set_base_window(slots, device, maximum, window)
 
 
 def forget_slots(kind: int, handles: Iterable[int]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from . import _backend, _registry
 from ._device import check_pointer, check_stream_context, properties, require_persistence, stream_device
 from ._interop import resolve_stream
+from ._plan import clip_window
 from ._window import AccessPolicyWindow, validate_window
 
 __all__ = ["get_window", "set_window", "clear_window", "check_window_fits"]
@@ -17,7 +18,7 @@ def check_window_fits(window: AccessPolicyWindow, device: int) -> None:
     if window.empty:
         return
     props = require_persistence(device)
-    if window.num_bytes > props.access_policy_max_window_size:
+    if clip_window(0, None, window.num_bytes, props.access_policy_max_window_size)[1]:  # the planner's size rule
         raise ValueError(
             f"window of {window.num_bytes} bytes exceeds accessPolicyMaxWindowSize "
             f"({props.access_policy_max_window_size} bytes) of device {device}; use a smaller num_bytes "
@@ -30,7 +31,7 @@ def get_window(stream: object) -> AccessPolicyWindow:
     """The access-policy window currently set on ``stream``."""
     ref = resolve_stream(stream)
     stream_device(ref)  # NoDeviceError where there is no GPU
-    return AccessPolicyWindow.from_tuple(_backend.current().get_stream_window(ref.handle))
+    return _backend.current().get_stream_window(ref.handle)  # type: ignore[no-any-return]
 
 
 def set_window(stream: object, window: AccessPolicyWindow) -> None:

@@ -82,16 +82,16 @@ class ScopedWindow:
         self._changed: Optional[Callable[[_registry.Scope], None]] = None
         self._executables: Any = None
 
-    def _prepare_entry(self) -> tuple[_registry.Scope, int, Optional[Callable[[_registry.Scope], None]], Any]:
-        """What the compiled entry needs, changing nothing: the scope, the device's max, what to call after the
-        slots changed, and the executables to mark stale at the end."""
+    def _prepare_entry(self) -> _registry.Scope:
+        """The scope the compiled entry enters, changing nothing on the device; what to call after the slots
+        changed (``_changed``) and the executables to mark stale at the end (``_executables``) are kept for it."""
         if self._scope is not None:
             raise RuntimeError("this scope is already active; create a new one")
         target = resolve_target(self._object)
         check_window_fits(self._window, target.device)
-        changed = after_changes(target, self._window)
-        scope = _registry.Scope(target.device, target.slots, self._window, owner=target.owner)
-        return scope, properties(target.device).persisting_l2_cache_max_size, changed, target.executables
+        self._changed = after_changes(target, self._window)
+        self._executables = target.executables
+        return _registry.Scope(target.device, target.slots, self._window, owner=target.owner)
 
     #: ``__enter__``, compiled (src/scope_entries.cpp): _prepare_entry, then the entry and the target's callback;
     #: an error after the entry ends the scope there.

@@ -42,13 +42,8 @@ class AccessPolicyWindow(NamedTuple):
         return self.hit_ratio * self.num_bytes if self.hit_prop == AccessProperty.PERSISTING else 0.0
 
     def as_tuple(self) -> tuple[int, int, float, int, int]:
-        """The five fields as the extension takes them (the properties are ints already)."""
+        """The five fields as a plain tuple's type (the window is one: the properties are ints already)."""
         return self
-
-    @classmethod
-    def from_tuple(cls, raw: tuple[int, int, float, int, int]) -> "AccessPolicyWindow":
-        base, nbytes, hit_ratio, hit_prop, miss_prop = raw
-        return cls(int(base), int(nbytes), float(hit_ratio), AccessProperty(int(hit_prop)), AccessProperty(int(miss_prop)))
 
     @classmethod
     def for_buffer(

@@ -44,6 +44,7 @@ from ._kernel_buffers import StepRecorder
 from ._limit import auto_set_aside_cap, set_aside, set_aside_grid
 from ._memory import BufferLike, Event, StreamLike
 from ._persist import Policy, persist
+from ._plan import clip_window
 from ._targets import Target
 from . import _torch_graphs
 from ._units import format_bytes
@@ -372,8 +373,8 @@ class AutoTuned(Generic[P, R]):
         by_size = sorted(named.items(), key=lambda item: -item[1][1].nbytes)
         while True:
             state.named = dict(by_size)
-            state.points = screen_points({n: min(b.nbytes, max_window) for n, (_, b) in state.named.items()}, grid,
-                                         cap)
+            state.points = screen_points({n: clip_window(0, None, b.nbytes, max_window)[0]
+                                          for n, (_, b) in state.named.items()}, grid, cap)
             if 3 * (len(state.points) + 1) <= _SEARCH_CALLS or len(by_size) == 1:
                 break
             by_size.pop()

@@ -21,7 +21,7 @@ from ._limit import set_aside_granularity
 from ._memory import StreamLike, synchronize_stream
 from ._persist import persist
 from ._targets import Target
-from ._plan import check_count, round_up
+from ._plan import check_count, clip_window, round_up
 from .bench.paired import Arm, compare
 from .bench.progress import Progress
 from .bench.records import Report, environment
@@ -95,7 +95,7 @@ def bench_workloads(stream: StreamLike = None, names: Optional[Sequence[str]] = 
                 candidates = w.candidates()
                 hot = w.hot if w.hot in candidates else next(iter(candidates))
                 hot_buf = candidates[hot]
-                hot_bytes = min(resolve_buffer(hot_buf).nbytes, info.access_policy_max_window_size)
+                hot_bytes = clip_window(0, None, resolve_buffer(hot_buf).nbytes, info.access_policy_max_window_size)[0]
                 # what replays: the stream, a graph, or the graphs torch records (workloads.graphed)
                 target: Target = w.target() if hasattr(w, "target") else s
                 tuned = tune(w, target, candidates, stream=None if target is s else s, rounds=rounds, repeat=repeat,

@@ -71,6 +71,7 @@ class Graph:
     template (l2ctl's own lazily, at its next launch; torch's at once)."""
 
     _impl: Optional[_core.Graph]
+    _dirty: bool  # its executable is stale (marked by a scope's compiled end, too)
 
     def __init__(self, handle: int, *, owned: bool = False, device: object = None, owner: Any = None) -> None:
         graph = check_count(handle, "a graph handle (cudaGraph_t)", minimum=1, maximum=(1 << 64) - 1)
@@ -113,7 +114,7 @@ class Graph:
     def kernel_nodes(self, predicate: Optional[Predicate] = None) -> list[KernelNode]:
         """The kernel nodes (optionally those for which ``predicate(node)`` is true), with their windows."""
         backend = _backend.current()
-        nodes = (KernelNode(*t, AccessPolicyWindow.from_tuple(backend.get_node_window(t[0])))
+        nodes = (KernelNode(*t, backend.get_node_window(t[0]))
                  for t in self._kernel_node_tuples())
         return [k for k in nodes if predicate is None or predicate(k)]
 

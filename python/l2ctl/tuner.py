@@ -48,7 +48,7 @@ from ._memory import BufferLike, StreamLike
 from ._persist import Persist, Policy, persist
 from ._window import AccessProperty
 from .graph import Graph, TorchCaptures
-from ._plan import check_count, normalize_hit_ratio
+from ._plan import check_count, clip_window, normalize_hit_ratio
 from ._units import format_bytes
 from .bench.records import Record, Report, environment, simulated_label
 from .candidates import (ModelCandidates, SupportsNamedTensors, from_captures, from_graph, from_module, from_steps,
@@ -502,8 +502,8 @@ class _Search:
         self.min_gain, self.tax_gain, self.seed = min_gain, tax_gain, seed
         self.grid = set_aside_grid(where.device, include_zero=False)
         self.cap = auto_set_aside_cap(where.device)
-        self.results = {name: CandidateResult(name, min(buf.nbytes, where.max_window)) for name, (_, buf) in
-                        named.items()}
+        self.results = {name: CandidateResult(name, clip_window(0, None, buf.nbytes, where.max_window)[0])
+                        for name, (_, buf) in named.items()}
         self.table: list[Record] = []
         self.base_config = describe(workload)
         self.screened = screen_points({name: res.window_bytes for name, res in self.results.items()}, self.grid,

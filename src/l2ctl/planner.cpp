@@ -119,11 +119,16 @@ long long granted_set_aside(long long request, long long maximum, bool clamp) {
                               ", or 'max'");
 }
 
-Set_aside_fraction_fault check_set_aside_fraction(double fraction) {
-  if (fraction == 1.0) return Set_aside_fraction_fault::ambiguous;
-  if (fraction == 0.0) return Set_aside_fraction_fault::zero;  // -0.0 too
-  if (!(fraction > 0.0 && fraction < 1.0)) return Set_aside_fraction_fault::out_of_range;  // NaN included
-  return Set_aside_fraction_fault::none;
+std::string set_aside_fraction_refusal(double fraction) {
+  if (fraction == 1.0)
+    return " is ambiguous: write 'max' for all of persistingL2CacheMaxSize, or an int for bytes (1 is one byte); a "
+           "float is a fraction of the max strictly between 0 and 1";
+  if (fraction == 0.0)  // -0.0 too
+    return ": write 0 for no set-aside; a float is a fraction of the max strictly between 0 and 1";
+  if (!(fraction > 0.0 && fraction < 1.0))  // NaN included
+    return ": a float is a fraction of the max strictly between 0 and 1; write an int for bytes, 'max' for all of the "
+           "max";
+  return "";
 }
 
 long long requested_set_aside(Set_aside_form form, long long bytes, double fraction, long long maximum, bool clamp) {
@@ -131,9 +136,8 @@ long long requested_set_aside(Set_aside_form form, long long bytes, double fract
     case Set_aside_form::max:
       return maximum;
     case Set_aside_form::fraction:
-      if (check_set_aside_fraction(fraction) != Set_aside_fraction_fault::none)
-        throw std::invalid_argument("a float set-aside must be a fraction of the max strictly between 0 and 1 "
-                                    "(write 'max' for all of it, an int for bytes)");
+      if (const std::string refused = set_aside_fraction_refusal(fraction); !refused.empty())
+        throw std::invalid_argument("set_aside=" + std::to_string(fraction) + refused);
       return static_cast<long long>(std::floor(fraction * static_cast<double>(maximum)));
     case Set_aside_form::bytes:
       break;
@@ -151,6 +155,22 @@ double default_hit_ratio(long long granted, long long window_bytes) {
   if (window_bytes <= 0)
     throw std::invalid_argument("window must cover at least one byte, got " + std::to_string(window_bytes));
   return normalize_hit_ratio(std::min(1.0, static_cast<double>(granted) / static_cast<double>(window_bytes)));
+}
+
+Clipped_window clip_window(long long offset, long long num_bytes, long long buffer_bytes, long long max_window) {
+  Clipped_window out;
+  if (offset < 0 || offset >= buffer_bytes) {
+    out.fault = Window_fault::offset_outside;
+    return out;
+  }
+  out.asked = num_bytes < 0 ? buffer_bytes - offset : num_bytes;
+  if (out.asked > buffer_bytes - offset) {  // offset + num_bytes > buffer_bytes, without overflow
+    out.fault = Window_fault::past_end;
+    return out;
+  }
+  out.clipped = max_window > 0 && out.asked > max_window;
+  out.num_bytes = out.clipped ? max_window : out.asked;
+  return out;
 }
 
 Fitted_window fit_window(long long room, long long window_bytes) {
@@ -362,16 +382,12 @@ void Registry::apply(Device_state& state, const Changes& changes, std::optional<
   batch.at_least = at_least;
   batch.reset_lines = reset;
   batch.read_previous = false;
-  batch.uniform = true;
   batch.changes.clear();
-  const Plan_window* first = changes.empty() ? nullptr : &changes.begin()->second;
-  const int kind = changes.empty() ? stream_slot : changes.begin()->first.kind;
   std::vector<Slot>& slots = batch_slots_;
   slots.clear();
-  for (const auto& [slot, window] : changes) {
-    if (!state.base_windows.count(slot)) batch.read_previous = true;
-    if (slot.kind != kind || window != *first) batch.uniform = false;
-    slots.push_back(slot);
+  for (const auto& change : changes) {
+    if (!state.base_windows.count(change.first)) batch.read_previous = true;
+    slots.push_back(change.first);
   }
   for (int pass = 0; pass < 2; ++pass)  // streams first, then kernel nodes (the map's order already)
     for (const auto& [slot, window] : changes)
@@ -385,7 +401,7 @@ void Registry::apply(Device_state& state, const Changes& changes, std::optional<
   pending.journal.reset();
   state.batch = std::move(pending);
   try {
-    calls_->apply(batch, &state.batch->journal);
+    calls_->apply_batch(batch, &state.batch->journal);
   } catch (const Call_failed& failure) {
     if (failure.cuda) {
       state.batch.reset();  // a failed batch puts back what it changed: nothing to record
@@ -471,7 +487,7 @@ std::vector<Slot> Registry::resync(Device_state& state, const std::vector<Slot>&
   if (state.applied_limit || !state.base_limit) {
     long long limit = 0;
     try {
-      limit = calls_->get_limit(state.device);
+      limit = calls_->get_persisting_limit(state.device);
     } catch (const Call_failed&) {
       state.applied_request.reset();
       return dead;
@@ -644,7 +660,7 @@ Entered Registry::enter(const Scope_ptr& scope, long long maximum) {
 
 void Registry::learn_base_limit(Device_state& state) {
   if (!state.base_limit) {
-    const long long limit = calls_->get_limit(state.device);
+    const long long limit = calls_->get_persisting_limit(state.device);
     state.base_limit = state.applied_limit = state.applied_request = state.observed_limit = limit;
   }
 }
@@ -685,7 +701,7 @@ int Registry::add_slots(Scope& scope, const std::vector<Slot>& slots) {
 }
 
 void Registry::set_base_window(const std::vector<Slot>& slots, int device, long long maximum,
-                               const Plan_window& window) {
+                               const Window& window) {
   Device_state& st = state(device, maximum);
   settle(st);
   std::vector<Slot> idle;
@@ -703,7 +719,7 @@ void Registry::set_base_window(const std::vector<Slot>& slots, int device, long 
       if (slot.kind == kind) batch.changes.emplace_back(slot, window);
     if (batch.changes.empty()) continue;
     try {
-      calls_->apply(batch, nullptr);
+      calls_->apply_batch(batch, nullptr);
     } catch (const Call_failed& failure) {
       rethrow_translated(failure, device);
     }
@@ -729,7 +745,7 @@ std::optional<long long> Registry::known_limit(int device) {
 
 long long Registry::seen_limit(Device_state& state) {
   if (state.applied_limit) return *state.applied_limit;
-  if (!state.observed_limit) state.observed_limit = calls_->get_limit(state.device);
+  if (!state.observed_limit) state.observed_limit = calls_->get_persisting_limit(state.device);
   return *state.observed_limit;
 }
 
@@ -743,7 +759,7 @@ Snapshot Registry::snapshot(int device, long long maximum) {
   Device_state& st = state(device, maximum);
   settle(st, true);
   Snapshot out;
-  out.limit = st.applied_limit ? *st.applied_limit : calls_->get_limit(device);
+  out.limit = st.applied_limit ? *st.applied_limit : calls_->get_persisting_limit(device);
   st.observed_limit = out.limit;
   const Plan& planned = plan(st);
   for (Scope* scope : planned.in_force)
@@ -765,7 +781,7 @@ std::vector<Scope_ptr> Registry::live_scopes(int device) {
 
 void Registry::reset_lines(int device) {
   try {
-    calls_->reset_lines(device);
+    calls_->reset_persisting_lines(device);
   } catch (const Call_failed& failure) {
     rethrow_translated(failure, device);
   }
@@ -782,7 +798,7 @@ std::pair<long long, std::string> Registry::granularity_locked(int device, long 
   const Device_state* st = lookup(device);
   long long previous = 0;
   try {
-    previous = st != nullptr && st->applied_limit ? *st->applied_limit : calls_->get_limit(device);
+    previous = st != nullptr && st->applied_limit ? *st->applied_limit : calls_->get_persisting_limit(device);
   } catch (const Call_failed& failure) {
     rethrow_translated(failure, device);
   }
@@ -790,7 +806,7 @@ std::pair<long long, std::string> Registry::granularity_locked(int device, long 
   bool probed = false;  // a set of the probe's went through: the limit is not what it was
   const auto put_back = [&] {
     try {
-      if (calls_->get_limit(device) != previous) calls_->set_limit(device, previous);
+      if (calls_->get_persisting_limit(device) != previous) calls_->set_persisting_limit(device, previous);
     } catch (const Call_failed& failure) {
       // A probe refused from the start (MPS) changed nothing; after one that changed the limit, a failed put-back
       // leaves the probe's limit on the device, which the caller must hear of.
@@ -800,7 +816,7 @@ std::pair<long long, std::string> Registry::granularity_locked(int device, long 
   try {
     found = probe_rounding(
         [&](long long n) {
-          const long long granted = calls_->set_limit(device, n);
+          const long long granted = calls_->set_persisting_limit(device, n);
           probed = true;
           return granted;
         },

@@ -29,7 +29,7 @@
 
 namespace l2ctl::planner {
 
-enum SlotKind : int { stream_slot = 0, node_slot = 1 };
+enum SlotKind : int { stream_slot = 0, node_slot = 1 };  // WindowHolder's values
 
 // A holder of a window: (kind, handle, generation). The generation changes when l2ctl learns a handle died,
 // so a later object that gets the same handle is another slot.
@@ -43,32 +43,17 @@ struct Slot {
   bool operator==(const Slot& o) const { return kind == o.kind && handle == o.handle && generation == o.generation; }
 };
 
-// A window as the planner plans with it: the hit ratio in double precision, as the caller gave it.
-struct Plan_window {
-  std::uintptr_t base = 0;
-  std::size_t num_bytes = 0;
-  double hit_ratio = 0.0;
-  int hit_prop = access_normal;
-  int miss_prop = access_normal;
-  double demand() const { return hit_prop == access_persisting ? hit_ratio * static_cast<double>(num_bytes) : 0.0; }
-  bool operator==(const Plan_window& o) const {
-    return base == o.base && num_bytes == o.num_bytes && hit_ratio == o.hit_ratio && hit_prop == o.hit_prop &&
-           miss_prop == o.miss_prop;
-  }
-  bool operator!=(const Plan_window& o) const { return !(*this == o); }
-};
-
 enum class Request { none, exact, automatic };
 
 // Windows to write, sorted by slot (streams first): built in order and read in order, so a vector.
-using Changes = std::vector<std::pair<Slot, Plan_window>>;
+using Changes = std::vector<std::pair<Slot, Window>>;
 
 // What each slot held before l2ctl and what l2ctl last wrote there: a sorted vector, since a batch records its
 // slots in order (one merge) and a scope's end forgets them all at once, where a tree allocated and freed a node
 // per slot of every graph scope.
 class Slot_windows {
  public:
-  using value_type = std::pair<Slot, Plan_window>;
+  using value_type = std::pair<Slot, Window>;
   using iterator = std::vector<value_type>::iterator;
   using const_iterator = std::vector<value_type>::const_iterator;
 
@@ -85,9 +70,9 @@ class Slot_windows {
   }
   const_iterator find(const Slot& slot) const { return const_cast<Slot_windows*>(this)->find(slot); }
   std::size_t count(const Slot& slot) const { return find(slot) != end() ? 1 : 0; }
-  Plan_window& operator[](const Slot& slot) {
+  Window& operator[](const Slot& slot) {
     auto it = lower(slot);
-    if (it == items_.end() || !(it->first == slot)) it = items_.insert(it, value_type{slot, Plan_window{}});
+    if (it == items_.end() || !(it->first == slot)) it = items_.insert(it, value_type{slot, Window{}});
     return it->second;
   }
   void erase(const Slot& slot) {
@@ -117,8 +102,8 @@ struct Scope {
   int device = 0;
   std::vector<Slot> slots;
   bool has_window = false;
-  Plan_window window;     // as asked; the hit ratio resolved at entry when fit_hit_ratio
-  Plan_window effective;  // in force (the hit ratio after sharing)
+  Window window;     // as asked; the hit ratio resolved at entry when fit_hit_ratio
+  Window effective;  // in force (the hit ratio after sharing)
   Request request = Request::none;
   long long request_bytes = 0;
   bool share = false;
@@ -164,32 +149,33 @@ extern const char* const mps_hint;
 struct Batch_result {
   long long previous_limit = -1;
   long long granted_limit = -1;
-  std::vector<Plan_window> previous;  // what each holder held before, in the batch's order, when asked for
+  std::vector<Window> previous;  // what each holder held before, in the batch's order, when asked for
 };
 
-// One batch of changes: the limit (-1: none; `at_least`: raised only), windows in order, a reset of lines.
-// `uniform`: every change is one window on one kind of holder (the cheapest call: apply_window).
+// One batch of changes: the limit (-1: none; `at_least`: raised only), windows in order (streams first), a reset of
+// lines.
 struct Batch {
   int device = 0;
   long long limit = -1;
   bool at_least = false;
   bool reset_lines = false;
   bool read_previous = false;
-  bool uniform = true;
-  std::vector<std::pair<Slot, Plan_window>> changes;
+  std::vector<std::pair<Slot, Window>> changes;
 };
 
-// The device, as the planner reaches it. Errors: Call_failed (a failed call), anything else: cut short.
+// The device, as the planner reaches it: the CUDA runtime (Cuda_calls, C++) or a Python backend, the simulator,
+// which implements these calls by the same names (Python_calls forwards them; get_window is its get_stream_window
+// or get_node_window). Errors: Call_failed (a failed call), anything else: cut short.
 class Calls {
  public:
   virtual ~Calls() = default;
-  virtual long long get_limit(int device) = 0;
-  virtual long long set_limit(int device, long long nbytes) = 0;  // the grant, read back
-  virtual Plan_window get_window(const Slot& slot) = 0;
-  virtual void reset_lines(int device) = 0;
+  virtual long long get_persisting_limit(int device) = 0;
+  virtual long long set_persisting_limit(int device, long long nbytes) = 0;  // the grant, read back
+  virtual Window get_window(const Slot& slot) = 0;
+  virtual void reset_persisting_lines(int device) = 0;
   // Applies `batch`; writes its result to `*journal` (when given) before returning, so that an interrupt as the
   // call returns cannot lose what it read. On a failed call it puts back what it had read, and throws.
-  virtual Batch_result apply(const Batch& batch, std::optional<Batch_result>* journal) = 0;
+  virtual Batch_result apply_batch(const Batch& batch, std::optional<Batch_result>* journal) = 0;
 };
 
 struct Device_state {
@@ -240,7 +226,7 @@ struct Entered {
 struct Snapshot {
   long long limit = 0;
   double demand = 0.0;  // of the windows in force
-  std::vector<std::pair<Scope_ptr, Plan_window>> in_force;
+  std::vector<std::pair<Scope_ptr, Window>> in_force;
 };
 
 // The rules of one backend's devices. Not locked: the caller holds the registry's lock (`Lock`).
@@ -258,7 +244,7 @@ class Registry {
   void exit(Scope& scope);
   // More slots for a live scope (its window planned there too); how many were new, or -1 if it is not live.
   int add_slots(Scope& scope, const std::vector<Slot>& slots);
-  void set_base_window(const std::vector<Slot>& slots, int device, long long maximum, const Plan_window& window);
+  void set_base_window(const std::vector<Slot>& slots, int device, long long maximum, const Window& window);
   void forget_slots(int kind, const std::vector<std::uintptr_t>& handles);
   std::optional<long long> known_limit(int device);
   long long observed_limit(int device, long long maximum);
@@ -364,13 +350,13 @@ long long tax_free_limit(long long maximum, long long granularity);
 long long granted_set_aside(long long request, long long maximum, bool clamp);
 // What a set-aside request asks of a device whose max is `maximum`, in bytes: `max` the max itself, a `fraction`
 // strictly between 0 and 1 that share of it rounded down, `bytes` what granted_set_aside grants
-// (std::invalid_argument as it says, or for a fraction check_set_aside_fraction refuses).
+// (std::invalid_argument as it says, or for a fraction set_aside_fraction_refusal refuses).
 enum class Set_aside_form : int { bytes = 0, max = 1, fraction = 2 };
-// Why a float set-aside is refused; `none`: it is a fraction of the max. 1.0 could mean one byte or all of the max
-// (`ambiguous`), 0.0 is no fraction (`zero`: write 0), anything else outside (0, 1) or NaN is `out_of_range`. The
-// caller words the refusal (it says what to write instead). The one copy of the rule.
-enum class Set_aside_fraction_fault : int { none = 0, ambiguous = 1, zero = 2, out_of_range = 3 };
-Set_aside_fraction_fault check_set_aside_fraction(double fraction);
+// Why a float set-aside is refused, in the words that follow "set_aside=<the value>" (the caller writes the value as
+// its language does), or "" where it is a fraction of the max: 1.0 could mean one byte or all of the max, 0.0 is no
+// fraction (write 0), anything else outside (0, 1) or NaN is out of range. The one copy of the rule and its words:
+// _plan.check_set_aside and requested_set_aside ask it.
+std::string set_aside_fraction_refusal(double fraction);
 long long requested_set_aside(Set_aside_form form, long long bytes, double fraction, long long maximum, bool clamp);
 long long auto_set_aside(double demand, long long current, long long granularity, long long maximum);
 double default_hit_ratio(long long granted, long long window_bytes);
@@ -378,6 +364,19 @@ double default_hit_ratio(long long granted, long long window_bytes);
 // is kept whole at hit ratio 1.0; a larger one is cut to its first `room` bytes (256-byte units) at 1.0, not spread
 // over the whole window at room / window (docs/results.md measures both: scripts/bench_defaults.py); a room under
 // 256 bytes keeps the whole window at default_hit_ratio(room, window).
+// A window over [offset, offset + num_bytes) of a buffer of `buffer_bytes` bytes (num_bytes < 0: to its end): the
+// bytes asked, the bytes kept (clipped to the device's largest window, `max_window`; 0: never clipped), whether they
+// were clipped, and why the range is refused (`fault`; the caller words it): an offset outside the buffer, or a range
+// past its end (never clipped to the buffer: it would cover memory l2ctl knows nothing of). The one copy of the rule:
+// persist's entry, _plan.clip_window (persist's arguments, AccessPolicyWindow.for_buffer, the tuner's window sizes)
+// and set_window's size check ask it.
+enum class Window_fault : int { none = 0, offset_outside = 1, past_end = 2 };
+struct Clipped_window {
+  long long asked = 0, num_bytes = 0;
+  bool clipped = false;
+  Window_fault fault = Window_fault::none;
+};
+Clipped_window clip_window(long long offset, long long num_bytes, long long buffer_bytes, long long max_window);
 struct Fitted_window {
   long long num_bytes;
   double hit_ratio;

@@ -2,42 +2,44 @@
 
 #include "l2ctl/device.hpp"
 #include "l2ctl/error.hpp"
+#include "l2ctl/window.hpp"
 
 namespace l2ctl {
 
-StateResult apply_state(int device, long long limit, bool at_least, const std::vector<WindowChange>& windows,
-                        bool reset_lines, bool read_previous) {
-  StateResult result;
+planner::Batch_result apply_batch(const planner::Batch& batch) {
+  planner::Batch_result result;
   bool limit_changed = false;
   std::size_t applied = 0;
+  const auto holder = [](const planner::Slot& slot) { return static_cast<WindowHolder>(slot.kind); };
   // Reserved before anything changes: no allocation can fail between a change and the record of what it read.
-  if (read_previous) result.previous.reserve(windows.size());
+  if (batch.read_previous) result.previous.reserve(batch.changes.size());
   try {
-    if (limit >= 0) {
-      const auto current = static_cast<long long>(get_persisting_limit(device));
+    if (batch.limit >= 0) {
+      const auto current = static_cast<long long>(get_persisting_limit(batch.device));
       result.previous_limit = result.granted_limit = current;
-      if (at_least ? current < limit : current != limit) {
-        result.granted_limit = static_cast<long long>(set_persisting_limit(device, static_cast<std::size_t>(limit)));
+      if (batch.at_least ? current < batch.limit : current != batch.limit) {
+        result.granted_limit =
+            static_cast<long long>(set_persisting_limit(batch.device, static_cast<std::size_t>(batch.limit)));
         limit_changed = true;
       }
     }
-    for (const WindowChange& change : windows) {
-      if (read_previous) result.previous.push_back(get_window(change.holder, change.handle));
-      set_window(change.holder, change.handle, change.window);
+    for (const auto& [slot, window] : batch.changes) {
+      if (batch.read_previous) result.previous.push_back(get_window(holder(slot), slot.handle));
+      set_window(holder(slot), slot.handle, window);
       ++applied;
     }
-    if (reset_lines) reset_persisting_lines(device);
+    if (batch.reset_lines) reset_persisting_lines(batch.device);
   } catch (const CudaError&) {
     // Best effort: the caller gets the first error, and the state it knew as far as possible.
-    for (std::size_t i = 0; read_previous && i < applied; ++i) {
+    for (std::size_t i = 0; batch.read_previous && i < applied; ++i) {
       try {
-        set_window(windows[i].holder, windows[i].handle, result.previous[i]);
+        set_window(holder(batch.changes[i].first), batch.changes[i].first.handle, result.previous[i]);
       } catch (const CudaError&) {
       }
     }
     if (limit_changed) {
       try {
-        set_persisting_limit(device, static_cast<std::size_t>(result.previous_limit));
+        set_persisting_limit(batch.device, static_cast<std::size_t>(result.previous_limit));
       } catch (const CudaError&) {
       }
     }

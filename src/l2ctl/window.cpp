@@ -11,7 +11,7 @@ cudaLaunchAttributeValue to_cuda(const Window& w) {
   cudaLaunchAttributeValue value{};
   value.accessPolicyWindow.base_ptr = reinterpret_cast<void*>(w.base);
   value.accessPolicyWindow.num_bytes = w.num_bytes;
-  value.accessPolicyWindow.hitRatio = w.hit_ratio;
+  value.accessPolicyWindow.hitRatio = static_cast<float>(w.hit_ratio);  // CUDA keeps a float
   value.accessPolicyWindow.hitProp = static_cast<cudaAccessProperty>(w.hit_prop);
   value.accessPolicyWindow.missProp = static_cast<cudaAccessProperty>(w.miss_prop);
   return value;

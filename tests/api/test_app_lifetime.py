@@ -112,8 +112,7 @@ def test_an_interrupt_as_start_or_stop_changes_the_device_leaves_nothing_behind(
     if cut == "stop":
         p.start()
     with monkeypatch.context() as patch:
-        for name in ("apply_window", "apply_state"):
-            patch.setattr(fake, name, interrupt_after(getattr(fake, name)))
+        patch.setattr(fake, "apply_batch", interrupt_after(fake.apply_batch))
         with pytest.raises(KeyboardInterrupt):
             p.start() if cut == "start" else p.stop()
     assert l2ctl.budget().scopes == ()  # the next l2ctl call settles what the interrupted one left

@@ -4,13 +4,10 @@ type, which carries no signature of its own) has the signature its compiled code
 from __future__ import annotations
 
 import inspect
-import pathlib
 import pydoc
-import re
 
 import l2ctl
-
-SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "scope_arguments.cpp"
+from l2ctl import _core, _persist
 
 
 def test_dir_lists_the_public_names_and_no_helper():
@@ -22,9 +19,11 @@ def test_dir_lists_the_public_names_and_no_helper():
 
 
 def test_persist_has_the_signature_the_compiled_type_takes():
+    """Its one declaration, _prepare's parameters, which the compiled type takes by name (src/persist_type.hpp: the
+    registration checked the two lists, and found the positional ones in the signature)."""
     sig = inspect.signature(l2ctl.persist)
-    names = re.search(r"arg_names\[n_args\]\s*=\s*\{([^}]*)\}", SRC.read_text()).group(1)
-    assert list(sig.parameters) == re.findall(r'"(\w+)"', names)
+    assert sig == inspect.signature(_persist._prepare).replace(return_annotation=inspect.Signature.empty)
+    assert set(sig.parameters) == set(getattr(_core, "_planner").PERSIST_ARGUMENTS)
     assert [p.name for p in sig.parameters.values() if p.default is inspect.Parameter.empty] == ["stream", "buf"]
     assert [p.name for p in sig.parameters.values() if p.kind is p.POSITIONAL_OR_KEYWORD] == ["stream", "buf",
                                                                                                "hit_ratio"]

@@ -150,19 +150,19 @@ def test_a_recording_under_another_window_refuses_the_scope_unless_told_what_rep
 
 
 def test_a_graph_recorded_before_the_window_is_on_the_streams_is_not_taken_for_windowed(fake, trees, monkeypatch, scatter):
-    apply_window = fake.apply_window
+    apply_batch = fake.apply_batch
     recorded = []
 
     def record_first(*args):  # a recording that happens after the scope was admitted, before it applies
         if not recorded:
             recorded.append(trees.record(scatter(acc)))
-        return apply_window(*args)
+        return apply_batch(*args)
 
     with l2ctl.DeviceBuffer(4 * MiB) as acc:
-        monkeypatch.setattr(fake, "apply_window", record_first)  # the planner looks it up at every call
+        monkeypatch.setattr(fake, "apply_batch", record_first)  # the planner looks it up at every call
         with l2ctl.persist(graph.torch_captures(), acc, 1.0):
             pass
-        monkeypatch.setattr(fake, "apply_window", apply_window)
+        monkeypatch.setattr(fake, "apply_batch", apply_batch)
         assert recorded
         with pytest.raises(ValueError, match="1 graph"):
             with l2ctl.persist(graph.torch_captures(), acc, 1.0):
@@ -477,19 +477,19 @@ def test_a_stream_whose_window_cannot_be_set_is_not_kept_in_the_scope(fake, tree
     with l2ctl.Stream() as entry, l2ctl.Stream() as later, l2ctl.DeviceBuffer(4 * MiB) as acc:
         trees.set_stream(entry)
         before = fake.state()
-        real = type(fake).apply_window
+        real = type(fake).apply_batch
 
-        def refuse_later(self, device, kind, handles, *rest):
-            if later.handle in list(handles):
+        def refuse_later(self, device, limit, at_least, reset_lines, read_previous, changes, *rest):
+            if any(handle == later.handle for _, handle, _ in changes):
                 raise cuda_error("cudaStreamSetAttribute(stream, cudaStreamAttributeAccessPolicyWindow, &value)",
                                  "cudaErrorInvalidResourceHandle", f"stream 0x{later.handle:x}")
-            return real(self, device, kind, handles, *rest)
+            return real(self, device, limit, at_least, reset_lines, read_previous, changes, *rest)
 
         with l2ctl.persist(graph.torch_captures(), acc, 1.0) as p:
-            monkeypatch.setattr(type(fake), "apply_window", refuse_later)
+            monkeypatch.setattr(type(fake), "apply_batch", refuse_later)
             with pytest.raises(CudaError):
                 trees.set_stream(later)
-            monkeypatch.setattr(type(fake), "apply_window", real)
+            monkeypatch.setattr(type(fake), "apply_batch", real)
             assert fake.windows.get(later.handle, (0, 0))[1] == 0
             with l2ctl.Stream() as third, l2ctl.scoped_window(third, AccessPolicyWindow()):
                 pass  # another plan of the device: the refused stream is not written by it

@@ -74,7 +74,7 @@ def test_a_scoped_windows_failed_end_keeps_the_blocks_own_error(fake, monkeypatc
 
     with pytest.raises(KeyError) as raised:
         with l2ctl.scoped_window(s, l2ctl.AccessPolicyWindow.for_buffer(buf, 0.5)):
-            monkeypatch.setattr(fake, "apply_window", refused)
+            monkeypatch.setattr(fake, "apply_batch", refused)
             raise KeyError("the block's own error")
     assert "restoring device state after the error also failed" in " ".join(getattr(raised.value, "__notes__", []))
     monkeypatch.undo()
@@ -171,14 +171,14 @@ def test_a_finalizer_that_ends_a_scope_inside_an_l2ctl_call_ends_it_as_that_call
     initial = fake.state()
     inner = l2ctl.persist(t, buf, 0.5, set_aside=None)
     inner.__enter__()
-    original = fake.apply_window
+    original = fake.apply_batch
 
     def finalizer_inside(*args: Any) -> Any:
-        monkeypatch.setattr(fake, "apply_window", original)  # once
+        monkeypatch.setattr(fake, "apply_batch", original)  # once
         inner.__exit__(None, None, None)
         return original(*args)
 
-    monkeypatch.setattr(fake, "apply_window", finalizer_inside)
+    monkeypatch.setattr(fake, "apply_batch", finalizer_inside)
     with l2ctl.persist(s, buf, 0.25, set_aside=None):
         assert not inner.active and l2ctl.get_window(t).empty and l2ctl.get_window(s).hit_ratio == 0.25
     assert _registry.live_scopes(0) == [] and fake.state() == initial
@@ -221,17 +221,17 @@ def test_an_allocation_failure_after_the_device_changed_leaves_a_record_that_is_
     s, buf = l2ctl.Stream(), l2ctl.DeviceBuffer(MiB)
     l2ctl.set_window(s, l2ctl.AccessPolicyWindow.for_buffer(buf, 0.25))  # a base the failed scope must give back
     initial = fake.state()
-    apply_window = fake.apply_window
+    apply_batch = fake.apply_batch
 
     def out_of_memory_after(*args):
-        apply_window(*args)  # the window is on the stream and the journal holds what was there
+        apply_batch(*args)  # the window is on the stream and the journal holds what was there
         raise MemoryError
 
-    monkeypatch.setattr(fake, "apply_window", out_of_memory_after)
+    monkeypatch.setattr(fake, "apply_batch", out_of_memory_after)
     with pytest.raises(MemoryError):
         with l2ctl.persist(s, buf, 0.75, set_aside=None):
             pytest.fail("the block must not run")
-    monkeypatch.setattr(fake, "apply_window", apply_window)
+    monkeypatch.setattr(fake, "apply_batch", apply_batch)
     assert not _registry.live_scopes(0)
     assert l2ctl.budget().scopes == () and fake.state() == initial  # the next call settles what is left
     _registry.restore_all()
@@ -448,8 +448,7 @@ def test_a_type_error_in_a_persist_scopes_end_stays_a_type_error(fake, monkeypat
     def refused(*args: object) -> Any:
         raise l2ctl.CudaError("cudaStreamSetAttribute", 1, "cudaErrorInvalidValue", "invalid argument", "")
 
-    monkeypatch.setattr(fake, "apply_window", refused)
-    monkeypatch.setattr(fake, "apply_state", refused)
+    monkeypatch.setattr(fake, "apply_batch", refused)
     monkeypatch.setattr(fake, "get_stream_window", lambda *args: (0, 0, 0.0))  # three fields of five
     with pytest.raises(TypeError, match="a window is"):
         scope.stop()
@@ -571,7 +570,7 @@ def test_a_ctrl_c_while_an_end_waits_for_another_thread_inside_l2ctl_completes_t
     scope = make()
     scope.__enter__()
     inside, release = threading.Event(), threading.Event()
-    calls = {name: getattr(fake, name) for name in ("apply_window", "apply_state")}
+    calls = {name: getattr(fake, name) for name in ("apply_batch",)}
 
     def slow(name: str) -> Any:
         def call(*args: Any) -> Any:

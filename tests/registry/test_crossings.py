@@ -45,7 +45,7 @@ def test_set_aside_scope_is_one_crossing_per_side(fake, crossings):
         with l2ctl.set_aside(3_276_800):
             pass
     # set_aside reads the limit it replaces and the one granted (for SetAside.previous and the int it is)
-    batches = counter.count.get("apply_state", 0) + counter.count.get("apply_window", 0)
+    batches = counter.count.get("apply_batch", 0)
     assert batches == 20 and counter.count.get("device_properties", 0) == 0, counter.count
 
 
@@ -137,25 +137,25 @@ def test_the_lone_lean_scope_fails_cleanly(fake, monkeypatch):
     with l2ctl.persist(s, buf, 0.75, set_aside=None, reset_on_exit=False):
         assert l2ctl.get_window(s).hit_ratio == 0.75
     assert l2ctl.get_window(s) == outside
-    real = fake.apply_window
+    real = fake.apply_batch
 
     def refuse(*args: Any) -> Any:
         raise l2ctl.CudaError("cudaStreamSetAttribute(stream, ...)", 1, "cudaErrorInvalidValue", "invalid argument",
                               "stream")
 
-    monkeypatch.setattr(fake, "apply_window", refuse)
+    monkeypatch.setattr(fake, "apply_batch", refuse)
     with pytest.raises(l2ctl.CudaError, match="cudaErrorInvalidValue"):
         with l2ctl.persist(s, buf, 0.75, set_aside=None, reset_on_exit=False):
             pytest.fail("the block must not run")
     assert l2ctl.budget().scopes == () and l2ctl.get_window(s) == outside
-    monkeypatch.setattr(fake, "apply_window", real)
+    monkeypatch.setattr(fake, "apply_batch", real)
     scope = l2ctl.persist(s, buf, 0.75, set_aside=None, reset_on_exit=False)
     scope.__enter__()
-    monkeypatch.setattr(fake, "apply_window", refuse)
+    monkeypatch.setattr(fake, "apply_batch", refuse)
     with pytest.raises(l2ctl.CudaError):
         scope.__exit__(None, None, None)
     assert l2ctl.get_window(s).hit_ratio == 0.75  # the refused exit changed nothing...
-    monkeypatch.setattr(fake, "apply_window", real)
+    monkeypatch.setattr(fake, "apply_batch", real)
     assert l2ctl.budget().scopes == () and l2ctl.get_window(s) == outside  # ...and the next call put it back
     with l2ctl.persist(s, buf, 0.5, set_aside=None, reset_on_exit=False):
         assert l2ctl.get_window(s).hit_ratio == 0.5
@@ -183,17 +183,17 @@ def test_the_lone_default_scope_raises_the_limit_in_its_one_crossing_and_fails_c
         assert fake.device(0).limit == 3_276_800 == scope.set_aside  # raised to one granule
     assert fake.device(0).limit == 0 and l2ctl.get_window(s).empty
     fake.device(0).limit = initial
-    assert counter.count.get("apply_window", 0) == 4 and counter.count.get("apply_state", 0) == 0, counter.count
+    assert counter.count.get("apply_batch", 0) == 4, counter.count
 
     def refuse(*args: Any) -> Any:
         raise l2ctl.CudaError("cudaDeviceSetLimit(...)", 1, "cudaErrorInvalidValue", "invalid argument", "device 0")
 
-    real = fake.apply_window
-    monkeypatch.setattr(fake, "apply_window", refuse)
+    real = fake.apply_batch
+    monkeypatch.setattr(fake, "apply_batch", refuse)
     with pytest.raises(l2ctl.CudaError):
         with l2ctl.persist(s, small, 0.75):
             pytest.fail("the block must not run")
-    monkeypatch.setattr(fake, "apply_window", real)
+    monkeypatch.setattr(fake, "apply_batch", real)
     assert l2ctl.budget().scopes == () and fake.device(0).limit == initial and l2ctl.get_window(s).empty
     with l2ctl.persist(s, small, 0.75):
         pass
@@ -225,18 +225,18 @@ def test_a_refused_entry_leaves_no_limit_the_registry_thinks_it_owns(fake, monke
     s, other, buf = l2ctl.Stream(), l2ctl.Stream(), l2ctl.DeviceBuffer(2 * MiB)
     granule = 3_276_800
     fake.device(0).limit = 2 * granule
-    real = fake.apply_window
+    real = fake.apply_batch
     for live in (False, True):  # the lone scope's path; the fast path beside a live scope
         outer = l2ctl.persist(other, buf, 0.5, set_aside=None, reset_on_exit=False)
         if live:
             with warnings.catch_warnings():  # l2ctl last saw the limit at 0 (it reads an idle device's once)
                 warnings.simplefilter("ignore", l2ctl.L2BudgetWarning)
                 outer.__enter__()
-        monkeypatch.setattr(fake, "apply_window", _refusing())
+        monkeypatch.setattr(fake, "apply_batch", _refusing())
         with pytest.raises(l2ctl.CudaError):
             with l2ctl.persist(s, buf, 0.75, set_aside=None):
                 pass
-        monkeypatch.setattr(fake, "apply_window", real)
+        monkeypatch.setattr(fake, "apply_batch", real)
         assert _registry.known_limit(0) is None  # nothing of l2ctl's holds the limit
         fake.device(0).limit = 0  # changed outside l2ctl meanwhile
         with l2ctl.persist(s, buf, 0.75, set_aside=2 * granule) as scope:
@@ -253,7 +253,7 @@ def test_after_a_refused_exit_the_next_change_puts_the_device_back_to_the_plan(f
     scope = l2ctl.persist(s, buf, 0.75)  # "auto": raises the limit
     scope.__enter__()
     assert fake.device(0).limit > 0
-    monkeypatch.setattr(fake, "apply_window", _refusing("cudaCtxResetPersistingL2Cache()"))
+    monkeypatch.setattr(fake, "apply_batch", _refusing("cudaCtxResetPersistingL2Cache()"))
     with pytest.raises(l2ctl.CudaError):
         scope.__exit__(None, None, None)
     monkeypatch.undo()
@@ -298,9 +298,9 @@ def test_a_graph_scope_is_one_crossing_per_side_over_all_its_nodes(fake, crossin
         pass  # the first scope learns the device
     counter = crossings()
     with l2ctl.persist(g, lut, 0.5, set_aside=None, reset_on_exit=False) as p:
-        assert counter.count == {"apply_window": 1}
+        assert counter.count == {"apply_batch": 1}
         assert [k.window for k in g.kernel_nodes()] == [p.window] * 8
-    assert counter.count == {"apply_window": 2}
+    assert counter.count == {"apply_batch": 2}
     assert fake.state() == before
 
 
@@ -326,12 +326,12 @@ def test_an_auto_scope_is_one_crossing_per_side_once_the_granularity_is_known(fa
         with l2ctl.persist(s, lut, 1.0) as p:
             # 16 MiB asks past the tax-free limit: "auto" stops there, in the one crossing, and says so
             assert p.set_aside == fake.device(0).initial_limit
-    assert counter.count == {"apply_window": 2}
+    assert counter.count == {"apply_batch": 2}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with l2ctl.persist(s, small, 1.0) as p:  # within the tax-free limit: nothing to say
             assert p.set_aside == fake.device(0).initial_limit
-    assert counter.count == {"apply_window": 4}
+    assert counter.count == {"apply_batch": 4}
 
 
 def test_warnings_name_the_users_line_and_a_raising_filter_ends_the_scope(fake):
@@ -360,7 +360,7 @@ def test_a_failed_end_raises_or_notes_the_blocks_error(fake, monkeypatch):
 
     p = l2ctl.persist(s, lut, 0.5, set_aside=None)
     p.__enter__()
-    monkeypatch.setattr(fake, "apply_window", refused)
+    monkeypatch.setattr(fake, "apply_batch", refused)
     with pytest.raises(l2ctl.CudaError, match="cudaStreamSetAttribute"):
         p.__exit__(None, None, None)
     assert not p.active and not _registry.live_scopes(0)
@@ -368,7 +368,7 @@ def test_a_failed_end_raises_or_notes_the_blocks_error(fake, monkeypatch):
     monkeypatch.undo()
     with pytest.raises(KeyError) as raised:
         with l2ctl.persist(s, lut, 0.5, set_aside=None):
-            monkeypatch.setattr(fake, "apply_window", refused)
+            monkeypatch.setattr(fake, "apply_batch", refused)
             raise KeyError("the block's own error")
     assert "restoring device state after the error also failed" in " ".join(getattr(raised.value, "__notes__", []))
     monkeypatch.undo()

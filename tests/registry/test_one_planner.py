@@ -20,7 +20,7 @@ from l2ctl import _core, _plan, _registry
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "python" / "l2ctl" if (ROOT / "python" / "l2ctl").is_dir() else pathlib.Path(l2ctl.__file__).parent
 #: Calls that change device state: only the planner makes them (the simulator implements them).
-DEVICE_CHANGES = {"apply_window", "apply_state", "set_persisting_limit", "set_stream_window", "set_node_window",
+DEVICE_CHANGES = {"apply_batch", "set_persisting_limit", "set_stream_window", "set_node_window",
                   "reset_persisting_lines"}
 #: The planner's arithmetic, named in _plan.py for the API and its tests: each only calls the compiled one.
 ARITHMETIC = {"round_up": "plan_round_up", "tax_free_limit": "plan_tax_free_limit",
@@ -38,6 +38,9 @@ RULES = {
         r"0\.9999", r"1\s*\+\s*(1e-6|HIT_RATIO_TOLERANCE|hit_ratio_tolerance)\b", r"1\.000001",
         r"float32\([^()]*\)\)?\s*[<>]", r"static_cast<float>\([^()]*\)\s*[<>]"],
     "demand above the limit (1e-9 relative)": [r"1\s*\+\s*1e-9", r"1\.000000001"],
+    "a window clipped to the device's largest (accessPolicyMaxWindowSize)": [
+        r"[<>]=?\s*[\w.>()-]*\b(max_window|access_policy_max_window_size)\b",
+        r"\bmin\([^()\n]*\b(max_window|access_policy_max_window_size)\b"],
     "the set-aside a request grants against the max": [
         r"(request|limit)\w*\s*=\s*[\w.>-]*persisting_max\s*;", r"floor\([^\n]*\*\s*max", r"return\s+int\(maximum\)",
         r"min\(\s*request\s*,\s*max"],
@@ -128,7 +131,7 @@ def test_each_rule_is_written_once_in_the_planner():
     if not (ROOT / PLANNER[0]).exists():
         pytest.skip("the C++ sources are not here (testing an installed wheel outside its checkout)")
     planner = code_of(PLANNER[0], (ROOT / PLANNER[0]).read_text()) + code_of(PLANNER[1], (ROOT / PLANNER[1]).read_text())
-    for rule in ("the hit ratio", "demand above the limit"):  # the planner holds them (the patterns are live)
+    for rule in ("the hit ratio", "demand above the limit", "a window clipped"):  # the planner holds them (live)
         patterns = next(p for r, p in RULES.items() if r.startswith(rule))
         assert any(re.search(p, planner) for p in patterns), rule
     assert copies_of_the_rules(product_sources()) == {rule: [] for rule in RULES}
@@ -144,6 +147,9 @@ def test_each_rule_is_written_once_in_the_planner():
     ("src/persist_scope.cpp", "if (self->limit == Limit::max) request = limits.persisting_max;\n"),
     ("_plan.py", "def parse(value, maximum):\n    return int(math.floor(float(value) * maximum))\n"),
     ("_plan.py", "def parse(value, maximum):\n    return int(maximum)\n"),
+    ("_stream_window.py", "if window.num_bytes > props.access_policy_max_window_size:\n    raise ValueError\n"),
+    ("src/persist_scope.cpp", "plan.clipped = plan.limits.max_window > 0 && full > plan.limits.max_window;\n"),
+    ("tuner.py", "size = min(buf.nbytes, where.max_window)\n"),
 ])
 def test_a_copy_of_a_rule_is_found(name, planted):
     found = copies_of_the_rules({name: planted})
@@ -168,8 +174,8 @@ def test_the_planning_arithmetic_is_the_compiled_one():
 
 def test_only_the_planner_changes_a_device():
     assert device_changes_outside_the_planner(core_sources()) == []
-    planted = {"shortcut.py": "def fast(backend, s):\n    backend.apply_window(0, 0, [s], 0, 0, 0.0, 0, 0)\n"}
-    assert device_changes_outside_the_planner(planted) == ["shortcut.py:2: .apply_window"]
+    planted = {"shortcut.py": "def fast(backend, s):\n    backend.apply_batch(0, -1, False, False, False, [(0, s, w)])\n"}
+    assert device_changes_outside_the_planner(planted) == ["shortcut.py:2: .apply_batch"]
 
 
 @pytest.mark.parametrize("name", sorted(ARITHMETIC))
@@ -209,3 +215,19 @@ def test_the_stub_declares_the_planners_rules_as_the_extension_has_them():
             assert names == [a.arg for a in item.args.args], (item.name, signature)
     declared = {getattr(n, "name", None) for n in rules.body}
     assert set(ARITHMETIC.values()) <= declared
+
+
+def test_the_window_clip_and_the_fraction_rule_are_asked_of_the_planner(monkeypatch):
+    """_plan.clip_window (persist's byte range, set_window's size check, the tuner's window sizes) and the fraction
+    rule of check_set_aside (its words too) answer what the planner answers: replaced, Python follows."""
+    native = getattr(_plan, "_native")
+    assert _plan.clip_window(0, None, 4096, 1000) == (1000, True)
+    with pytest.raises(ValueError, match="runs past the end"):
+        _plan.clip_window(1024, 4096, 4096, 0)
+    with pytest.raises(ValueError, match=r"set_aside=1\.0 is ambiguous"):
+        _plan.check_set_aside(1.0)
+    monkeypatch.setattr(native, "plan_clip_window", lambda offset, n, buffer, maximum: (7, True, 0))
+    monkeypatch.setattr(native, "plan_set_aside_fraction_refusal", lambda f: ": refused by the planner")
+    assert _plan.clip_window(0, None, 4096, 0) == (7, True)
+    with pytest.raises(ValueError, match=r"set_aside=0\.5: refused by the planner"):
+        _plan.check_set_aside(0.5)

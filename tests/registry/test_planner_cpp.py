@@ -12,7 +12,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SOURCES = [ROOT / "tests" / "registry" / "cpp" / "test_planner.cpp", ROOT / "src" / "l2ctl" / "planner.cpp"]
-CASES = 12  # the run(...) calls in test_planner.cpp
+CASES = 13  # the run(...) calls in test_planner.cpp
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from l2ctl.testing import FakeBackend
 MiB = 1 << 20
 G = 3_276_800  # the simulated H100's limit granularity
 SECONDS = float(os.environ.get("L2CTL_INTERRUPT_SECONDS", "3"))
-BATCHES = ("apply_window", "apply_state")  # the calls with a journal
+BATCHES = ("apply_batch",)  # the call with a journal
 STATE_CALLS = BATCHES + ("set_persisting_limit", "set_stream_window", "set_node_window", "reset_persisting_lines")
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs POSIX interval timers")

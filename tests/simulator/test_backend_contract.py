@@ -226,7 +226,7 @@ def _methods_of(cls: type) -> dict[str, Optional[Params]]:
 
 
 def test_stub_parses_into_functions_and_classes(stub):
-    assert {"reset_data", "apply_state", "pointer_info"} <= set(stub.functions)
+    assert {"reset_data", "set_stream_window", "pointer_info"} <= set(stub.functions)
     assert set(stub.classes) == {"Stream", "Event", "DeviceMemory", "Graph", "GraphExec", "RangeProfiler",
                                  "LaunchRecorder"}
     assert stub.classes["Stream"].init == [("device", REQUIRED), ("non_blocking", True), ("priority", 0)]
@@ -279,6 +279,23 @@ def test_fake_backend_implements_every_name(stub):
         if not init or init[0] != ("backend", REQUIRED) or not _same(spec.init, init[1:]):
             problems.append(f"{cls.__name__}.__init__{init} != (backend, {spec.init})")
     assert not problems, "\n".join(problems)
+
+
+def _planner_calls() -> dict[str, Params]:
+    """What the stub declares the planner calls on a backend beside the contract (``_PlannerCalls``)."""
+    for node in ast.parse(STUB.read_text()).body:
+        if isinstance(node, ast.ClassDef) and node.name == "_PlannerCalls":
+            return {f.name: _ast_params(f, drop_self=True) for f in node.body if isinstance(f, ast.FunctionDef)}
+    raise AssertionError("the stub declares no _PlannerCalls")
+
+
+def test_the_simulator_implements_the_planners_calls(stub):
+    """The planner's batch is no function of the extension (it calls CUDA in C++) but the simulator's: the one call
+    the planner makes on a backend that the contract does not hold, declared in the stub's ``_PlannerCalls``."""
+    declared = _planner_calls()
+    assert set(declared) == {"apply_batch"} and not set(declared) & set(stub.functions)
+    assert not hasattr(_core, "apply_batch") and not {"apply_window", "apply_state"} & set(dir(_core))
+    assert compare_functions("FakeBackend", declared, _methods_of(FakeBackend)) == []
 
 
 def test_use_installs_a_backend_for_the_block_only():

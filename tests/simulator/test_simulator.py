@@ -424,7 +424,7 @@ def test_a_machine_without_devices():
             l2ctl.Stream()
 
 
-def test_apply_state_order_and_failures(sim):
+def test_apply_batch_order_and_failures(sim):
     s1, s2 = _stream(sim), _stream(sim)
     g = _stream(sim)
     sim.begin_capture(g, 1)
@@ -435,30 +435,30 @@ def test_apply_state_order_and_failures(sim):
     w = (1 << 40, MiB, 1.0, 2, 1)
     sim.calls.clear()
     before_limit = sim.device(0).limit
-    result = sim.apply_state(0, 3 * MiB, False, [(s1, w), (s2, w)], [(node, w)], True, True)
+    result = sim.apply_batch(0, 3 * MiB, False, True, True, [(0, s1, w), (0, s2, w), (1, node, w)])
     assert result == (before_limit, 3_276_800, [(0, 0, 0.0, 0, 0)] * 3)  # the previous windows, in order
     assert 3_276_800 == sim.device(0).limit and sim.device(0).resets == 1
     assert [c for c in sim.calls if "Get" not in c] == [
         "cudaDeviceSetLimit", "cudaStreamSetAttribute", "cudaStreamSetAttribute", "cudaGraphKernelNodeSetAttribute",
         "cudaCtxResetPersistingL2Cache"]
     assert sim.windows[s1] == sim.windows[s2] == sim.node_windows[node] == w
-    assert sim.apply_state(0, -1, False, [(s1, (0, 0, 0.0, 0, 0))], [], False, False) == (-1, -1, [])
+    assert sim.apply_batch(0, -1, False, False, False, [(0, s1, (0, 0, 0.0, 0, 0))]) == (-1, -1, [])
     assert s1 not in sim.windows and sim.device(0).limit == 3_276_800
     # at_least raises the limit only when it is below
-    assert sim.apply_state(0, 2 * MiB, True, [], [], False, False) == (3_276_800, 3_276_800, [])
-    assert sim.apply_state(0, 5 * MiB, True, [], [], False, False) == (3_276_800, 6_553_600, [])
+    assert sim.apply_batch(0, 2 * MiB, True, False, False, []) == (3_276_800, 3_276_800, [])
+    assert sim.apply_batch(0, 5 * MiB, True, False, False, []) == (3_276_800, 6_553_600, [])
     before = sim.state()
     with pytest.raises(l2ctl.CudaError, match="cudaErrorInvalidValue"):
-        sim.apply_state(0, 0, False, [(s1, w), (s2, (1 << 40, MiB, 2.0, 2, 1))], [], True, False)
+        sim.apply_batch(0, 0, False, True, False, [(0, s1, w), (0, s2, (1 << 40, MiB, 2.0, 2, 1))])
     assert sim.windows[s1] == w  # a window changed without read_previous stays changed
     assert sim.device(0).limit == 6_553_600 and sim.device(0).resets == 1 and sim.state() != before  # limit back
-    sim.apply_state(0, -1, False, [(s1, (0, 0, 0.0, 0, 0))], [], False, False)
+    sim.apply_batch(0, -1, False, False, False, [(0, s1, (0, 0, 0.0, 0, 0))])
     before = sim.state()
     with pytest.raises(l2ctl.CudaError, match="cudaErrorInvalidValue"):  # with read_previous: all put back
-        sim.apply_state(0, 0, False, [(s1, w), (s2, (1 << 40, MiB, 2.0, 2, 1))], [], True, True)
+        sim.apply_batch(0, 0, False, True, True, [(0, s1, w), (0, s2, (1 << 40, MiB, 2.0, 2, 1))])
     assert sim.state() == before
     with pytest.raises(l2ctl.CudaError, match="cudaErrorInvalidValue"):
-        sim.apply_state(0, 64 * MiB, False, [], [], False, False)
+        sim.apply_batch(0, 64 * MiB, False, False, False, [])
 
 
 def test_persist_restores_everything(sim):

@@ -9,7 +9,7 @@ advance their stream's clock by the timing model's duration (model.py).
 
 Errors are CUDA's (``l2ctl.CudaError``), or ``ValueError`` where the C++ core throws
 ``std::invalid_argument``. Every call that changes state records the CUDA call it stands for in
-``calls`` (inside ``apply_state`` too), so tests can assert that none was made.
+``calls`` (inside ``apply_batch`` too), so tests can assert that none was made.
 
 Clocks (ms), one per stream: a launch starts when the stream's previous work ends or when the host
 last waited for the device (synchronizations, host copies, counting kernels), whichever is later;
@@ -32,16 +32,17 @@ import numpy as np
 
 from .. import _backend, _core
 from .._errors import CudaError, NotSupportedError
+from .._window import AccessPolicyWindow
 from .devices import FakeDevice
 from .errors import cuda_error, cupti_error
 from .kernels import KernelLaunch, Kernels
-from .l2state import EMPTY_WINDOW, L2State, WindowTuple
+from .l2state import EMPTY_WINDOW, L2State
 from .memory import Allocation, Memory, MemoryFault, Misaligned, OutOfMemory
 from .model import DeviceModel, Estimate
 from .profiler import REPLAY_DIRTY_BYTES, FakeLaunchRecorder, FakeRangeProfiler, library_loads
 
 __all__ = ["FakeBackend", "FakeStream", "FakeEvent", "FakeDeviceMemory", "FakeGraph", "FakeGraphExec",
-           "LaunchRecord", "WindowTuple"]
+           "LaunchRecord"]
 
 SPECIAL_STREAMS = (0, 1, 2)  # legacy default stream, cudaStreamLegacy, cudaStreamPerThread
 
@@ -60,7 +61,7 @@ class LaunchRecord:
     stream: int
     start_ms: float
     duration_ms: float
-    window: Optional[WindowTuple]
+    window: Optional[AccessPolicyWindow]
     estimate: Estimate
 
 
@@ -406,9 +407,9 @@ class FakeBackend(L2State):
         self.cupti_available = cupti
         self.current = 0
         self.calls: list[str] = []
-        self.windows: dict[int, WindowTuple] = {}
-        self.node_windows: dict[int, WindowTuple] = {}
-        self.launched: list[tuple[int, tuple[WindowTuple, ...]]] = []
+        self.windows: dict[int, AccessPolicyWindow] = {}
+        self.node_windows: dict[int, AccessPolicyWindow] = {}
+        self.launched: list[tuple[int, tuple[AccessPolicyWindow, ...]]] = []
         self.kernel_log: deque[LaunchRecord] = deque(maxlen=100_000)
         self._lock = threading.RLock()
         self._pending: list[Callable[[], None]] = []
@@ -658,7 +659,7 @@ class FakeBackend(L2State):
                 self.node_windows.pop(node.handle, None)
             del self._graphs[handle]
 
-    def _snapshot(self, g: _Graph) -> list[tuple[_Node, WindowTuple]]:
+    def _snapshot(self, g: _Graph) -> list[tuple[_Node, AccessPolicyWindow]]:
         return [(n, self.node_windows.get(n.handle, EMPTY_WINDOW)) for n in g.nodes]
 
     def _profiler(self, device: int) -> Optional[FakeRangeProfiler]:
@@ -719,7 +720,7 @@ class FakeBackend(L2State):
             self._host_waits(device, st.clock)
         return value if launch.synchronous else launch.result
 
-    def _execute(self, launch: KernelLaunch, st: _Stream, window: Optional[WindowTuple]) -> Any:
+    def _execute(self, launch: KernelLaunch, st: _Stream, window: Optional[AccessPolicyWindow]) -> Any:
         """Run a kernel and advance ``st``'s clock by the model's duration of it under ``window``."""
         try:
             value = launch.run()

@@ -1,7 +1,8 @@
 """The simulated device's L2 state as the planner changes it: the set-aside limit, access-policy windows on
-streams and graph kernel nodes, resets of persisting lines, and the batches (``apply_window``,
-``apply_state``) with their journal. One concern of FakeBackend, which inherits it (backend.py holds the
-machine's other parts: streams, memory, graphs, execution, counters).
+streams and graph kernel nodes, resets of persisting lines, and the planner's batch (``apply_batch``) with its
+journal. The simulator's implementation of the planner's calls (``planner::Calls``, src/l2ctl/planner.hpp: the
+contract's single calls and ``apply_batch``, which src/backend_calls.cpp forwards to). One concern of FakeBackend,
+which inherits it (backend.py holds the machine's other parts: streams, memory, graphs, execution, counters).
 
 Every call is atomic, as a driver call is: it checks its arguments and computes the whole change first, touching
 nothing, then makes it in one step (``_commit``), journal entry first. That step makes no call and runs no loop,
@@ -17,17 +18,18 @@ from typing import Any, Callable, ContextManager, Optional, Sequence
 import numpy as np
 
 from .._errors import CudaError
+from .._window import AccessPolicyWindow, AccessProperty
 from .devices import FakeDevice
 from .errors import cuda_error
 from .model import DeviceModel
 
-__all__ = ["L2State", "WindowTuple", "EMPTY_WINDOW"]
+__all__ = ["L2State", "EMPTY_WINDOW"]
 
-WindowTuple = tuple[int, int, float, int, int]  # (base, num_bytes, hit_ratio, hit_prop, miss_prop), as _core.pyi's
-WindowChange = tuple[int, WindowTuple]  # (a holder's handle, its window)
-EMPTY_WINDOW: WindowTuple = (0, 0, 0.0, 0, 0)
-_Applied = tuple[int, int, list[WindowTuple]]  # apply_state's result: limit before, limit after, previous windows
-_Windows = dict[int, WindowTuple]
+EMPTY_WINDOW = AccessPolicyWindow()
+Change = tuple[int, int, AccessPolicyWindow]  # (kind: 0 a stream, 1 a kernel node; its handle; its window)
+_Applied = tuple[int, int, list[AccessPolicyWindow]]  # a batch's result: limit before, limit after, previous windows
+_Windows = dict[int, AccessPolicyWindow]
+_PROPERTIES = tuple(AccessProperty)  # by value
 _SET_STREAM_WINDOW = "cudaStreamSetAttribute(stream, cudaStreamAttributeAccessPolicyWindow, &value)"
 _SET_NODE_WINDOW = "cudaGraphKernelNodeSetAttribute(node, cudaKernelNodeAttributeAccessPolicyWindow, &value)"
 _SET_CALLS = ("cudaStreamSetAttribute", "cudaGraphKernelNodeSetAttribute")  # by kind: streams, kernel nodes
@@ -98,15 +100,15 @@ class L2State:
             self.calls.append("cudaCtxResetPersistingL2Cache")
             self._commit(None, None, device, None, True)
 
-    def get_stream_window(self, stream: int) -> WindowTuple:
+    def get_stream_window(self, stream: int) -> AccessPolicyWindow:
         with self._locked:
             return self._read_window(0, stream, self.windows)
 
-    def get_node_window(self, node: int) -> WindowTuple:
+    def get_node_window(self, node: int) -> AccessPolicyWindow:
         with self._locked:
             return self._read_window(1, node, self.node_windows)
 
-    def _read_window(self, kind: int, handle: int, windows: _Windows) -> WindowTuple:
+    def _read_window(self, kind: int, handle: int, windows: _Windows) -> AccessPolicyWindow:
         """The window of a stream (kind 0; a special one is made on first use) or a kernel node (1) in
         ``windows``; CUDA's error for a handle it does not know."""
         if kind == 0:
@@ -128,7 +130,7 @@ class L2State:
                         miss_prop: int) -> None:
         self._window_batch(1, node, (base, num_bytes, hit_ratio, hit_prop, miss_prop), False, None)
 
-    def _window_batch(self, kind: int, handle: int, w: WindowTuple, read_previous: bool,
+    def _window_batch(self, kind: int, handle: int, w: tuple[int, int, float, int, int], read_previous: bool,
                       journal: Optional[list[Any]]) -> _Applied:
         """One window on one stream (kind 0) or kernel node (1), read first when ``read_previous``: the commonest
         call (a lean scope's entry and exit). A failure leaves the window as it was, as in C++."""
@@ -140,7 +142,7 @@ class L2State:
             self._commit(journal, result, 0, None, False, *tables)
             return result
 
-    def _put_window(self, kind: int, windows: _Windows, handle: int, w: WindowTuple) -> _Windows:
+    def _put_window(self, kind: int, windows: _Windows, handle: int, w: tuple[int, int, float, int, int]) -> _Windows:
         """``windows`` (a copy, changed in place) with the window of a stream (kind 0) or kernel node (1) set as
         CUDA sets it; CUDA's error for a window or handle it refuses."""
         if kind == 0:
@@ -163,35 +165,25 @@ class L2State:
         if num_bytes == 0 and kind == 0:  # a stream's empty window is no window; a node keeps its attribute
             windows.pop(handle, None)
         else:
-            windows[handle] = (int(base), int(num_bytes), ratio, int(hit_prop), int(miss_prop))
+            windows[handle] = AccessPolicyWindow(int(base), int(num_bytes), ratio, _PROPERTIES[hit_prop],
+                                                 _PROPERTIES[miss_prop])
         return windows
 
-    def apply_window(self, device: int, kind: int, handles: Sequence[int], base: int, num_bytes: int,
-                     hit_ratio: float, hit_prop: int, miss_prop: int, read_previous: bool, limit: int,
-                     at_least: bool, reset_lines: bool,
-                     journal: Optional[list[Any]] = None) -> _Applied:
-        """One window on every handle (kind 0: streams, 1: kernel nodes), with apply_state's limit and reset;
-        the result is appended to ``journal`` as the device changes (see the module's docstring)."""
-        w: WindowTuple = (base, num_bytes, hit_ratio, hit_prop, miss_prop)
-        if kind == 0 and limit < 0 and not reset_lines and len(handles) == 1:
-            return self._window_batch(0, handles[0], w, read_previous, journal)
-        changes = [(h, w) for h in handles]
-        # L2State's own apply_state, not a wrapper a test may have put on the instance
-        return L2State.apply_state(self, device, limit, at_least, changes if kind == 0 else [],
-                                   changes if kind != 0 else [], reset_lines, read_previous, journal)
-
-    def apply_state(self, device: int, limit: int, at_least: bool, stream_windows: Sequence[WindowChange],
-                    node_windows: Sequence[WindowChange], reset_lines: bool, read_previous: bool,
-                    journal: Optional[list[Any]] = None) -> _Applied:
-        """The limit when ``limit`` >= 0 (``at_least``: only raised), the windows (streams, then kernel
-        nodes), each read first when ``read_previous``, then a reset of persisting lines. Returns (limit
-        before, limit after, previous windows), appended to ``journal`` as the device changes. A failing call
-        puts back the limit and the windows whose previous value was read, then raises (src/l2ctl/state.hpp):
-        here it makes only the change that leaves."""
+    def apply_batch(self, device: int, limit: int, at_least: bool, reset_lines: bool, read_previous: bool,
+                    changes: Sequence[Change], journal: Optional[list[Any]] = None) -> _Applied:
+        """The planner's batch (``planner::Calls::apply_batch``): the limit when ``limit`` >= 0 (``at_least``: only
+        raised), the windows in order (``changes``: (kind, handle, window), streams first), each read first when
+        ``read_previous``, then a reset of persisting lines. Returns (limit before, limit after, previous windows),
+        appended to ``journal`` as the device changes (see the module's docstring). A failing call puts back the
+        limit and the windows whose previous value was read, then raises (src/l2ctl/state.hpp): here it makes only
+        the change that leaves."""
+        if len(changes) == 1 and changes[0][0] == 0 and limit < 0 and not reset_lines:
+            return self._window_batch(0, changes[0][1], changes[0][2], read_previous, journal)
         with self._locked:
             d = self._device(device)
             tables = [self.windows, self.node_windows]
-            previous: list[WindowTuple] = []
+            copied = [False, False]
+            previous: list[AccessPolicyWindow] = []
             before = after = -1
             set_calls: list[str] = []  # the set calls made, each put back by a call of the same name on a failure
             try:
@@ -199,14 +191,13 @@ class L2State:
                     before = after = self._read_limit(device, d)
                     if (before < limit) if at_least else (before != limit):
                         after = self._granted_limit(device, d, limit)
-                for kind, changes in enumerate((stream_windows, node_windows)):
-                    if changes:
-                        tables[kind] = dict(tables[kind])
-                    for handle, w in changes:  # the common case, without the public calls' lock and checks
-                        if read_previous:
-                            previous.append(self._read_window(kind, handle, tables[kind]))
-                        self._put_window(kind, tables[kind], handle, w)
-                        set_calls.append(_SET_CALLS[kind])
+                for kind, handle, w in changes:  # the common case, without the public calls' lock and checks
+                    if not copied[kind]:
+                        tables[kind], copied[kind] = dict(tables[kind]), True
+                    if read_previous:
+                        previous.append(self._read_window(kind, handle, tables[kind]))
+                    self._put_window(kind, tables[kind], handle, w)
+                    set_calls.append(_SET_CALLS[kind])
                 if reset_lines:
                     self.calls.append("cudaCtxResetPersistingL2Cache")
             except CudaError:

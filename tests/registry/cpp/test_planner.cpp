@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <limits>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -27,7 +28,7 @@ struct Cut_short : std::runtime_error {
 // A device as CUDA keeps it: the limit (rounded up to `step`), a window per holder, holders that died.
 struct Device_model {
   long long limit = initial_limit;
-  std::map<std::pair<int, std::uintptr_t>, pl::Plan_window> windows;
+  std::map<std::pair<int, std::uintptr_t>, l2ctl::Window> windows;
   std::vector<std::uintptr_t> dead;
   int batches = 0;
   int fail_batch = -1;       // this batch fails (a CUDA error), putting back what it changed
@@ -37,14 +38,14 @@ struct Device_model {
 class Model_calls final : public pl::Calls {
  public:
   explicit Model_calls(Device_model& d) : d_(d) {}
-  long long get_limit(int) override { return d_.limit; }
-  long long set_limit(int, long long n) override { return d_.limit = (n + step - 1) / step * step; }
-  pl::Plan_window get_window(const pl::Slot& s) override {
+  long long get_persisting_limit(int) override { return d_.limit; }
+  long long set_persisting_limit(int, long long n) override { return d_.limit = (n + step - 1) / step * step; }
+  l2ctl::Window get_window(const pl::Slot& s) override {
     check(s.handle);
     return d_.windows[{s.kind, s.handle}];
   }
-  void reset_lines(int) override {}
-  pl::Batch_result apply(const pl::Batch& b, std::optional<pl::Batch_result>* journal) override {
+  void reset_persisting_lines(int) override {}
+  pl::Batch_result apply_batch(const pl::Batch& b, std::optional<pl::Batch_result>* journal) override {
     const int index = d_.batches++;
     const Device_model before = d_;
     pl::Batch_result r;
@@ -52,7 +53,7 @@ class Model_calls final : public pl::Calls {
       if (index == d_.fail_batch) failed("cudaStreamSetAttribute", "cudaErrorInvalidValue");
       if (b.limit >= 0) {
         r.previous_limit = r.granted_limit = d_.limit;
-        if (b.at_least ? d_.limit < b.limit : d_.limit != b.limit) r.granted_limit = set_limit(b.device, b.limit);
+        if (b.at_least ? d_.limit < b.limit : d_.limit != b.limit) r.granted_limit = set_persisting_limit(b.device, b.limit);
       }
       for (const auto& [slot, window] : b.changes) {
         check(slot.handle);
@@ -84,10 +85,10 @@ class Model_calls final : public pl::Calls {
 struct Fixture {
   Device_model device;
   pl::Registry registry{std::unique_ptr<pl::Calls>(new Model_calls(device))};
-  pl::Plan_window window(std::uintptr_t base, std::size_t bytes, double ratio) const {
-    return pl::Plan_window{base, bytes, ratio, l2ctl::access_persisting, l2ctl::access_streaming};
+  l2ctl::Window window(std::uintptr_t base, std::size_t bytes, double ratio) const {
+    return l2ctl::Window{base, bytes, ratio, l2ctl::access_persisting, l2ctl::access_streaming};
   }
-  pl::Scope_ptr scope(std::vector<pl::Slot> slots, std::optional<pl::Plan_window> w, pl::Request request,
+  pl::Scope_ptr scope(std::vector<pl::Slot> slots, std::optional<l2ctl::Window> w, pl::Request request,
                       long long bytes = 0, bool share = false) {
     auto s = std::make_shared<pl::Scope>();
     s->slots = std::move(slots);
@@ -98,7 +99,7 @@ struct Fixture {
     s->share = share;
     return s;
   }
-  pl::Plan_window held(std::uintptr_t handle) { return device.windows[{pl::stream_slot, handle}]; }
+  l2ctl::Window held(std::uintptr_t handle) { return device.windows[{pl::stream_slot, handle}]; }
 };
 
 int failures = 0;
@@ -129,7 +130,7 @@ const pl::Slot s1{pl::stream_slot, 0x100, 0}, s2{pl::stream_slot, 0x200, 0};
 int main() {
   run("a lean scope applies its window and gives the base back", [] {
     Fixture f;
-    const pl::Plan_window base = f.window(0x9000, 4096, 0.25);
+    const l2ctl::Window base = f.window(0x9000, 4096, 0.25);
     f.device.windows[{0, s1.handle}] = base;
     auto scope = f.scope({s1}, f.window(0x1000, 1 << 20, 0.75), pl::Request::none);
     f.registry.enter(scope, maximum);
@@ -209,7 +210,7 @@ int main() {
 
   run("a batch cut short after it ran keeps its journal: what it read is given back", [] {
     Fixture f;
-    const pl::Plan_window base = f.window(0x9000, 4096, 0.25);
+    const l2ctl::Window base = f.window(0x9000, 4096, 0.25);
     f.device.windows[{0, s1.handle}] = base;
     f.device.interrupt_batch = 0;
     auto scope = f.scope({s1}, f.window(0x1000, 4096, 0.5), pl::Request::exact, 6 * step);
@@ -315,6 +316,25 @@ int main() {
       }
     }
     expect(refused == 3, "above the max, and fractions outside [0, 1]: refused");
+    expect(pl::set_aside_fraction_refusal(0.5).empty() && pl::set_aside_fraction_refusal(1e-9).empty(), "fractions");
+    for (double refused_fraction : {1.0, 0.0, -0.0, 1.5, -0.5, std::nan("")})
+      expect(!pl::set_aside_fraction_refusal(refused_fraction).empty(), "not a fraction: refused, with words");
+    expect(pl::set_aside_fraction_refusal(1.0).rfind(" is ambiguous", 0) == 0, "1.0: one byte or all of the max?");
+  });
+
+  run("a window is clipped to the device's largest and kept inside its buffer", [] {
+    using pl::Window_fault;
+    const auto clip = [](long long offset, long long bytes, long long buffer, long long max_window) {
+      const pl::Clipped_window w = pl::clip_window(offset, bytes, buffer, max_window);
+      return std::make_tuple(w.asked, w.num_bytes, w.clipped, w.fault);
+    };
+    expect(clip(0, -1, 4096, 0) == std::make_tuple(4096LL, 4096LL, false, Window_fault::none), "the whole buffer");
+    expect(clip(1024, -1, 4096, 1000) == std::make_tuple(3072LL, 1000LL, true, Window_fault::none), "clipped");
+    expect(clip(1024, 3072, 4096, 3072) == std::make_tuple(3072LL, 3072LL, false, Window_fault::none), "to the end");
+    expect(std::get<3>(clip(4096, -1, 4096, 0)) == Window_fault::offset_outside, "an offset outside the buffer");
+    expect(std::get<3>(clip(1024, 3073, 4096, 0)) == Window_fault::past_end, "a range past its end");
+    expect(std::get<3>(clip(1, std::numeric_limits<long long>::max(), 4096, 0)) == Window_fault::past_end,
+           "past its end, without overflow");
   });
 
   run("the driver's rounding is probed in every direction", [] {
