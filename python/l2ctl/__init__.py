@@ -32,6 +32,7 @@ if (_sys.argv[:1] == ["-m"] and _sys.orig_argv[-len(_sys.argv) - 1:][:2] == ["-m
     _signal.signal(_signal.SIGINT, _interrupted_while_starting)
 
 import importlib as _importlib
+import importlib.util as _importlib_util
 import typing as _typing
 from typing import Any as _Any
 
@@ -76,7 +77,10 @@ def _lazy_attributes(package: str, lazy: dict[str, tuple[str, ...]]) -> _typing.
 
     def __getattr__(name: str) -> _Any:
         if name not in where:
-            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+            # any submodule, as an eagerly imported package offered it (``l2ctl.bench.collectives``)
+            if name.startswith("__") or _importlib_util.find_spec(f"{package}.{name}") is None:
+                raise AttributeError(f"module {package!r} has no attribute {name!r}")
+            where[name] = ""
         module = where[name]
         value = _importlib.import_module(f"{package}.{module or name}")
         if module:

@@ -239,3 +239,15 @@ def test_the_host_is_checked_field_by_field_and_registered_once(change, error):
         register(given)
     with pytest.raises(RuntimeError, match="registered already"):
         register(_host.host)
+
+
+@pytest.mark.parametrize("package", ["l2ctl.bench", "l2ctl.workloads", "l2ctl.testing"])
+def test_every_submodule_of_a_lazy_package_is_an_attribute(package):
+    """A lazy package offers each submodule as an eagerly imported one did (``l2ctl.bench.collectives`` after
+    ``import l2ctl.bench``: a GPU run's torchrun job used it so), loading it at that first use."""
+    folder = PACKAGE / package.split(".")[1]
+    names = sorted(p.stem for p in folder.glob("*.py") if not p.stem.startswith("_"))
+    code = (f"import importlib, sys; p = importlib.import_module({package!r}); "
+            f"print([n for n in {names!r} if getattr(p, n) is not sys.modules[{package!r} + '.' + n]])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr[-2000:] or out.stdout
