@@ -269,8 +269,9 @@ class AutoTuned(Generic[P, R]):
 
     def _tuning_call(self, state: _State, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
         if not state.started:  # the first call measured (under `busy`; another thread's may have counted first)
+            started = self._start(state)  # a strict refusal raises here, and the next call starts again
             state.started = True
-            if not self._start(state):
+            if not started:
                 return self._fn(*args, **kwargs)
         # torch's graphs recorded in a tuning call keep their templates, so every window reaches their replays
         with state.captures if state.captures is not None else contextlib.nullcontext():
