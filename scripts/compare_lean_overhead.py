@@ -1,11 +1,17 @@
-"""The lean scope's host cost in every argument form, two builds of l2ctl side by side on one host (issue 44's "no
-speed regression": before against after). Each build is an installed copy (``pip install --target DIR``); the two
-run alternately, one process at a time, ``--runs`` times each, so a busy spell of the host falls on both. Each run
-is ``l2ctl.bench.overhead.bench_overhead`` over the lean variants; the record keeps every run's medians and, per
-variant, the median over runs of each build and after / before.
+"""The lean scope's host cost in every argument form, several builds of l2ctl side by side on one host (issue 44's
+"no speed regression": before against after).
 
-    python scripts/compare_lean_overhead.py --before /tmp/before --before-commit 5d8e706 --after /tmp/after \
-        --after-commit HEAD --json lean_overhead.json
+Each build is an installed copy (``pip install --target DIR``). The builds run alternately, one process at a time,
+in an order that rotates each run, ``--runs`` times each, so that a busy spell of the host falls on all of them.
+Every build is timed by the same code, this script's own (not the build's ``bench`` package, which changes between
+commits), through l2ctl's public API only. Each run also times a reference that does not depend on l2ctl: the same
+two stream-attribute calls through cuda.bindings, interleaved with the variants round by round. The host of a
+cloud GPU switches between states whose per-call costs differ by up to 2x for minutes at a time; a variant's cost
+divided by the reference's in the same run cancels that state, so the record keeps both the raw medians and the
+normalised ones (median over runs of variant / reference), and the verdict is the normalised ratio.
+
+    python scripts/compare_lean_overhead.py --build before=/tmp/before@ff88d18 --build after=/tmp/after@HEAD \
+        --runs 8 --json lean_overhead.json
 """
 
 from __future__ import annotations
@@ -19,22 +25,114 @@ import sys
 
 VARIANTS = ("persist_lean", "persist_lean_reused", "persist_lean_keyword", "persist_lean_policy", "persist_lean_1_0",
             "persist_lean_int_1", "persist_lean_np_float32", "persist_lean_limit", "persist_lean_torch",
-            "persist_lean_torch_1_0", "persist_graph_1")
+            "persist_lean_torch_1_0", "persist_graph_1", "persist_graph_32")
+REFERENCE = "raw_set_clear_window"
 
-RUN = """
-import json, sys
+# One run in one process: the operations, each checked once to apply what it claims, then timed round-robin.
+RUN = r"""
+import json, statistics, time
+import numpy as np
+import torch
+from cuda.bindings import runtime as rt
 import l2ctl
-from l2ctl.bench.overhead import bench_overhead
+from l2ctl import DeviceBuffer, Policy, Stream, get_set_aside, get_window, persist
 from l2ctl.bench.records import environment
-report = bench_overhead(rounds={rounds}, iterations={iterations}, variants={variants!r})
-print(json.dumps({{"file": l2ctl.__file__, "environment": environment(),
-                  "medians": {{r.variant: r.metrics["median_us"] for r in report.records if r.verified}}}}))
+
+ROUNDS, ITERATIONS = {rounds}, {iterations}
+MiB = 1 << 20
+s = Stream(0)
+buf = DeviceBuffer(4 * MiB, 0)
+out = DeviceBuffer(MiB, 0)
+limit = get_set_aside(0)
+graphs = []
+for nodes in (1, 32):
+    with l2ctl.graph.capture(s) as g:
+        for _ in range(nodes):
+            l2ctl.kernels.write_index(out, s)
+    graphs.append(g)
+t_stream = torch.cuda.Stream(device=0)
+t_buf = torch.empty(MiB, dtype=torch.int32, device="cuda:0")
+lean_policy = Policy(set_aside=None, hit_ratio=0.75)
+reusable = persist(s, buf, 0.75, set_aside=None, reset_on_exit=False)
+
+def lean(target, b, ratio, set_aside=None):
+    def op():
+        with persist(target, b, ratio, set_aside=set_aside, reset_on_exit=False):
+            pass
+    return op
+
+def reused():
+    with reusable:
+        pass
+
+def keyword():
+    with persist(s, buf, hit_ratio=0.75, set_aside=None, reset_on_exit=False):
+        pass
+
+def policy():
+    with persist(s, buf, policy=lean_policy, reset_on_exit=False):
+        pass
+
+ids = rt.cudaStreamAttrID
+attribute = getattr(ids, "cudaLaunchAttributeAccessPolicyWindow", None) or ids.cudaStreamAttributeAccessPolicyWindow
+value_type = getattr(rt, "cudaStreamAttrValue", None) or rt.cudaLaunchAttributeValue
+window, empty = value_type(), value_type()
+window.accessPolicyWindow.base_ptr = buf.ptr
+window.accessPolicyWindow.num_bytes = buf.nbytes
+window.accessPolicyWindow.hitRatio = 0.75
+window.accessPolicyWindow.hitProp = rt.cudaAccessProperty.cudaAccessPropertyPersisting
+window.accessPolicyWindow.missProp = rt.cudaAccessProperty.cudaAccessPropertyStreaming
+raw_stream = rt.cudaStream_t(s.handle)
+ok = rt.cudaError_t.cudaSuccess
+
+def raw_set_clear_window():
+    (e1,) = rt.cudaStreamSetAttribute(raw_stream, attribute, window)
+    (e2,) = rt.cudaStreamSetAttribute(raw_stream, attribute, empty)
+    if e1 != ok or e2 != ok:
+        raise RuntimeError(f"cudaStreamSetAttribute: {{e1}}, {{e2}}")
+
+ops = {{"persist_lean": lean(s, buf, 0.75), "persist_lean_reused": reused, "persist_lean_keyword": keyword,
+       "persist_lean_policy": policy, "persist_lean_1_0": lean(s, buf, 1.0), "persist_lean_int_1": lean(s, buf, 1),
+       "persist_lean_np_float32": lean(s, buf, np.float32(0.75)), "persist_lean_limit": lean(s, buf, 0.75, limit),
+       "persist_lean_torch": lean(t_stream, t_buf, 0.75), "persist_lean_torch_1_0": lean(t_stream, t_buf, 1.0),
+       "persist_graph_1": lean(graphs[0], buf, 0.75), "persist_graph_32": lean(graphs[1], buf, 0.75),
+       "raw_set_clear_window": raw_set_clear_window}}
+names = {names!r}
+# Checked once, untimed: inside each scope the window is where it belongs; after it, nothing is left.
+for name in names:
+    if name.startswith("persist_graph"):
+        g = graphs[0 if name.endswith("_1") else 1]
+        with persist(g, buf, 0.75, set_aside=None, reset_on_exit=False):
+            assert all(k.window.num_bytes == buf.nbytes for k in g.kernel_nodes()), name
+        assert all(k.window.empty for k in g.kernel_nodes()), name
+    elif name == "persist_lean_torch":
+        with persist(t_stream, t_buf, 0.75, set_aside=None, reset_on_exit=False):
+            assert get_window(t_stream).num_bytes == t_buf.nbytes, name
+        assert get_window(t_stream).empty, name
+    elif name != "raw_set_clear_window":
+        ops[name]()
+    assert get_window(s).empty and get_set_aside(0) == limit, name
+with persist(s, buf, 0.75, set_aside=None, reset_on_exit=False):
+    assert get_window(s).num_bytes == buf.nbytes and abs(get_window(s).hit_ratio - 0.75) < 1e-6
+
+samples = {{name: [] for name in names}}
+for _ in range(ROUNDS):
+    for name in names:
+        op = ops[name]
+        op()
+        start = time.perf_counter_ns()
+        for _ in range(ITERATIONS):
+            op()
+        samples[name].append((time.perf_counter_ns() - start) / ITERATIONS / 1e3)
+assert get_window(s).empty and get_set_aside(0) == limit
+print(json.dumps({{"file": l2ctl.__file__, "environment": environment(0),
+                  "medians": {{n: statistics.median(v) for n, v in samples.items()}}, "rounds_us": samples}}))
 """
 
 
 def run(site: str, commit: str, rounds: int, iterations: int) -> dict:
     env = {**os.environ, "PYTHONPATH": site, "L2CTL_COMMIT": commit}
-    code = RUN.format(rounds=rounds, iterations=iterations, variants=list(VARIANTS))
+    code = RUN.format(rounds=rounds, iterations=iterations, names=list(VARIANTS) + [REFERENCE])
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
                          cwd="/tmp")
     if out.returncode != 0:
@@ -45,32 +143,54 @@ def run(site: str, commit: str, rounds: int, iterations: int) -> dict:
     return result
 
 
+def parse_build(text: str) -> tuple[str, str, str]:
+    name, _, rest = text.partition("=")
+    site, _, commit = rest.partition("@")
+    if not name or not site:
+        raise argparse.ArgumentTypeError(f"--build wants NAME=DIR[@COMMIT], not {text!r}")
+    return name, site, commit
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--before", required=True)
-    p.add_argument("--after", required=True)
-    p.add_argument("--before-commit", default="")
-    p.add_argument("--after-commit", default="")
+    p.add_argument("--build", type=parse_build, action="append", required=True,
+                   help="NAME=DIR[@COMMIT], at least two; the first is the baseline each other is divided by")
     p.add_argument("--json", required=True)
-    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--runs", type=int, default=8)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--iterations", type=int, default=2000)
     a = p.parse_args(argv)
-    runs: dict[str, list[dict]] = {"before": [], "after": []}
+    if len(a.build) < 2:
+        p.error("give at least two builds")
+    runs: dict[str, list[dict]] = {name: [] for name, _, _ in a.build}
     for i in range(a.runs):
-        for build in (("before", "after") if i % 2 == 0 else ("after", "before")):
-            runs[build].append(run(getattr(a, build), getattr(a, f"{build}_commit"), a.rounds, a.iterations))
-            print(f"run {i + 1} {build}: " + ", ".join(f"{v} {us:.2f}" for v, us in runs[build][-1]["medians"].items()),
-                  flush=True)
-    summary = {}
+        order = a.build[i % len(a.build):] + a.build[:i % len(a.build)]
+        for name, site, commit in order:
+            runs[name].append(run(site, commit, a.rounds, a.iterations))
+            medians = runs[name][-1]["medians"]
+            print(f"run {i + 1} {name}: " + ", ".join(f"{v} {us:.2f}" for v, us in medians.items()), flush=True)
+    baseline = a.build[0][0]
+    summary: dict[str, dict] = {}
     for variant in VARIANTS:
-        per = {b: [r["medians"][variant] for r in runs[b] if variant in r["medians"]] for b in runs}
-        if all(per.values()):
-            before, after = statistics.median(per["before"]), statistics.median(per["after"])
-            summary[variant] = {"before_us": before, "after_us": after, "after_over_before": after / before}
-            print(f"{variant:26s} before {before:6.2f} us  after {after:6.2f} us  {after / before:.3f}")
-    record = {"benchmark": "lean-overhead-before-after", "environment": runs["after"][0]["environment"],
-              "before_environment": runs["before"][0]["environment"], "summary": summary, "runs": runs,
+        entry: dict[str, float] = {}
+        for name in runs:
+            entry[f"{name}_us"] = statistics.median(r["medians"][variant] for r in runs[name])
+            entry[f"{name}_over_reference"] = statistics.median(r["medians"][variant] / r["medians"][REFERENCE]
+                                                                for r in runs[name])
+        for name in runs:
+            if name != baseline:
+                entry[f"{name}_over_{baseline}"] = entry[f"{name}_us"] / entry[f"{baseline}_us"]
+                entry[f"{name}_over_{baseline}_normalised"] = (entry[f"{name}_over_reference"]
+                                                              / entry[f"{baseline}_over_reference"])
+        summary[variant] = entry
+        print(f"{variant:26s} " + "  ".join(f"{n} {entry[f'{n}_us']:5.2f} us" for n in runs) + "  " +
+              "  ".join(f"{n}/{baseline} {entry[f'{n}_over_{baseline}']:.3f} (normalised "
+                        f"{entry[f'{n}_over_{baseline}_normalised']:.3f})" for n in runs if n != baseline))
+    reference = {f"{n}_us": statistics.median(r["medians"][REFERENCE] for r in runs[n]) for n in runs}
+    record = {"benchmark": "lean-overhead-before-after", "baseline": baseline,
+              "environments": {n: runs[n][0]["environment"] for n in runs},
+              "builds": {n: {"commit": c} for n, _, c in a.build}, "reference": {"operation": REFERENCE, **reference},
+              "summary": summary, "runs": runs,
               "config": {"runs": a.runs, "rounds": a.rounds, "iterations": a.iterations, "variants": list(VARIANTS)}}
     with open(a.json, "w") as f:
         json.dump(record, f, indent=1)

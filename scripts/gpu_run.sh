@@ -20,7 +20,10 @@
 #   gallery-runs: only those gallery runs;
 #   planner: the overhead benchmark first (a quiet process), then the test suite (Nsight comparison left out);
 #   multigpu: the two-GPU runs under torchrun (examples/ddp_step.py, bench collectives, the two-GPU test),
-#     then the recipes' gallery runs on GPU 0.
+#     then the recipes' gallery runs on GPU 0;
+#   lean: issue 44's before against after (scripts/compare_lean_overhead.py): each .out/lean/src-<commit>.tar.gz
+#     (`git archive` of a baseline, carried) built into a folder of its own beside this tree, then all compared;
+#     LEAN_THEN=suite runs the test suite after it on the same machine.
 # PYTEST_K adds a -k filter to the test run. The build links the CUDA 12 runtime (the published wheel's) when the
 # CUDA 12 headers' pip packages (nvidia-cuda-runtime-cu12, -cupti-cu12, -nvcc-cu12) are among the .whl/ wheels;
 # without them, beside the machine's CUDA 13 toolkit only, it links CUDA 13's and says so (build_support/).
@@ -56,6 +59,15 @@ if [ "$mode" = wheel ] || [ "$mode" = wheel-jobs ]; then
   SKIP_BUILD=1
 fi
 
+if [ "$mode" = lean ]; then  # the baselines build in the background, beside this tree's build
+  for tarball in .out/lean/src-*.tar.gz; do
+    commit=$(basename "$tarball" .tar.gz); commit=${commit#src-}
+    ( mkdir -p "/tmp/src-$commit" && tar xzf "$tarball" -C "/tmp/src-$commit" \
+      && cd "/tmp/src-$commit" && python3 -m pip install --no-build-isolation --no-deps -q --target "/tmp/build-$commit" . \
+      > "$OUT/build-$commit.log" 2>&1 || echo "baseline $commit failed to build" ) &
+  done
+fi
+
 step "build (pip install --no-build-isolation .)"
 # SKIP_BUILD=1 keeps what an earlier call on the same (warm) machine installed.
 if [ -z "${SKIP_BUILD:-}" ]; then
@@ -67,6 +79,22 @@ fi
 python3 -c "import l2ctl; print('l2ctl', l2ctl.__version__, 'built with the CUDA runtime', l2ctl.versions()['runtime'])" | tee "$OUT/flavour.txt"
 cd /tmp  # import the installed package, not the source tree
 src=$OLDPWD
+
+if [ "$mode" = lean ]; then
+  wait
+  step "the lean scope: baselines against this tree"
+  head=$(git -C "$src" rev-parse --short HEAD 2>/dev/null || echo "${L2CTL_COMMIT:-tree}")
+  site=$(python3 -c "import l2ctl, os; print(os.path.dirname(os.path.dirname(l2ctl.__file__)))")
+  builds=()
+  for tarball in "$src"/.out/lean/src-*.tar.gz; do
+    commit=$(basename "$tarball" .tar.gz); commit=${commit#src-}
+    builds+=(--build "$commit=/tmp/build-$commit@$commit")
+  done
+  python3 "$src/scripts/compare_lean_overhead.py" "${builds[@]}" --build "after=$site@${L2CTL_COMMIT:-$head}" \
+    --runs "${LEAN_RUNS:-8}" --json "$OUT/lean_overhead.json" 2>&1 | tee "$OUT/lean_overhead.txt" || status=1
+  [ "${LEAN_THEN:-}" = suite ] || exit $status
+  mode=suite
+fi
 
 if [ "$mode" = sanitize ]; then
   step "compute-sanitizer"
