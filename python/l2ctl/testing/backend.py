@@ -512,10 +512,6 @@ class FakeBackend(L2State):
                 self._pending[-1]()
             self._pending.pop()
 
-    def model(self, index: int = 0) -> DeviceModel:
-        """The timing model (and L2 state) of device ``index``."""
-        return self.models[index]
-
     def state(self) -> tuple[Any, ...]:
         """Everything l2ctl may change (limits, stream windows, node windows), for before/after equality."""
         with self._locked:

@@ -23,7 +23,7 @@ from typing import Optional, Tuple
 
 from .._units import GiB, MiB
 
-__all__ = ["FakeDevice", "TaxCurve", "H100_TAX_WRITE", "H100_TAX_COPY", "tax_at"]
+__all__ = ["FakeDevice", "TaxCurve", "H100_TAX_WRITE", "H100_TAX_COPY"]
 
 #: (limit as a fraction of persistingL2CacheMaxSize, bandwidth multiplier), increasing fractions.
 TaxCurve = Tuple[Tuple[float, float], ...]
@@ -34,16 +34,6 @@ H100_TAX_WRITE: TaxCurve = ((0.0, 1.0), (0.3, 1.0), (0.4, 0.957), (0.5, 0.723), 
                             (0.8, 0.727), (0.9, 0.426), (1.0, 0.396))
 H100_TAX_COPY: TaxCurve = ((0.0, 1.0), (0.3, 1.0), (0.4, 0.962), (0.5, 0.863), (0.6, 0.819), (0.7, 0.777),
                            (0.8, 0.742), (0.9, 0.495), (1.0, 0.431))
-
-
-def tax_at(curve: TaxCurve, fraction: float) -> float:
-    """The curve's multiplier at ``fraction`` (linear between points, flat outside them)."""
-    if fraction <= curve[0][0]:
-        return curve[0][1]
-    for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
-        if fraction <= x1:
-            return y0 + (y1 - y0) * (fraction - x0) / (x1 - x0) if x1 > x0 else y1
-    return curve[-1][1]
 
 
 _PUBLIC = "properties from public specs; timing model calibrated on Hopper"

@@ -10,7 +10,6 @@ __all__ = ["CUDA_ERRORS", "cuda_error", "cupti_error", "CUPTI_ERRORS"]
 CUDA_ERRORS: dict[str, tuple[int, str]] = {
     "cudaErrorInvalidValue": (1, "invalid argument"),
     "cudaErrorMemoryAllocation": (2, "out of memory"),
-    "cudaErrorInsufficientDriver": (35, "CUDA driver version is insufficient for CUDA runtime version"),
     "cudaErrorNoDevice": (100, "no CUDA-capable device is detected"),
     "cudaErrorInvalidDevice": (101, "invalid device ordinal"),
     "cudaErrorUnsupportedLimit": (215, "limit is not supported on this architecture"),
@@ -27,8 +26,6 @@ CUDA_ERRORS: dict[str, tuple[int, str]] = {
 CUPTI_ERRORS: dict[str, int] = {
     "CUPTI_ERROR_INVALID_PARAMETER": 1,
     "CUPTI_ERROR_INVALID_OPERATION": 7,
-    "CUPTI_ERROR_NOT_INITIALIZED": 15,
-    "CUPTI_ERROR_INVALID_METRIC_NAME": 17,
     "CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED": 39,
 }
 

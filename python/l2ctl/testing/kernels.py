@@ -124,10 +124,10 @@ def read_sum_partials(runs: list[Run], n: int, blocks: int) -> Array:
             else:
                 for k in range(0, sub.count, CHUNK_WORDS):
                     k1 = min(sub.count, k + CHUNK_WORDS)
-                    _add_groups(partials, sub.values(k, k1), m0 + k, group, blocks)
+                    _add_groups(partials, words.values(k, k1), m0 + k, group, blocks)
         t0, t1 = max(a, main), b
         if t0 < t1:  # the tail words: threads 0..2 of block 0
-            partials[0] += U64(int(run.values(t0 - a, t1 - a).astype(U64).sum()))
+            partials[0] += U64(int(run.content.values(t0 - a, t1 - a).astype(U64).sum()))
     return partials
 
 
@@ -136,7 +136,7 @@ def stride_partials(runs: list[Run], threads: int, stride: int, block_threads: i
     blocks = -(-threads // block_threads)
     partials = np.zeros(blocks, dtype=U64)
     if stride == 0:
-        v0 = int(runs[0].values(0, 1)[0])
+        v0 = int(runs[0].content.values(0, 1)[0])
         counts = np.minimum(block_threads, threads - np.arange(blocks, dtype=np.int64) * block_threads)
         partials[:] = counts.astype(U64) * U64(v0)
         return partials
@@ -165,7 +165,7 @@ def stride_partials(runs: list[Run], threads: int, stride: int, block_threads: i
             while t < t_hi:
                 t1 = min(t_hi, (t // block_threads) * block_threads + step)
                 ts = np.arange(t, t1, dtype=np.int64)
-                vals = run.gather(ts * stride - a).astype(U64)
+                vals = words.gather(ts * stride - a).astype(U64)
                 starts = np.unique(np.concatenate(([0], np.flatnonzero(np.diff(ts // block_threads)) + 1)))
                 sums = np.add.reduceat(vals, starts)
                 np.add.at(partials, ts[starts] // block_threads, sums)

@@ -4,11 +4,8 @@ journal. The simulator's implementation of the planner's calls (``planner::Calls
 contract's single calls and ``apply_batch``, which src/backend_calls.cpp forwards to). One concern of FakeBackend,
 which inherits it (backend.py holds the machine's other parts: streams, memory, graphs, execution, counters).
 
-Every call is atomic, as a driver call is: it checks its arguments and computes the whole change first, touching
-nothing, then makes it in one step (``_commit``), journal entry first. That step makes no call and runs no loop,
-and CPython runs a signal's handler only at a call, a function's start or a backward jump, so an interrupt (or
-any exception a handler raises) lands before the change or after it and its journal entry; the only allocation
-the step makes is the journal's, before the device changes, so an allocation failure changes nothing either."""
+Every call is atomic, as a driver call is (docs/DESIGN.md, "The backend contract"): it checks its arguments and
+computes the whole change first, touching nothing, then makes it in one step (``_commit``), journal entry first."""
 
 from __future__ import annotations
 

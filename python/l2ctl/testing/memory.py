@@ -107,9 +107,6 @@ class Fill(Content):
     def materialize(self, offset: int, n: int) -> Array:
         return np.full(n, self.byte, dtype=U8)
 
-    def gather(self, idx: Array) -> Array:
-        return np.full(len(idx), self.word, dtype=U32)
-
 
 @dataclass(frozen=True, eq=False)
 class Bytes(Content):
@@ -177,11 +174,6 @@ class Index(Content):
         words = ((self.first + np.arange(w0, w1, dtype=np.uint64)) & 0xFFFFFFFF).astype(U32)
         return words.view(U8)[p0 % 4:p0 % 4 + n]
 
-    def gather(self, idx: Array) -> Array:
-        if self.bphase:
-            return super().gather(idx)
-        return (idx.astype(np.int64) + self.first).astype(U32)
-
 
 # ---- word runs -----------------------------------------------------------------------------------
 
@@ -193,14 +185,6 @@ class Run:
 
     count: int
     content: Content
-
-    def values(self, k0: int, k1: int) -> Array:
-        """Words [k0, k1) of the run as uint32."""
-        return self.content.values(k0, k1)
-
-    def gather(self, idx: Array) -> Array:
-        """Words at the (int64) positions ``idx`` of the run."""
-        return self.content.gather(idx)
 
     def sub(self, k0: int, k1: int) -> "Run":
         """Words [k0, k1) as a run of their own."""
@@ -235,9 +219,7 @@ def counts_up(c: Content) -> TypeGuard[Index]:
 
 def _occurrences(run: Run, value: int) -> Optional[int]:
     """How many words of ``run`` equal ``value``, where a closed form exists."""
-    c = run.content
-    if isinstance(c, Fill):
-        return run.count if c.word == value else 0
+    c = run.content  # never a fill: two fills are compared before
     if counts_up(c):
         return 1 if c.first <= value < c.first + run.count else 0
     phase = c.word_phase if isinstance(c, Pattern) else None
@@ -274,7 +256,7 @@ def _differences(a: Run, b: Run) -> int:
     bad = 0
     for k in range(0, n, CHUNK_WORDS):
         k1 = min(n, k + CHUNK_WORDS)
-        bad += int(np.count_nonzero(a.values(k, k1) != b.values(k, k1)))
+        bad += int(np.count_nonzero(ca.values(k, k1) != cb.values(k, k1)))
     return bad
 
 

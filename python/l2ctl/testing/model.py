@@ -75,7 +75,7 @@ from typing import Optional
 import numpy as np
 
 from .._units import GiB, MiB
-from .devices import FakeDevice, tax_at
+from .devices import FakeDevice
 
 __all__ = ["Traffic", "Profile", "PROFILES", "Estimate", "DeviceModel", "hill_miss", "METRIC_NAMES", "GiB"]
 
@@ -260,7 +260,7 @@ class DeviceModel:
         if d.persisting_l2_cache_max_size <= 0:
             return 1.0
         f = d.limit / d.persisting_l2_cache_max_size
-        w, c = tax_at(d.tax_write, f), tax_at(d.tax_copy, f)
+        w, c = (float(np.interp(f, *np.transpose(curve))) for curve in (d.tax_write, d.tax_copy))
         return w + (c - w) * min(1.0, 2 * read_fraction)
 
     def seconds_per_byte(self, read_fraction: float) -> float:

@@ -2,29 +2,25 @@
 
 Semantics follow src/l2ctl/counters.hpp and l2ctl._counters:
 
-- ``cupti_load(path)`` "opens" libcupti: bare library names and existing files named ``libcupti*``
-  load (unless the backend was made with ``cupti=False``); anything else fails with code -1.
-- ``RangeProfiler(device, metrics, max_ranges, user_replay)`` needs the library loaded and at least one
-  metric, all known to the model (whose names include every one of ``l2ctl._counters.METRIC_UNITS``;
-  others fail like CUPTI's host configuration). They need ``passes`` passes, one per four metrics. Only
-  one profiler may be enabled on a device at a time.
-- ``start()`` begins a pass. Like the real profiler, it evicts persisting L2 lines and leaves some of its
-  own data dirty in L2, which the first kernels then write back (the timing model accounts for both).
-  Every kernel launched on the device until ``end_pass()`` is a range, up to ``max_ranges``.
-- Kernel replay (``user_replay=False``): each launch is replayed ``passes`` times (serialized and
-  slower on the stream's clock, persisting lines lost and about 15 MB written back by the save and
-  restore of memory per range); ``end_pass()``/``stop()`` end the single user pass.
-- User replay: the caller repeats its work once per pass; ``end_pass()`` returns True after the last
-  one; metric i is read from pass i mod ``passes`` (launches are matched by position, so every pass
-  must launch the same kernels); ``stop()`` before every pass has run raises RuntimeError.
-- ``launches()`` counts the kernel launches of the current (or last) pass; ``chip`` names the GPU.
+- ``cupti_load(path)`` "opens" bare library names and existing files named ``libcupti*`` (unless the backend
+  was made with ``cupti=False``); anything else fails with code -1.
+- ``RangeProfiler(device, metrics, max_ranges, user_replay)`` needs the library loaded and at least one metric,
+  all known to the model (others fail like CUPTI's host configuration); one pass per four metrics, and one
+  enabled profiler per device.
+- ``start()`` begins a pass. As the real profiler does, it evicts persisting L2 lines and leaves some of its
+  own data dirty in L2, which the first kernels write back. Every kernel launched on the device until
+  ``end_pass()`` is a range, up to ``max_ranges``.
+- Kernel replay: each launch is replayed ``passes`` times (serialized and slower on the stream's clock,
+  persisting lines lost and about 15 MB written back per range by the save and restore of memory), in one
+  pass that ``end_pass()`` or ``stop()`` ends.
+- User replay: the caller repeats its work once per pass; ``end_pass()`` returns True after the last one;
+  metric i is read from pass i mod ``passes`` (launches matched by position: every pass must launch the same
+  kernels); ``stop()`` before every pass has run raises RuntimeError.
 
-``FakeLaunchRecorder`` (``FakeBackend.LaunchRecorder``) is the launch recorder of eager discovery
-(src/l2ctl/counters.hpp): it needs the library loaded; ``start()`` subscribes, and fails with CUPTI's error 39
-while another recorder holds the one subscription a process has; every kernel launched on any device until
-``stop()`` is kept (name, stream, device, its pointer arguments as argument words), up to ``max_launches``
-(``dropped`` counts the rest), captured launches included, as CUPTI sees the launch calls; graph replays
-launch no kernel calls and are not seen.
+``FakeLaunchRecorder`` is eager discovery's launch recorder: ``start()`` subscribes (CUPTI's error 39 while
+another recorder holds the process's one subscription); every kernel launch call on any device until ``stop()``
+is kept (name, stream, device, pointer arguments as argument words), up to ``max_launches`` (``dropped``
+counts the rest), captured launches included; graph replays make no launch calls and are not seen.
 """
 
 from __future__ import annotations

@@ -96,11 +96,11 @@ class FakeTorchGraph:
 
 
 class FakeRecording:
-    """One recording of the graph trees: its graph (an executable only, as torch keeps it)."""
+    """One recording of the graph trees: its graph (an executable only, as torch keeps it). The stand-in records
+    roots only: torch.compile's child recordings add nothing l2ctl treats apart."""
 
     def __init__(self, graph: FakeTorchGraph) -> None:
         self.graph: Optional[FakeTorchGraph] = graph
-        self.children: dict[int, list[FakeRecording]] = {}
 
 
 class FakeGraphTrees:
@@ -161,14 +161,7 @@ class FakeGraphTrees:
             self.set_stream(previous, device)
 
     def recorded(self, device: int) -> list[Any]:
-        found: list[Any] = []  # FakeRecordings
-        pending = list(self.roots.get(device, []))
-        while pending:
-            node = pending.pop()
-            found.append(node)
-            for children in node.children.values():
-                pending.extend(children)
-        return found
+        return list(self.roots.get(device, []))  # FakeRecordings
 
     def keep_templates(self, captured: Callable[[object, int], None]) -> Optional[Callable[[], None]]:
         """FakeTorchGraph patched as l2ctl patches torch.cuda.CUDAGraph (the same code)."""
