@@ -57,7 +57,16 @@ pl::Request request_of(py::handle limit, long long* bytes) {
   return pl::Request::exact;
 }
 
-py::object optional_int(const std::optional<long long>& v) { return v ? py::object(py::int_(*v)) : py::none(); }
+// A Registry method bound as `method(registry, args...)`: called under the registry's lock, its errors as Python's.
+template <typename R, typename... Args>
+auto locked_call(R (pl::Registry::*method)(Args...)) {
+  return [method](Registry_object& r, Args... args) {
+    return translated([&] {
+      Locked locked(&r);
+      return (r.planner.*method)(args...);
+    });
+  };
+}
 
 py::object device_state(Registry_object& registry, int device) {
   pl::Device_state* st = registry.planner.lookup(device);
@@ -66,14 +75,12 @@ py::object device_state(Registry_object& registry, int device) {
   for (const auto& [id, scope] : st->scopes) scopes[py::int_(id)] = scope_object_of(*scope);
   for (const auto& [slot, w] : st->base_windows) bases[slot_tuple(slot)] = window_object(w);
   for (const auto& [slot, w] : st->applied_windows) applied[slot_tuple(slot)] = window_object(w);
-  py::object bounds = st->auto_bounds ? py::object(py::make_tuple(st->auto_bounds->first, st->auto_bounds->second))
-                                      : py::none();
   static py::object* namespace_type = new py::object(py::module_::import("types").attr("SimpleNamespace"));
   return (*namespace_type)(
-      "device"_a = st->device, "maximum"_a = st->maximum, "scopes"_a = scopes, "base_limit"_a = optional_int(st->base_limit),
-      "applied_request"_a = optional_int(st->applied_request), "applied_limit"_a = optional_int(st->applied_limit),
-      "base_windows"_a = bases, "applied_windows"_a = applied, "observed_limit"_a = optional_int(st->observed_limit),
-      "in_force_demand"_a = st->in_force_demand, "auto_capped"_a = st->auto_capped, "auto_bounds"_a = bounds,
+      "device"_a = st->device, "maximum"_a = st->maximum, "scopes"_a = scopes, "base_limit"_a = st->base_limit,
+      "applied_request"_a = st->applied_request, "applied_limit"_a = st->applied_limit, "base_windows"_a = bases,
+      "applied_windows"_a = applied, "observed_limit"_a = st->observed_limit, "in_force_demand"_a = st->in_force_demand,
+      "auto_capped"_a = st->auto_capped, "auto_bounds"_a = st->auto_bounds,
       "dirty"_a = st->dirty, "shared"_a = st->shared,
       "batch"_a = st->batch ? py::object(py::str("cut short")) : py::none());
 }
@@ -438,20 +445,8 @@ void bind_planner(py::module_& core) {
                r.planner.forget_slots(kind, out);
              });
            })
-      .def("known_limit",
-           [](Registry_object& r, int device) {
-             return translated([&] {
-               Locked locked(&r);
-               return optional_int(r.planner.known_limit(device));
-             });
-           })
-      .def("observed_limit",
-           [](Registry_object& r, int device, long long maximum) {
-             return translated([&] {
-               Locked locked(&r);
-               return r.planner.observed_limit(device, maximum);
-             });
-           })
+      .def("known_limit", locked_call(&pl::Registry::known_limit))
+      .def("observed_limit", locked_call(&pl::Registry::observed_limit))
       .def("snapshot",
            [](Registry_object& r, int device, long long maximum) {
              return translated([&] {
@@ -472,26 +467,14 @@ void bind_planner(py::module_& core) {
                return out;
              });
            })
-      .def("reset_lines",
-           [](Registry_object& r, int device) {
-             translated([&] {
-               Locked locked(&r);
-               r.planner.reset_lines(device);
-             });
-           })
-      .def("granularity",
-           [](Registry_object& r, int device, long long maximum) {
-             return translated([&] {
-               Locked locked(&r);
-               return r.planner.granularity(device, maximum);
-             });
-           })
+      .def("reset_lines", locked_call(&pl::Registry::reset_lines))
+      .def("granularity", locked_call(&pl::Registry::granularity))
       .def_property_readonly("slot_epoch", [](const Registry_object& r) { return r.planner.slot_epoch(); },
                              "Moves whenever a handle's generation does: slots made before may be stale.")
       .def("known_granularity",
            [](Registry_object& r, int device) {
              Locked locked(&r);
-             return optional_int(r.planner.known_granularity(device));
+             return r.planner.known_granularity(device);
            })
       .def("restore_all",
            [](Registry_object& r) {

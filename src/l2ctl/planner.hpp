@@ -296,7 +296,6 @@ class Registry {
   void unregister(Device_state& state, Scope& scope);
   void learn_base_limit(Device_state& state);
   long long seen_limit(Device_state& state);
-  std::pair<long long, std::string> granularity_locked(int device, long long maximum);
   [[noreturn]] void rethrow_translated(const Call_failed& failure, int device);
 
   std::pmr::unsynchronized_pool_resource pool_;  // forget_idle's set of covered slots draws from it (under the lock)
