@@ -381,9 +381,6 @@ void bind_planner(py::module_& core) {
                                return s.window;
                              })
       .def_property_readonly("limit", [](const Scope_object& s) { return s.limit; })
-      .def_property_readonly("share", [](const Scope_object& s) { return s.core->share; })
-      .def_property_readonly("reset_on_exit", [](const Scope_object& s) { return s.core->reset_on_exit; })
-      .def_property_readonly("fit_hit_ratio", [](const Scope_object& s) { return s.core->fit_hit_ratio; })
       .def_property(
           "standing", [](const Scope_object& s) { return s.core->standing; },
           [](Scope_object& s, bool v) { s.core->standing = v; })
@@ -395,12 +392,6 @@ void bind_planner(py::module_& core) {
           [](Scope_object& s, bool v) { s.core->ending = v; })
       .def_property_readonly("owner", [](const Scope_object& s) { return s.owner; })
       .def_property_readonly("id", [](const Scope_object& s) { return s.core->id; })
-      .def_property_readonly("backend", [](const Scope_object& s) { return s.backend; })
-      .def_property_readonly("holder", [](const Scope_object& s) { return s.holder; })
-      .def_property_readonly("effective",
-                             [](const Scope_object& s) {
-                               return s.core->has_window ? window_object(s.core->effective) : py::object(py::none());
-                             })
       .def("__repr__", [](const Scope_object& s) {
         return py::str("Scope(id={}, device={}, slots={}, window={}, limit={!r}, standing={}, ending={})")
             .format(s.core->id, s.core->device, s.core->slots.size(),
@@ -550,9 +541,6 @@ void bind_planner(py::module_& core) {
     return std::make_pair(fitted.num_bytes, fitted.hit_ratio);
   }, "room"_a, "window_bytes"_a);
   m.def("plan_shared_hit_ratios", &pl::shared_hit_ratios, "requests"_a, "set_aside"_a);
-  m.def("plan_probe_rounding", [](py::function ask, long long maximum) {
-    return pl::probe_rounding([&](long long n) { return ask(n).cast<long long>(); }, maximum);
-  });
 }
 
 }  // namespace l2ctl_bindings
