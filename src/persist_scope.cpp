@@ -516,15 +516,9 @@ PyObject* persist_exit(PyObject* o, PyObject* const* args, Py_ssize_t nargs) {
 PyObject* get_window(PyObject* o, void*) {
   auto* self = reinterpret_cast<Persist*>(o);
   if (!self->has_window) return Py_NewRef(host.no_window);
-  if (self->window == nullptr) {
-    try {
-      self->window = window_object(self->entered_window).release().ptr();
-    } catch (py::error_already_set& e) {
-      e.restore();
-      return nullptr;
-    }
-  }
-  return Py_NewRef(self->window);
+  if (self->window == nullptr)
+    self->window = guarded([&] { return window_object(self->entered_window).release().ptr(); });
+  return Py_XNewRef(self->window);
 }
 
 PyObject* get_clipped(PyObject* o, void*) { return PyBool_FromLong(reinterpret_cast<Persist*>(o)->clipped); }
@@ -552,12 +546,7 @@ PyObject* get_stream(PyObject* o, void*) {
 PyObject* get_scope(PyObject* o, void*) {
   auto* self = reinterpret_cast<Persist*>(o);
   if (!self->live) Py_RETURN_NONE;
-  try {
-    return scope_object(self->live).release().ptr();
-  } catch (py::error_already_set& e) {
-    e.restore();
-    return nullptr;
-  }
+  return guarded([&] { return scope_object(self->live).release().ptr(); });
 }
 
 int set_scope(PyObject* o, PyObject* value, void*) {
