@@ -22,7 +22,6 @@ def main() -> None:
     s = l2ctl.Stream()
     buf = l2ctl.DeviceBuffer(4 << 20)
     w = (buf.ptr, buf.nbytes, 0.75, 2, 1)
-    empty = (0, 0, 0.0, 0, 0)
     h = s.handle
 
     def minimal_scope() -> None:
@@ -38,11 +37,13 @@ def main() -> None:
     rows.append(("python: minimal with-block (class made each time)", best(minimal_scope)))
     rows.append(("python: function call", best(lambda: None)))
     rows.append(("_core.device_count()", best(_core.device_count)))
-    rows.append(("_core.set_stream_window x2", best(lambda: (_core.set_stream_window(h, *w),
-                                                             _core.set_stream_window(h, *empty)))))
     rows.append(("_core.get_stream_window", best(lambda: _core.get_stream_window(h))))
     rows.append(("_core.get_persisting_limit", best(lambda: _core.get_persisting_limit(0))))
-    rows.append(("_core.reset_persisting_lines", best(lambda: _core.reset_persisting_lines(0), n=5000)))
+    # The extension sets state only through its planner: the raw calls, timed in C++ (the limit set to itself).
+    limit = _core.get_persisting_limit(0)
+    driver = getattr(_core, "_driver_timing").time_calls(0, h, [], buf.ptr, buf.nbytes, limit, limit, 20000)
+    rows.append(("C++: window read, set, set back (a lean scope's calls)", driver["cpp_lean_calls"]))
+    rows.append(("C++: the same, then a reset of persisting lines", driver["cpp_default_calls"]))
     rows.append(("Persist() construction", best(lambda: Persist(s, buf, 0.75, set_aside=None, reset_on_exit=False))))
     p = Persist(s, buf, 0.75, set_aside=None, reset_on_exit=False)
     rows.append(("Persist enter+exit (object reused)", best(lambda: (p.__enter__(), p.__exit__(None, None, None)))))

@@ -56,23 +56,15 @@ py::dict image_info(const l2ctl::KernelImage& image) {
                   "nvrtc_version"_a = std::to_string(image.nvrtc_major) + "." + std::to_string(image.nvrtc_minor));
 }
 
-// get_<what>_window(handle) -> AccessPolicyWindow and set_<what>_window(handle, base, num_bytes, hit_ratio,
-// hit_prop, miss_prop): CUDA's own calls (the planner makes its changes through backend_calls.cpp), defined once for
-// every holder of a window.
-void bind_window_accessors(py::module_& m, const std::string& what, l2ctl::WindowHolder holder) {
+// get_<what>_window(handle) -> AccessPolicyWindow: CUDA's own read, defined once for every holder of a window. No
+// call of the extension's sets one: the planner makes every change (backend_calls.cpp).
+void bind_window_reader(py::module_& m, const std::string& what, l2ctl::WindowHolder holder) {
   m.def(
       ("get_" + what + "_window").c_str(),
       [holder](std::uintptr_t handle) {
         return l2ctl_bindings::window_object(unlocked([&] { return l2ctl::get_window(holder, handle); }));
       },
       py::arg(what.c_str()));
-  m.def(
-      ("set_" + what + "_window").c_str(),
-      [holder](std::uintptr_t handle, std::uintptr_t base, std::size_t num_bytes, double hit_ratio, int hit_prop,
-               int miss_prop) {
-        l2ctl::set_window(holder, handle, l2ctl::Window{base, num_bytes, hit_ratio, hit_prop, miss_prop});
-      },
-      py::arg(what.c_str()), "base"_a, "num_bytes"_a, "hit_ratio"_a, "hit_prop"_a, "miss_prop"_a, release());
 }
 
 // (context, primary context) of a stream or a pointer, found with the GIL released.
@@ -114,8 +106,6 @@ PYBIND11_MODULE(_core, m) {
       },
       "device"_a);
   m.def("get_persisting_limit", &l2ctl::get_persisting_limit, "device"_a, release());
-  m.def("set_persisting_limit", &l2ctl::set_persisting_limit, "device"_a, "nbytes"_a, release());
-  m.def("reset_persisting_lines", &l2ctl::reset_persisting_lines, "device"_a, release());
   m.def("driver_version", &l2ctl::driver_version, release());
   m.def("runtime_version", &l2ctl::runtime_version, release());
   m.def("device_synchronize", &l2ctl::device_synchronize, "device"_a, release());
@@ -133,7 +123,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("stream_context", &contexts<l2ctl::stream_context>, "stream"_a);
   m.def("pointer_context", &contexts<l2ctl::pointer_context>, "ptr"_a);
   m.def("stream_synchronize", &l2ctl::stream_synchronize, "stream"_a, release());
-  bind_window_accessors(m, "stream", l2ctl::WindowHolder::stream);
+  bind_window_reader(m, "stream", l2ctl::WindowHolder::stream);
 
   py::class_<l2ctl::Event>(m, "Event")
       .def(py::init<int>(), "device"_a = -1, release())
@@ -176,7 +166,6 @@ PYBIND11_MODULE(_core, m) {
         l2ctl::copy_device_to_host(info.ptr, src, bytes, stream);
       },
       "dst"_a, "src"_a, "stream"_a);
-  m.def("copy_device_to_device", &l2ctl::copy_device_to_device, "dst"_a, "src"_a, "nbytes"_a, "stream"_a, release());
   m.def("memset_device", &l2ctl::memset_device, "dst"_a, "value"_a, "nbytes"_a, "stream"_a, release());
 
   // Graphs.
@@ -211,7 +200,7 @@ PYBIND11_MODULE(_core, m) {
       [](std::uintptr_t node) { return words_list(unlocked([&] { return l2ctl::kernel_node_words(node); })); },
       "node"_a);
   m.def("address_range", &l2ctl::address_range, "address"_a, release());
-  bind_window_accessors(m, "node", l2ctl::WindowHolder::kernel_node);
+  bind_window_reader(m, "node", l2ctl::WindowHolder::kernel_node);
 
   // The planner: the registry of device state (planner_bindings.cpp).
   l2ctl_bindings::bind_planner(m);

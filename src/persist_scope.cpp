@@ -92,6 +92,15 @@ PyObject* persist_new(PyTypeObject* type, PyObject*, PyObject*) {
   return reinterpret_cast<PyObject*>(self);
 }
 
+// What an entry learnt, forgotten (`idle`: the object describes an entry that changed nothing).
+void forget_entry(Persist* self, bool idle) {
+  self->idle = idle;
+  self->has_window = self->clipped = self->has_slots = false;
+  self->device = -1;
+  self->first_slot = 0;
+  Py_CLEAR(self->window);
+}
+
 // The arguments in vectorcall's form: placed by name, their common forms taken in C++, any other through _prepare.
 int initialise(Persist* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
   if (self->live) {
@@ -117,12 +126,7 @@ int initialise(Persist* self, PyObject* const* args, Py_ssize_t nargs, PyObject*
           common = take_common(self, v);
         }
         if (!common) take_prepared(self, args, nargs, kwnames, v);
-        self->has_window = false;
-        self->clipped = false;
-        self->device = -1;
-        self->has_slots = false;
-        self->idle = false;
-        Py_CLEAR(self->window);
+        forget_entry(self, false);
         Py_CLEAR(self->changed);
         Py_CLEAR(self->executables);
         return 0;
@@ -378,19 +382,23 @@ void announce(Persist* self, const std::shared_ptr<Scope_object>& scope, const p
             py::float_(entered.asked).ptr());
 }
 
+// finish_scope with the object's stale-making executables and `changed` callback.
+void finish(Persist* self, Scope_object& scope, const py::object& exc) {
+  const auto held = [](PyObject* o) { return o != nullptr ? py::reinterpret_borrow<py::object>(o) : py::none(); };
+  finish_scope(scope, held(self->executables), held(self->changed), exc);
+}
+
 // After the scope was registered, something failed (a graph's update, a warning filter, an interrupt, an
 // allocation): the scope ends in compiled code and the first error stays the one to see; an error of the end is a
 // note on it. `scope` is the entry's own: what failed (a warning's display, say) may have ended it already, or
 // entered the object again.
 [[noreturn]] void end_after(Persist* self, const std::shared_ptr<Scope_object>& scope) {
   const std::exception_ptr failure = std::current_exception();
-  py::object executables = self->executables ? py::reinterpret_borrow<py::object>(self->executables) : py::none();
-  py::object changed = self->changed ? py::reinterpret_borrow<py::object>(self->changed) : py::none();
   try {
     set_python_error(failure);
     py::error_already_set error;
     try {
-      finish_scope(*scope, executables, changed, error.value());
+      finish(self, *scope, error.value());
     } L2CTL_THREAD_ENDED catch (...) {
       // noted on `error` already where it can be
     }
@@ -425,24 +433,12 @@ void apply(Persist* self) {
 
 void describe_idle(Persist* self) {
   const Entering entering(self);  // the Python it calls must not initialise the object again meanwhile
-  self->idle = true;
-  self->has_window = self->clipped = false;
-  Py_CLEAR(self->window);
-  self->device = -1;
-  self->has_slots = false;
-  self->first_slot = 0;
+  forget_entry(self, true);
   try {
     if (self->stream_ref != nullptr) {
       self->first_slot = self->handle;
       self->has_slots = true;
-      int device = self->stream_device;
-      if (device < 0) {
-        PyObject* d = PyObject_CallOneArg(host.stream_device, self->stream_ref);
-        if (d == nullptr) throw py::error_already_set();
-        device = static_cast<int>(as_ll(d));
-        Py_DECREF(d);
-      }
-      self->device = device;
+      self->device = device_of_stream(self);
     } else {
       const py::object target = resolved_target(self);
       const std::vector<pl::Slot> slots = slots_of(host.target(target.ptr(), Target_record::slots));
@@ -505,10 +501,7 @@ PyObject* persist_exit(PyObject* o, PyObject* const* args, Py_ssize_t nargs) {
   if (!self->live) Py_RETURN_NONE;
   const std::shared_ptr<Scope_object> live = self->live;
   PyObject* out = guarded([&] {
-    py::object executables = self->executables ? py::reinterpret_borrow<py::object>(self->executables) : py::none();
-    py::object changed = self->changed ? py::reinterpret_borrow<py::object>(self->changed) : py::none();
-    py::object exc = nargs >= 2 ? py::reinterpret_borrow<py::object>(args[1]) : py::none();
-    finish_scope(*live, executables, changed, exc);
+    finish(self, *live, nargs >= 2 ? py::reinterpret_borrow<py::object>(args[1]) : py::none());
     return Py_NewRef(Py_None);
   });
   // Reset only if it still names this scope: `changed` (Python) may have let the object be entered again. The
@@ -523,15 +516,9 @@ PyObject* persist_exit(PyObject* o, PyObject* const* args, Py_ssize_t nargs) {
 PyObject* get_window(PyObject* o, void*) {
   auto* self = reinterpret_cast<Persist*>(o);
   if (!self->has_window) return Py_NewRef(host.no_window);
-  if (self->window == nullptr) {
-    try {
-      self->window = window_object(self->entered_window).release().ptr();
-    } catch (py::error_already_set& e) {
-      e.restore();
-      return nullptr;
-    }
-  }
-  return Py_NewRef(self->window);
+  if (self->window == nullptr)
+    self->window = guarded([&] { return window_object(self->entered_window).release().ptr(); });
+  return Py_XNewRef(self->window);
 }
 
 PyObject* get_clipped(PyObject* o, void*) { return PyBool_FromLong(reinterpret_cast<Persist*>(o)->clipped); }
@@ -559,12 +546,7 @@ PyObject* get_stream(PyObject* o, void*) {
 PyObject* get_scope(PyObject* o, void*) {
   auto* self = reinterpret_cast<Persist*>(o);
   if (!self->live) Py_RETURN_NONE;
-  try {
-    return scope_object(self->live).release().ptr();
-  } catch (py::error_already_set& e) {
-    e.restore();
-    return nullptr;
-  }
+  return guarded([&] { return scope_object(self->live).release().ptr(); });
 }
 
 int set_scope(PyObject* o, PyObject* value, void*) {
@@ -636,9 +618,6 @@ void persist_forget(PyObject* holder, const Scope_object* record) {
   auto* self = reinterpret_cast<Persist*>(holder);
   if (self->live.get() == record) self->live.reset();
 }
-
-// `with graph.capture(stream) as g:` began: the capture and its record (`_capturing`) with no bytecode between. A
-// call cut short in the backend (the simulator's Python) may have begun it: the stream is asked, and ended.
 
 }  // namespace
 

@@ -57,7 +57,16 @@ pl::Request request_of(py::handle limit, long long* bytes) {
   return pl::Request::exact;
 }
 
-py::object optional_int(const std::optional<long long>& v) { return v ? py::object(py::int_(*v)) : py::none(); }
+// A Registry method bound as `method(registry, args...)`: called under the registry's lock, its errors as Python's.
+template <typename R, typename... Args>
+auto locked_call(R (pl::Registry::*method)(Args...)) {
+  return [method](Registry_object& r, Args... args) {
+    return translated([&] {
+      Locked locked(&r);
+      return (r.planner.*method)(args...);
+    });
+  };
+}
 
 py::object device_state(Registry_object& registry, int device) {
   pl::Device_state* st = registry.planner.lookup(device);
@@ -66,14 +75,12 @@ py::object device_state(Registry_object& registry, int device) {
   for (const auto& [id, scope] : st->scopes) scopes[py::int_(id)] = scope_object_of(*scope);
   for (const auto& [slot, w] : st->base_windows) bases[slot_tuple(slot)] = window_object(w);
   for (const auto& [slot, w] : st->applied_windows) applied[slot_tuple(slot)] = window_object(w);
-  py::object bounds = st->auto_bounds ? py::object(py::make_tuple(st->auto_bounds->first, st->auto_bounds->second))
-                                      : py::none();
   static py::object* namespace_type = new py::object(py::module_::import("types").attr("SimpleNamespace"));
   return (*namespace_type)(
-      "device"_a = st->device, "maximum"_a = st->maximum, "scopes"_a = scopes, "base_limit"_a = optional_int(st->base_limit),
-      "applied_request"_a = optional_int(st->applied_request), "applied_limit"_a = optional_int(st->applied_limit),
-      "base_windows"_a = bases, "applied_windows"_a = applied, "observed_limit"_a = optional_int(st->observed_limit),
-      "in_force_demand"_a = st->in_force_demand, "auto_capped"_a = st->auto_capped, "auto_bounds"_a = bounds,
+      "device"_a = st->device, "maximum"_a = st->maximum, "scopes"_a = scopes, "base_limit"_a = st->base_limit,
+      "applied_request"_a = st->applied_request, "applied_limit"_a = st->applied_limit, "base_windows"_a = bases,
+      "applied_windows"_a = applied, "observed_limit"_a = st->observed_limit, "in_force_demand"_a = st->in_force_demand,
+      "auto_capped"_a = st->auto_capped, "auto_bounds"_a = st->auto_bounds,
       "dirty"_a = st->dirty, "shared"_a = st->shared,
       "batch"_a = st->batch ? py::object(py::str("cut short")) : py::none());
 }
@@ -374,9 +381,6 @@ void bind_planner(py::module_& core) {
                                return s.window;
                              })
       .def_property_readonly("limit", [](const Scope_object& s) { return s.limit; })
-      .def_property_readonly("share", [](const Scope_object& s) { return s.core->share; })
-      .def_property_readonly("reset_on_exit", [](const Scope_object& s) { return s.core->reset_on_exit; })
-      .def_property_readonly("fit_hit_ratio", [](const Scope_object& s) { return s.core->fit_hit_ratio; })
       .def_property(
           "standing", [](const Scope_object& s) { return s.core->standing; },
           [](Scope_object& s, bool v) { s.core->standing = v; })
@@ -388,12 +392,6 @@ void bind_planner(py::module_& core) {
           [](Scope_object& s, bool v) { s.core->ending = v; })
       .def_property_readonly("owner", [](const Scope_object& s) { return s.owner; })
       .def_property_readonly("id", [](const Scope_object& s) { return s.core->id; })
-      .def_property_readonly("backend", [](const Scope_object& s) { return s.backend; })
-      .def_property_readonly("holder", [](const Scope_object& s) { return s.holder; })
-      .def_property_readonly("effective",
-                             [](const Scope_object& s) {
-                               return s.core->has_window ? window_object(s.core->effective) : py::object(py::none());
-                             })
       .def("__repr__", [](const Scope_object& s) {
         return py::str("Scope(id={}, device={}, slots={}, window={}, limit={!r}, standing={}, ending={})")
             .format(s.core->id, s.core->device, s.core->slots.size(),
@@ -438,20 +436,8 @@ void bind_planner(py::module_& core) {
                r.planner.forget_slots(kind, out);
              });
            })
-      .def("known_limit",
-           [](Registry_object& r, int device) {
-             return translated([&] {
-               Locked locked(&r);
-               return optional_int(r.planner.known_limit(device));
-             });
-           })
-      .def("observed_limit",
-           [](Registry_object& r, int device, long long maximum) {
-             return translated([&] {
-               Locked locked(&r);
-               return r.planner.observed_limit(device, maximum);
-             });
-           })
+      .def("known_limit", locked_call(&pl::Registry::known_limit))
+      .def("observed_limit", locked_call(&pl::Registry::observed_limit))
       .def("snapshot",
            [](Registry_object& r, int device, long long maximum) {
              return translated([&] {
@@ -472,26 +458,14 @@ void bind_planner(py::module_& core) {
                return out;
              });
            })
-      .def("reset_lines",
-           [](Registry_object& r, int device) {
-             translated([&] {
-               Locked locked(&r);
-               r.planner.reset_lines(device);
-             });
-           })
-      .def("granularity",
-           [](Registry_object& r, int device, long long maximum) {
-             return translated([&] {
-               Locked locked(&r);
-               return r.planner.granularity(device, maximum);
-             });
-           })
+      .def("reset_lines", locked_call(&pl::Registry::reset_lines))
+      .def("granularity", locked_call(&pl::Registry::granularity))
       .def_property_readonly("slot_epoch", [](const Registry_object& r) { return r.planner.slot_epoch(); },
                              "Moves whenever a handle's generation does: slots made before may be stale.")
       .def("known_granularity",
            [](Registry_object& r, int device) {
              Locked locked(&r);
-             return optional_int(r.planner.known_granularity(device));
+             return r.planner.known_granularity(device);
            })
       .def("restore_all",
            [](Registry_object& r) {
@@ -567,9 +541,6 @@ void bind_planner(py::module_& core) {
     return std::make_pair(fitted.num_bytes, fitted.hit_ratio);
   }, "room"_a, "window_bytes"_a);
   m.def("plan_shared_hit_ratios", &pl::shared_hit_ratios, "requests"_a, "set_aside"_a);
-  m.def("plan_probe_rounding", [](py::function ask, long long maximum) {
-    return pl::probe_rounding([&](long long n) { return ask(n).cast<long long>(); }, maximum);
-  });
 }
 
 }  // namespace l2ctl_bindings

@@ -91,9 +91,9 @@ struct Registry_object {
 std::unique_ptr<pl::Calls> calls_for(py::handle backend, bool cuda);
 // Registers `scope_obj` (a Scope_object) with `registry` and makes the device match, for `holder` (the object
 // whose `_scope` names it while live; None: none): the entry every scope object makes.
-// A compiled holder (persist's scope) is told of its scope without Python: `is_live(holder)` (null for any other
-// type), `take(holder, record)`, and `forget(holder, record)` when the scope left the registry another way
-// (returns whether `holder` is such a holder). Set by persist_scope.cpp.
+// A compiled holder (persist's scope, of `type`) is told of its scope without Python: `is_live(holder)`,
+// `take(holder, record)`, and `forget(holder, record)` when the scope left the registry another way. Set by
+// persist_scope.cpp.
 struct Compiled_holders {
   PyTypeObject* type = nullptr;
   bool (*is_live)(PyObject* holder) = nullptr;

@@ -234,8 +234,16 @@ std::uintptr_t as_address(PyObject* value) {
 
 int device_or_unknown(PyObject* device) { return device == Py_None ? -1 : static_cast<int>(as_ll(device)); }
 
-// A StreamRef into the scope's fields (read by name: host.hpp).
+// A StreamRef into the scope's fields (read by name: host.hpp); None: no stream (a graph-like target, resolved at
+// entry).
 void take_stream_ref(Persist* self, PyObject* ref) {
+  if (ref == Py_None) {
+    Py_CLEAR(self->stream_ref);
+    self->handle = 0;
+    self->stream_device = -1;
+    self->own_stream = false;
+    return;
+  }
   const auto& field = host.stream_ref;
   if (!field.holds(ref)) throw py::type_error("a stream reference is an l2ctl StreamRef");
   self->handle = as_address(field(ref, Stream_ref::handle));
@@ -405,16 +413,8 @@ bool take_common(Persist* self, PyObject* const* v) {
   } else {
     return false;
   }
-  if (graph_like) {
-    Py_CLEAR(self->stream_ref);
-    self->handle = 0;
-    self->stream_device = -1;
-    self->own_stream = false;
-    Py_XSETREF(self->target, Py_NewRef(stream));
-  } else {
-    take_stream_ref(self, stream_ref.ptr());
-    Py_CLEAR(self->target);
-  }
+  take_stream_ref(self, graph_like ? Py_None : stream_ref.ptr());
+  Py_XSETREF(self->target, graph_like ? Py_NewRef(stream) : nullptr);
   take_buffer_ref(self, buffer_ref.ptr());
   Py_XSETREF(self->stream_object, stream_known != nullptr ? Py_NewRef(stream) : nullptr);
   Py_XSETREF(self->buffer_object, buffer_known != nullptr ? Py_NewRef(buf) : nullptr);
@@ -455,14 +455,7 @@ void take_prepared(Persist* self, PyObject* const* args, Py_ssize_t nargs, PyObj
   const auto arg = [&](Arg a) { return field(interned_args[a]); };
   const auto found = [&](Resolved r) { return field(interned_resolved[r]); };
   const py::handle stream_ref = arg(a_stream);
-  if (stream_ref.is_none()) {
-    Py_CLEAR(self->stream_ref);
-    self->handle = 0;
-    self->stream_device = -1;
-    self->own_stream = false;
-  } else {
-    take_stream_ref(self, stream_ref.ptr());
-  }
+  take_stream_ref(self, stream_ref.ptr());
   Py_XSETREF(self->target, Py_NewRef(found(r_target).ptr()));
   take_buffer_ref(self, arg(a_buf).ptr());
   self->offset = arg(a_offset).cast<long long>();

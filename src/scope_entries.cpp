@@ -70,6 +70,7 @@ py::object stream_exit(py::object self, py::object, py::object, py::object) {
   return py::none();
 }
 
+// `with graph.capture(stream) as g:` began: the capture and its record (`_capturing`) with no bytecode between. A
 // call cut short in the backend (the simulator's Python) may have begun it: the stream is asked, and ended.
 // `_capturing`: False before the capture, True while it runs, None once it ended (one capture per object: its Graph
 // object has been given its graph, or the partial one was destroyed).

@@ -214,9 +214,8 @@ class Crossings:
         return sum(self.count.values())
 
 
-NAMES = ("apply_batch", "get_stream_window", "set_stream_window", "get_persisting_limit", "set_persisting_limit",
-         "reset_persisting_lines", "device_properties", "device_count", "pointer_info", "stream_device",
-         "current_device")
+NAMES = ("apply_batch", "get_stream_window", "get_persisting_limit", "set_persisting_limit", "reset_persisting_lines",
+         "device_properties", "device_count", "pointer_info", "stream_device", "current_device")
 
 
 @pytest.fixture

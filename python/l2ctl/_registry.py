@@ -21,7 +21,7 @@ _native: Any = getattr(_core, "_planner")  # the planner's bindings (src/planner
 
 __all__ = ["lock", "STREAM", "NODE", "Slot", "Target", "Scope", "Snapshot", "stream_slot", "node_slots", "enter",
            "exit", "add_slots", "set_base_window", "forget_slots", "known_limit", "observed_limit", "snapshot", "reset_lines",
-           "granularity", "known_granularity", "probe_rounding", "live_scopes", "device_state", "states",
+           "granularity", "known_granularity", "live_scopes", "device_state", "states",
            "restore_all", "slot_epoch", "MPS_HINT", "REENTRY_HINT"]
 
 MPS_HINT: str = _native.MPS_HINT
@@ -41,27 +41,20 @@ LimitRequest = Union[int, str, None]  # bytes, "auto", or None (leave the limit 
 if TYPE_CHECKING:
     class Scope:
         """What one live scope asks of its device (the planner's record, a compiled type): ``window`` on every
-        slot in ``slots`` (None: a limit-only scope); ``limit``: bytes, "auto" or None; ``fit_hit_ratio``: the
-        hit ratio resolved at entry to what the set-aside holds; ``standing``: a plain ``set_aside(n)``, live
-        until restored; ``orphaned``: its SetAside is gone; ``ending``: its end began (set first);
-        ``holder``: a weak reference to the object whose ``_scope`` names it while live; ``effective``: the
-        window in force (the hit ratio after sharing)."""
+        slot in ``slots`` (None: a limit-only scope); ``limit``: bytes, "auto" or None; ``standing``: a plain
+        ``set_aside(n)``, live until restored; ``orphaned``: its SetAside is gone; ``ending``: its end began (set
+        first). Only the planner reads ``share``, ``reset_on_exit`` and ``fit_hit_ratio`` (the hit ratio resolved
+        at entry to what the set-aside holds)."""
 
         device: int
         slots: tuple[Slot, ...]
         window: Optional[AccessPolicyWindow]
         limit: LimitRequest
-        share: bool
-        reset_on_exit: bool
-        fit_hit_ratio: bool
         standing: bool
         orphaned: bool
         ending: bool
         owner: Any
         id: int
-        backend: Any
-        holder: Any
-        effective: Optional[AccessPolicyWindow]
 
         def __init__(self, device: int, slots: tuple[Slot, ...] = (), window: Optional[AccessPolicyWindow] = None,
                      limit: LimitRequest = None, share: bool = False, reset_on_exit: bool = False,
@@ -69,8 +62,6 @@ if TYPE_CHECKING:
                      owner: Any = None) -> None: ...
 else:
     Scope = _native.Scope
-#: ``probe_rounding(ask, maximum)``: (granularity, direction) of the driver's rounding from a few requests.
-probe_rounding: Callable[[Callable[[int], int], int], tuple[int, str]] = _native.plan_probe_rounding
 #: ``exit(scope)``: end ``scope`` (idempotent) on the backend it was entered with; marked ending first.
 exit: Callable[[Scope], None] = _native.exit_scope
 #: ``add_slots(scope, slots, owner=None) -> bool``: more slots for a live scope, its window planned there too (a

@@ -73,12 +73,6 @@ void copy_device_to_host(void* dst, std::uintptr_t src, std::size_t bytes, std::
   L2CTL_CHECK(cudaStreamSynchronize(as_stream(stream)), "");
 }
 
-void copy_device_to_device(std::uintptr_t dst, std::uintptr_t src, std::size_t bytes, std::uintptr_t stream) {
-  L2CTL_CHECK(cudaMemcpyAsync(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes,
-                              cudaMemcpyDeviceToDevice, as_stream(stream)),
-              copy_details(dst, src, bytes));
-}
-
 void memset_device(std::uintptr_t dst, int value, std::size_t bytes, std::uintptr_t stream) {
   L2CTL_CHECK(cudaMemsetAsync(reinterpret_cast<void*>(dst), value, bytes, as_stream(stream)),
               "dst " + hex(dst) + ", " + std::to_string(bytes) + " bytes");

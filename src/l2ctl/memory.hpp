@@ -41,7 +41,6 @@ PointerInfo pointer_info(std::uintptr_t ptr);
 
 void copy_host_to_device(std::uintptr_t dst, const void* src, std::size_t bytes, std::uintptr_t stream);
 void copy_device_to_host(void* dst, std::uintptr_t src, std::size_t bytes, std::uintptr_t stream);
-void copy_device_to_device(std::uintptr_t dst, std::uintptr_t src, std::size_t bytes, std::uintptr_t stream);
 void memset_device(std::uintptr_t dst, int value, std::size_t bytes, std::uintptr_t stream);
 
 }  // namespace l2ctl

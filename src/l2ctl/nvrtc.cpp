@@ -45,8 +45,12 @@ using Program = void*;
   X(cubin_size, nvrtcGetCUBINSize, int(Program, std::size_t*))                                              \
   X(cubin, nvrtcGetCUBIN, int(Program, char*))
 
+// An NVRTC library: where it was loaded from, its version, the archs it compiles for, its functions.
 struct Nvrtc {
-  NvrtcLibrary info;
+  std::string path;
+  int major = 0;
+  int minor = 0;
+  std::vector<int> supported;  // nvrtcGetSupportedArchs, ascending
 #define L2CTL_NVRTC_FIELD(field, symbol, ...) std::add_pointer_t<__VA_ARGS__> field = nullptr;
   L2CTL_NVRTC_FUNCTIONS(L2CTL_NVRTC_FIELD)
 #undef L2CTL_NVRTC_FIELD
@@ -108,26 +112,28 @@ std::string try_load(const std::string& path, Nvrtc& out) {
   int count = 0;
   if (missing != nullptr)
     why = std::string("no ") + missing + " in it";
-  else if (n.version(&n.info.major, &n.info.minor) != 0 || n.num_archs(&count) != 0 || count <= 0)
+  else if (n.version(&n.major, &n.minor) != 0 || n.num_archs(&count) != 0 || count <= 0)
     why = "nvrtcVersion or nvrtcGetSupportedArchs failed";
   else
-    why = refusal(n.info.major, n.info.minor);
+    why = refusal(n.major, n.minor);
   if (!why.empty()) {
     dlclose(handle);
     return why;
   }
-  n.info.archs.resize(static_cast<std::size_t>(count));
-  n.archs(n.info.archs.data());
-  n.info.path = path;
+  n.supported.resize(static_cast<std::size_t>(count));
+  n.archs(n.supported.data());
+  n.path = path;
   // NVRTC opens libnvrtc-builtins.so.<major>.<minor> by name when it first compiles: the copy beside this one
   // (a pip wheel's, not on the loader's path) is loaded first, so that name resolves to it.
   const std::string dir = directory_of(path);
-  const std::string builtins = dir + "/libnvrtc-builtins.so." + version_text(n.info.major, n.info.minor);
+  const std::string builtins = dir + "/libnvrtc-builtins.so." + version_text(n.major, n.minor);
   if (!dir.empty() && exists(builtins)) (void)dlopen(builtins.c_str(), RTLD_NOW | RTLD_LOCAL);
   out = n;
   return "";
 }
 
+// The NVRTC to use: the first of `candidates` (paths or loader names, most preferred first) that loads and that
+// `refusal` accepts; loaded once per process. Throws KernelsUnavailable naming what was tried and what to install.
 const Nvrtc& nvrtc(const std::vector<std::string>& candidates) {
   std::lock_guard<std::mutex> lock(g_load_mutex);
   if (g_nvrtc != nullptr) return *g_nvrtc;
@@ -309,7 +315,7 @@ std::string compile(const Nvrtc& n, const std::vector<std::string>& options, boo
       log.resize(size - 1);
     }
     n.destroy(&program);
-    std::string text = "NVRTC " + version_text(n.info.major, n.info.minor) + " (" + n.info.path +
+    std::string text = "NVRTC " + version_text(n.major, n.minor) + " (" + n.path +
                        ") could not compile l2ctl's kernels:";
     for (const std::string& o : options) text += " " + o;
     throw KernelsUnavailable(text + ": " + n.error_string(code) + (log.empty() ? "" : "\n" + log));
@@ -320,17 +326,15 @@ std::string compile(const Nvrtc& n, const std::vector<std::string>& options, boo
 
 }  // namespace
 
-const NvrtcLibrary& load_nvrtc(const std::vector<std::string>& candidates) { return nvrtc(candidates).info; }
-
 KernelImage kernel_image(int arch, bool ptx, const std::vector<std::string>& candidates, const std::string& cache_dir) {
   const Nvrtc& n = nvrtc(candidates);
   const auto started = std::chrono::steady_clock::now();
   KernelImage image;
-  image.nvrtc_path = n.info.path;
-  image.nvrtc_major = n.info.major;
-  image.nvrtc_minor = n.info.minor;
+  image.nvrtc_path = n.path;
+  image.nvrtc_major = n.major;
+  image.nvrtc_minor = n.minor;
   // PTX for an arch NVRTC does not know: the highest it knows below it (PTX runs on later archs, never earlier).
-  const std::vector<int>& known = n.info.archs;
+  const std::vector<int>& known = n.supported;
   const bool knows = std::find(known.begin(), known.end(), arch) != known.end();
   image.cubin = knows && !ptx;
   image.arch = known.front();
@@ -340,7 +344,7 @@ KernelImage kernel_image(int arch, bool ptx, const std::vector<std::string>& can
   const std::vector<std::string> options = {"-std=c++17", "-lineinfo",
                                             "-DL2CTL_BLOCK_THREADS=" + std::to_string(kBlockThreads),
                                             "--gpu-architecture=" + target};
-  std::string key = std::string("l2ctl ") + L2CTL_VERSION + "\nnvrtc " + version_text(n.info.major, n.info.minor) +
+  std::string key = std::string("l2ctl ") + L2CTL_VERSION + "\nnvrtc " + version_text(n.major, n.minor) +
                     "\nsource " + hex64(fnv1a(kKernelsSource)) + hex64(fnv1a(kCacheHintsSource)) + "\noptions";
   for (const std::string& o : options) key += " " + o;
   const std::string name = "kernels-" + target + "-" + hex64(fnv1a(key)) + ".bin";

@@ -7,18 +7,6 @@
 
 namespace l2ctl {
 
-struct NvrtcLibrary {
-  std::string path;
-  int major = 0;
-  int minor = 0;
-  std::vector<int> archs;  // the archs it compiles for (nvrtcGetSupportedArchs), ascending
-};
-
-// The NVRTC to use: the first of `candidates` (paths or loader names, most preferred first) that loads and is of
-// the CUDA major version the extension was built for, or a newer one the driver supports. Loaded once per
-// process; later calls return it. Throws KernelsUnavailable naming what was tried and what to install.
-const NvrtcLibrary& load_nvrtc(const std::vector<std::string>& candidates);
-
 struct KernelImage {
   std::string data;         // CUBIN, or PTX text (NUL-terminated either way, as the driver wants PTX)
   int arch = 0;             // the arch it is for (sm_<arch> CUBIN, or compute_<arch> PTX)

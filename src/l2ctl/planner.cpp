@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <set>
 
 namespace l2ctl::planner {
@@ -74,13 +75,9 @@ void share(const std::vector<Scope*>& in_force, std::optional<long long> limit) 
 std::uint64_t next_scope_id() { return ++scope_ids; }
 
 std::string hex_of(std::uintptr_t value) {
-  static const char digits[] = "0123456789abcdef";
-  std::string out;
-  do {
-    out.insert(out.begin(), digits[value & 15]);
-    value >>= 4;
-  } while (value);
-  return out;
+  char text[20];
+  std::snprintf(text, sizeof text, "%llx", static_cast<unsigned long long>(value));
+  return text;
 }
 
 // ---- arithmetic ---------------------------------------------------------------------------------------------
@@ -325,7 +322,7 @@ const Plan& Registry::plan(Device_state& state) {
 
 std::pair<long long, long long> Registry::auto_bounds(Device_state& state) {
   if (!state.auto_bounds) {
-    const long long step = granularity_locked(state.device, state.maximum).first;
+    const long long step = granularity(state.device, state.maximum).first;
     state.auto_bounds = std::make_pair(step, tax_free_limit(state.maximum, step));
   }
   return *state.auto_bounds;
@@ -787,12 +784,8 @@ void Registry::reset_lines(int device) {
   }
 }
 
-std::pair<long long, std::string> Registry::granularity(int device, long long maximum) {
-  return granularity_locked(device, maximum);
-}
-
 // Probed once per device: the probe sets the limit a few times and puts back what was there.
-std::pair<long long, std::string> Registry::granularity_locked(int device, long long maximum) {
+std::pair<long long, std::string> Registry::granularity(int device, long long maximum) {
   const auto known = granularity_.find(device);
   if (known != granularity_.end()) return known->second;
   const Device_state* st = lookup(device);

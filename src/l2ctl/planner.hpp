@@ -55,21 +55,16 @@ class Slot_windows {
  public:
   using value_type = std::pair<Slot, Window>;
   using iterator = std::vector<value_type>::iterator;
-  using const_iterator = std::vector<value_type>::const_iterator;
 
   iterator begin() { return items_.begin(); }
   iterator end() { return items_.end(); }
-  const_iterator begin() const { return items_.begin(); }
-  const_iterator end() const { return items_.end(); }
   std::size_t size() const { return items_.size(); }
-  bool empty() const { return items_.empty(); }
   void clear() { items_.clear(); }
   iterator find(const Slot& slot) {
     const auto it = lower(slot);
     return it != items_.end() && it->first == slot ? it : items_.end();
   }
-  const_iterator find(const Slot& slot) const { return const_cast<Slot_windows*>(this)->find(slot); }
-  std::size_t count(const Slot& slot) const { return find(slot) != end() ? 1 : 0; }
+  std::size_t count(const Slot& slot) { return find(slot) != end() ? 1 : 0; }
   Window& operator[](const Slot& slot) {
     auto it = lower(slot);
     if (it == items_.end() || !(it->first == slot)) it = items_.insert(it, value_type{slot, Window{}});
@@ -296,7 +291,6 @@ class Registry {
   void unregister(Device_state& state, Scope& scope);
   void learn_base_limit(Device_state& state);
   long long seen_limit(Device_state& state);
-  std::pair<long long, std::string> granularity_locked(int device, long long maximum);
   [[noreturn]] void rethrow_translated(const Call_failed& failure, int device);
 
   std::pmr::unsynchronized_pool_resource pool_;  // forget_idle's set of covered slots draws from it (under the lock)

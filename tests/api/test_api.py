@@ -47,26 +47,6 @@ def test_granularity_probe_restores(fake):
     assert l2ctl.device_info().set_aside_granularity == 3_276_800
 
 
-@pytest.mark.parametrize("rounding", ["down", "nearest", "exact"])
-def test_granularity_probe_other_drivers(rounding):
-    from l2ctl._registry import probe_rounding as _probe_rounding
-
-    g, mx = 1000, 10_000
-    state = {}
-
-    def ask(n):
-        if rounding == "down":
-            state["v"] = n // g * g
-        elif rounding == "nearest":
-            state["v"] = min(mx, (n + g // 2) // g * g)
-        else:
-            state["v"] = n
-        return state["v"]
-
-    step, found = _probe_rounding(ask, mx)
-    assert found == rounding and step == (1 if rounding == "exact" else g)
-
-
 def test_set_aside_reads_back_and_restores(fake):
     with l2ctl.set_aside(3 * MiB + 12345) as granted:
         assert granted == 3_276_800 == fake.device(0).limit and granted.previous == 9_830_400

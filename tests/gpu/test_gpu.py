@@ -81,13 +81,22 @@ def test_window_round_trip_and_clear(stream):
 
 
 def test_cuda_rejects_what_l2ctl_refuses_first(stream):
-    """The raw call really fails for a float32 hit ratio above 1, which is why l2ctl normalises it."""
-    from l2ctl import _core
+    """The raw call (CUDA's own, through cuda.bindings) really fails for a float32 hit ratio above 1, which is why
+    l2ctl normalises it."""
+    rt = pytest.importorskip("cuda.bindings.runtime")
+    ids = rt.cudaStreamAttrID  # cuda-python 13 names the stream attribute by the launch attribute's name
+    attribute = getattr(ids, "cudaLaunchAttributeAccessPolicyWindow", None) or ids.cudaStreamAttributeAccessPolicyWindow
+    value = (getattr(rt, "cudaStreamAttrValue", None) or rt.cudaLaunchAttributeValue)()
 
     with l2ctl.DeviceBuffer(MiB) as buf:
-        with pytest.raises(l2ctl.CudaError) as err:
-            _core.set_stream_window(stream.handle, buf.ptr, buf.nbytes, 1.0000001, 2, 1)
-        assert err.value.name == "cudaErrorInvalidValue" and "cudaStreamSetAttribute" in err.value.call
+        value.accessPolicyWindow.base_ptr = buf.ptr
+        value.accessPolicyWindow.num_bytes = buf.nbytes
+        value.accessPolicyWindow.hitRatio = 1.0000001
+        value.accessPolicyWindow.hitProp = rt.cudaAccessProperty.cudaAccessPropertyPersisting
+        value.accessPolicyWindow.missProp = rt.cudaAccessProperty.cudaAccessPropertyStreaming
+        (err,) = rt.cudaStreamSetAttribute(rt.cudaStream_t(stream.handle), attribute, value)
+        rt.cudaGetLastError()
+        assert err == rt.cudaError_t.cudaErrorInvalidValue
         w = AccessPolicyWindow.for_buffer(buf, hit_ratio=np.float32(0.1) * 10 + np.float32(1e-7))
         assert w.hit_ratio == 1.0
         l2ctl.set_window(stream, w)

@@ -208,11 +208,11 @@ def test_replays_take_what_the_eager_step_takes_under_the_same_scope(fake, scatt
         with l2ctl.set_aside("max"):
             eager_no_window = _time(s, lambda: (step(s.handle), step(s.handle)))
             template = graph.as_graph(g)
-            for k in template.kernel_nodes():  # the template only, as before: the executable never sees it
-                fake.set_node_window(k.node, *window)
+            nodes = [k.node for k in template.kernel_nodes()]
+            # the template only, as before: the executable never sees it
+            fake.apply_batch(0, -1, False, False, False, [(1, node, window) for node in nodes])
             harmed = _time(s, lambda: g.replay(s))
-            for k in template.kernel_nodes():
-                fake.set_node_window(k.node, 0, 0, 0.0, 0, 0)
+            fake.apply_batch(0, -1, False, False, False, [(1, node, (0, 0, 0.0, 0, 0)) for node in nodes])
         assert harmed > 1.2 * baseline and harmed == pytest.approx(eager_no_window, rel=0.02), (baseline, harmed)
         with l2ctl.persist(s, acc, ratio):
             eager = _time(s, lambda: (step(s.handle), step(s.handle)))

@@ -308,7 +308,7 @@ def test_nodes_with_different_bases_each_go_back_to_their_own(fake):
     s, lut, other = l2ctl.Stream(), l2ctl.DeviceBuffer(MiB), l2ctl.DeviceBuffer(MiB)
     g = _graph(fake, s, 2)
     first = g.kernel_nodes()[0]
-    fake.set_node_window(first.node, *AccessPolicyWindow.for_buffer(other, 0.25))
+    fake.apply_batch(0, -1, False, False, False, [(1, first.node, AccessPolicyWindow.for_buffer(other, 0.25))])
     before = fake.state()
     with l2ctl.persist(g, lut, 0.5, set_aside=None, reset_on_exit=False) as p:
         assert [k.window for k in g.kernel_nodes()] == [p.window] * 2

@@ -20,8 +20,7 @@ from l2ctl import _core, _plan, _registry
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "python" / "l2ctl" if (ROOT / "python" / "l2ctl").is_dir() else pathlib.Path(l2ctl.__file__).parent
 #: Calls that change device state: only the planner makes them (the simulator implements them).
-DEVICE_CHANGES = {"apply_batch", "set_persisting_limit", "set_stream_window", "set_node_window",
-                  "reset_persisting_lines"}
+DEVICE_CHANGES = {"apply_batch", "set_persisting_limit", "reset_persisting_lines"}
 #: The planner's arithmetic, named in _plan.py for the API and its tests: each only calls the compiled one.
 ARITHMETIC = {"round_up": "plan_round_up", "tax_free_limit": "plan_tax_free_limit",
               "auto_set_aside": "plan_auto_set_aside", "default_hit_ratio": "plan_default_hit_ratio",

@@ -29,7 +29,7 @@ MiB = 1 << 20
 G = 3_276_800  # the simulated H100's limit granularity
 SECONDS = float(os.environ.get("L2CTL_INTERRUPT_SECONDS", "3"))
 BATCHES = ("apply_batch",)  # the call with a journal
-STATE_CALLS = BATCHES + ("set_persisting_limit", "set_stream_window", "set_node_window", "reset_persisting_lines")
+STATE_CALLS = BATCHES + ("set_persisting_limit", "reset_persisting_lines")
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs POSIX interval timers")
 
@@ -175,11 +175,9 @@ def _put_back(fake: FakeBackend, state: Any) -> None:
     """The simulated device set to ``state`` (its limit, stream and node windows) behind l2ctl's back, then
     l2ctl's record settled and forgotten."""
     fake.set_persisting_limit(0, state[0][0])
-    streams, nodes = dict(state[1]), dict(state[2])
-    for handle, _ in fake.state()[1]:
-        fake.set_stream_window(handle, *streams.get(handle, (0, 0, 0.0, 0, 0)))
-    for handle, _ in fake.state()[2]:
-        fake.set_node_window(handle, *nodes.get(handle, (0, 0, 0.0, 0, 0)))
+    streams, nodes, empty = dict(state[1]), dict(state[2]), (0, 0, 0.0, 0, 0)
+    fake.apply_batch(0, -1, False, False, False, [(0, h, streams.get(h, empty)) for h, _ in fake.state()[1]]
+                     + [(1, h, nodes.get(h, empty)) for h, _ in fake.state()[2]])
     l2ctl.budget()
     _registry.restore_all()
 
@@ -372,7 +370,7 @@ def test_an_interrupt_right_after_the_lock_is_taken_leaves_it_free(fake):
     while time.monotonic() < deadline and worker.is_alive():
         try:
             armed[0] = True
-            fake.set_stream_window(stream.handle, 0, 0, 0.0, 0, 0)
+            fake.apply_batch(0, -1, False, False, False, [(0, stream.handle, (0, 0, 0.0, 0, 0))])
             armed[0] = False
         except KeyboardInterrupt:
             armed[0] = False

@@ -226,7 +226,7 @@ def _methods_of(cls: type) -> dict[str, Optional[Params]]:
 
 
 def test_stub_parses_into_functions_and_classes(stub):
-    assert {"reset_data", "set_stream_window", "pointer_info"} <= set(stub.functions)
+    assert {"reset_data", "get_stream_window", "pointer_info"} <= set(stub.functions)
     assert set(stub.classes) == {"Stream", "Event", "DeviceMemory", "Graph", "GraphExec", "RangeProfiler",
                                  "LaunchRecorder"}
     assert stub.classes["Stream"].init == [("device", REQUIRED), ("non_blocking", True), ("priority", 0)]
@@ -290,11 +290,13 @@ def _planner_calls() -> dict[str, Params]:
 
 
 def test_the_simulator_implements_the_planners_calls(stub):
-    """The planner's batch is no function of the extension (it calls CUDA in C++) but the simulator's: the one call
-    the planner makes on a backend that the contract does not hold, declared in the stub's ``_PlannerCalls``."""
+    """The calls that change device state are no functions of the extension (its planner calls CUDA in C++) but the
+    simulator's: the calls the planner makes on a backend that the contract does not hold, declared in the stub's
+    ``_PlannerCalls``."""
     declared = _planner_calls()
-    assert set(declared) == {"apply_batch"} and not set(declared) & set(stub.functions)
-    assert not hasattr(_core, "apply_batch") and not {"apply_window", "apply_state"} & set(dir(_core))
+    assert set(declared) == {"apply_batch", "set_persisting_limit", "reset_persisting_lines"}
+    assert not set(declared) & set(stub.functions) and not set(declared) & set(dir(_core))
+    assert not {"apply_window", "apply_state", "set_stream_window", "set_node_window"} & set(dir(_core))
     assert compare_functions("FakeBackend", declared, _methods_of(FakeBackend)) == []
 
 

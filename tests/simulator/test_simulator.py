@@ -241,7 +241,7 @@ def test_a_100_gib_allocation_takes_no_host_memory():
         fake.memset_device(big.ptr + 7, 0xAB, 60 * GiB, s)
         fake.write_index(0, s, big.ptr + 64 * GiB, 2 * GiB)  # 8 GiB of words
         fake.copy_host_to_device(big.ptr + 99 * GiB + 3, np.arange(1000, dtype=np.uint16), s)
-        fake.copy_device_to_device(big.ptr + 90 * GiB + 1, big.ptr + 56 * GiB, 9 * GiB, s)  # fill, zeros, index
+        fake.memory.copy(big.ptr + 90 * GiB + 1, big.ptr + 56 * GiB, 9 * GiB)  # fill, zeros, index
         partials = fake.DeviceMemory(0, 8 * 1056)
         blocks = fake.read_sum(0, s, big.ptr + 64 * GiB, 2 * GiB, partials.ptr)
         total = fake.sum_u64(0, s, partials.ptr, blocks)
@@ -291,7 +291,7 @@ def test_copies_across_segment_boundaries_match_numpy():
             model[dst][off:off + n] = data
         elif kind == 2:
             off2 = int(rng.integers(0, size - n + 1))
-            fake.copy_device_to_device(dst + off, src + off2, n, 0)
+            fake.memory.copy(dst + off, src + off2, n)
             model[dst][off:off + n] = model[src][off2:off2 + n]
         elif kind == 3 and off % 16 == 0 and n >= 4:
             fake.write_index(0, 0, dst + off, n // 4)
@@ -366,26 +366,31 @@ def test_limit_rounding_and_errors(sim):
         mps.set_persisting_limit(0, 0)
 
 
+def _set_stream_window(fake: FakeBackend, stream: int, *window: float) -> None:
+    """One window set as the planner sets it: the simulator's batch, the one call of it that changes a window."""
+    fake.apply_batch(0, -1, False, False, False, [(0, stream, window)])
+
+
 @pytest.mark.parametrize("ratio", [1.5, -0.1, 1.0000001, float("nan")])
 def test_bad_windows_are_refused(sim, ratio):
     s = _stream(sim)
     buf = sim.DeviceMemory(0, MiB)
     with pytest.raises(l2ctl.CudaError, match="cudaErrorInvalidValue"):
-        sim.set_stream_window(s, buf.ptr, MiB, ratio, *PERSIST)
+        _set_stream_window(sim, s, buf.ptr, MiB, ratio, *PERSIST)
     assert s not in sim.windows and sim.calls[-1] == "cudaStreamSetAttribute"
 
 
 def test_window_limits(sim):
     s = _stream(sim)
     with pytest.raises(l2ctl.CudaError, match="cudaErrorInvalidValue"):
-        sim.set_stream_window(s, 1 << 40, 128 * MiB + 1, 0.5, *PERSIST)
+        _set_stream_window(sim, s, 1 << 40, 128 * MiB + 1, 0.5, *PERSIST)
     with pytest.raises(l2ctl.CudaError, match="cudaErrorInvalidValue"):
-        sim.set_stream_window(s, 1 << 40, MiB, 0.5, 2, 2)  # missProp PERSISTING
-    sim.set_stream_window(s, 1 << 40, MiB, 0.1, *PERSIST)
+        _set_stream_window(sim, s, 1 << 40, MiB, 0.5, 2, 2)  # missProp PERSISTING
+    _set_stream_window(sim, s, 1 << 40, MiB, 0.1, *PERSIST)
     assert sim.get_stream_window(s) == (1 << 40, MiB, float(np.float32(0.1)), 2, 1)
-    sim.set_stream_window(0, 1 << 40, MiB, 1.0, *PERSIST)  # the legacy default stream works too
+    _set_stream_window(sim, 0, 1 << 40, MiB, 1.0, *PERSIST)  # the legacy default stream works too
     assert sim.windows[0][2] == 1.0
-    sim.set_stream_window(0, 0, 0, 0.0, 0, 0)
+    _set_stream_window(sim, 0, 0, 0, 0.0, 0, 0)
     assert 0 not in sim.windows
 
 
@@ -397,7 +402,7 @@ def test_closed_streams_and_unknown_handles(sim):
     with pytest.raises(ValueError, match="closed"):
         _ = st.handle
     for call in (lambda: sim.stream_device(handle), lambda: sim.get_stream_window(handle),
-                 lambda: sim.set_stream_window(handle, 0, 0, 0.0, 0, 0), lambda: sim.stream_synchronize(handle),
+                 lambda: _set_stream_window(sim, handle, 0, 0, 0.0, 0, 0), lambda: sim.stream_synchronize(handle),
                  lambda: sim.write_index(0, handle, 0, 0)):
         with pytest.raises(l2ctl.CudaError, match="cudaErrorInvalidResourceHandle"):
             call()
@@ -609,7 +614,7 @@ def test_modeled_kernels(sim):
     hot = sim.DeviceMemory(0, 8 * MiB)
     sim.launch_modeled_kernel(s, "plain", streamed_bytes=GiB, hot=(hot.ptr, 8 * MiB), hot_reads=GiB)
     sim.set_persisting_limit(0, 9 * MiB)
-    sim.set_stream_window(s, hot.ptr, 8 * MiB, 1.0, *PERSIST)
+    _set_stream_window(sim, s, hot.ptr, 8 * MiB, 1.0, *PERSIST)
     for _ in range(2):
         sim.launch_modeled_kernel(s, "persisted", streamed_bytes=GiB, hot=(hot.ptr, 8 * MiB), hot_reads=GiB,
                                   read_fraction=0.0)

@@ -891,10 +891,6 @@ class FakeBackend(L2State):
                     raise cuda_error(call, "cudaErrorInvalidValue", f"0x{int(ptr):x} is not device memory")
             capture.nodes.append(_Node(_handle(), kind, action=run))
 
-    def copy_device_to_device(self, dst: int, src: int, nbytes: int, stream: int) -> None:
-        self._device_op("cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream)", stream, "memcpy",
-                        (src, dst), lambda: self.memory.copy(int(dst), int(src), int(nbytes)), nbytes)
-
     def memset_device(self, dst: int, value: int, nbytes: int, stream: int) -> None:
         self._device_op("cudaMemsetAsync(dst, value, bytes, stream)", stream, "memset", (dst,),
                         lambda: self.memory.fill(int(dst), byte=int(value), nbytes=int(nbytes)), nbytes, True)

@@ -119,14 +119,6 @@ class L2State:
                                    "&value)")
         return windows.get(handle, EMPTY_WINDOW)
 
-    def set_stream_window(self, stream: int, base: int, num_bytes: int, hit_ratio: float, hit_prop: int,
-                          miss_prop: int) -> None:
-        self._window_batch(0, stream, (base, num_bytes, hit_ratio, hit_prop, miss_prop), False, None)
-
-    def set_node_window(self, node: int, base: int, num_bytes: int, hit_ratio: float, hit_prop: int,
-                        miss_prop: int) -> None:
-        self._window_batch(1, node, (base, num_bytes, hit_ratio, hit_prop, miss_prop), False, None)
-
     def _window_batch(self, kind: int, handle: int, w: tuple[int, int, float, int, int], read_previous: bool,
                       journal: Optional[list[Any]]) -> _Applied:
         """One window on one stream (kind 0) or kernel node (1), read first when ``read_previous``: the commonest

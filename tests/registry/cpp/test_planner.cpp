@@ -343,7 +343,8 @@ int main() {
     expect(probe([](long long n) { return (n + step - 1) / step * step; }) == std::make_pair(step, std::string("up")),
            "up");
     expect(probe([](long long n) { return n / step * step; }) == std::make_pair(step, std::string("down")), "down");
-    expect(probe([](long long n) { return (n + step / 2) / step * step; }).second == "nearest", "nearest");
+    expect(probe([](long long n) { return (n + step / 2) / step * step; }) == std::make_pair(step, std::string("nearest")),
+           "nearest");
   });
 
   std::printf("%d failed\n", failures);
