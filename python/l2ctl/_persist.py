@@ -73,9 +73,9 @@ class Budget:
 def budget(device: object = None) -> Budget:
     """The windows in force on ``device``, their total demand and the current set-aside."""
     props = require_persistence(device)
-    snap = _registry.snapshot(props.index, props.persisting_l2_cache_max_size)
-    return Budget(props.index, snap.limit, snap.demand,
-                  tuple((scope.slots[0][1] if scope.slots else 0, w.num_bytes, w.hit_ratio) for scope, w in snap.in_force))
+    limit, in_force, demand = _registry.snapshot(props.index, props.persisting_l2_cache_max_size)
+    return Budget(props.index, limit, demand,
+                  tuple((scope.slots[0][1] if scope.slots else 0, w.num_bytes, w.hit_ratio) for scope, w in in_force))
 
 
 def _check_policy_fields(hit_ratio: object, set_aside: object, enabled: object, offset: object,

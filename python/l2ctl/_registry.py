@@ -11,18 +11,17 @@ from __future__ import annotations
 import atexit
 import os
 import weakref
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple, Optional, Union
 
 from . import _backend, _core
 from ._window import AccessPolicyWindow
 
 _native: Any = getattr(_core, "_planner")  # the planner's bindings (src/planner_bindings.cpp)
 
-__all__ = ["lock", "STREAM", "NODE", "Slot", "Target", "Scope", "Snapshot", "stream_slot", "node_slots", "enter",
-           "exit", "add_slots", "set_base_window", "forget_slots", "known_limit", "observed_limit", "snapshot", "reset_lines",
-           "granularity", "known_granularity", "probe_rounding", "live_scopes", "device_state", "states",
-           "restore_all", "slot_epoch", "MPS_HINT", "REENTRY_HINT"]
+__all__ = ["lock", "STREAM", "NODE", "Slot", "Target", "Scope", "stream_slot", "node_slots", "enter", "exit",
+           "add_slots", "set_base_window", "forget_slots", "known_limit", "observed_limit", "snapshot", "reset_lines",
+           "granularity", "known_granularity", "probe_rounding", "live_scopes", "restore_all", "slot_epoch", "MPS_HINT",
+           "REENTRY_HINT"]
 
 MPS_HINT: str = _native.MPS_HINT
 REENTRY_HINT: str = _native.REENTRY_HINT
@@ -110,17 +109,6 @@ class Target(NamedTuple):
     executables: Any = None
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    """The registry's view of one device: the limit in force, the windows in force (one per scope that
-    is the latest on at least one of its slots) and their demand (hit ratio x bytes of PERSISTING hits)."""
-
-    device: int
-    limit: int
-    in_force: tuple[tuple[Scope, AccessPolicyWindow], ...]
-    demand: float
-
-
 # One planner per backend, weakly: a simulator's states go with it. The last one looked up is kept at hand (a
 # process uses one backend, the extension, almost always).
 _planners: "weakref.WeakKeyDictionary[Any, Any]" = weakref.WeakKeyDictionary()
@@ -196,10 +184,10 @@ def observed_limit(device: int, maximum: int) -> int:
     return _planner(_backend._active).observed_limit(device, maximum)  # type: ignore[no-any-return]
 
 
-def snapshot(device: int, maximum: int) -> Snapshot:
-    """The limit and the windows in force on ``device`` (reads the limit when l2ctl does not own it)."""
-    limit, in_force, demand = _planner(_backend._active).snapshot(device, maximum)
-    return Snapshot(device, limit, tuple(in_force), demand)
+def snapshot(device: int, maximum: int) -> tuple[int, list[tuple[Scope, AccessPolicyWindow]], float]:
+    """The limit in force on ``device`` (read when l2ctl does not own it), the windows in force (one per scope that
+    is the latest on at least one of its slots) and their demand (hit ratio x bytes of PERSISTING hits)."""
+    return _planner(_backend._active).snapshot(device, maximum)  # type: ignore[no-any-return]
 
 
 def live_scopes(device: int) -> list[Scope]:
@@ -219,19 +207,6 @@ def granularity(device: int, maximum: int) -> tuple[int, str]:
 
 def known_granularity(device: int) -> Optional[int]:
     return _planner(_backend._active).known_granularity(device)  # type: ignore[no-any-return]
-
-
-def device_state(backend: Any, device: int) -> Any:
-    """The planner's record of ``device`` on ``backend`` as plain values (tests compare it whole), or None."""
-    planner = _planners.get(backend)
-    return None if planner is None else planner.device_state(device)
-
-
-def states() -> Iterator[tuple[Any, Any]]:
-    """(backend, record) for every device a planner knows (tests)."""
-    for backend, planner in list(_planners.items()):
-        for device in planner.devices():
-            yield backend, planner.device_state(device)
 
 
 def restore_all() -> None:
