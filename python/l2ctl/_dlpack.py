@@ -197,9 +197,3 @@ def export_capsule(ptr: int, nbytes: int, device: int, dtype: np.dtype, shape: t
     except BaseException:
         _delete(address)
         raise
-
-
-def live_exports() -> int:
-    """How many exported tensors have not been released yet (for tests)."""
-    with _live_lock:
-        return len(_live)
