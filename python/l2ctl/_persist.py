@@ -17,7 +17,7 @@ from ._errors import (L2BudgetWarning, NotSupportedError, PersistenceUnavailable
                       WindowClippedWarning)
 from ._interop import BufferRef, StreamRef, remembered, resolve_buffer, stream_remembered
 from ._memory import BufferLike, Stream
-from ._plan import (DEFAULT_LIMIT_FRACTION, SetAsideRequest, check_nbytes, check_set_aside, clip_window, is_integer,
+from ._plan import (DEFAULT_LIMIT_FRACTION, SetAsideRequest, check_nbytes, check_set_aside, clip_window,
                     normalize_hit_ratio, oversubscribed)
 from ._targets import Target, as_target
 from ._window import AccessPolicyWindow, AccessProperty, check_property

@@ -3,7 +3,6 @@ the planner's arithmetic ("auto", the tax-free limit, sharing), which lives once
 
 from __future__ import annotations
 
-import math
 import numbers
 from typing import Literal, Sequence, TypeGuard, Union
 

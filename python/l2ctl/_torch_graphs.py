@@ -1,17 +1,9 @@
-"""PyTorch's CUDA graphs as l2ctl sees them: which of them a window can reach, and how. CUDA copies node
-windows into an executable only when it instantiates it, and no call changes an executable's nodes
-(l2ctl.graph), so:
-
-- ``torch.cuda.CUDAGraph(keep_graph=True)`` (torch >= 2.9) keeps its template (``raw_cuda_graph()``):
-  l2ctl sets the windows on its kernel nodes and has torch remake its executable (torch's own
-  ``instantiate()``), so ``replay()`` runs with them.
-- ``keep_graph=False`` (the default), ``torch.cuda.make_graphed_callables`` and torch.compile's CUDA graph
-  trees (``mode="reduce-overhead"``) destroy the template once instantiated. While a
-  ``graph.torch_captures()`` scope lives, l2ctl has every ``torch.cuda.CUDAGraph`` torch makes keep it
-  (``keep_templates``: torch's ``__init__`` is given ``keep_graph=True``, and the executable is still made
-  at capture end, as the default does) and remembers those graphs (``kept``), so they take windows as a
-  keep_graph graph does. A graph made outside such a scope is reached only through the stream it is
-  captured on (CUDA copies its window into every kernel node captured there): ``capture_streams``.
+"""PyTorch's CUDA graphs as l2ctl sees them: which of them a window can reach, and how (docs/DESIGN.md, "Graphs",
+has the table). CUDA copies node windows into an executable only when it instantiates it, so a window reaches a
+torch graph through its template: one made with ``keep_graph=True`` (torch >= 2.9), or any made while a
+``graph.torch_captures()`` scope lives (``keep_templates``: torch's ``__init__`` is given ``keep_graph=True``, and
+the executable is still made at capture end; ``kept`` lists them). A graph made outside such a scope is reached only
+through the stream it is captured on (``capture_streams``).
 
 torch is not imported at import time, its graph trees only when a ``graph.torch_captures()`` scope is
 used. Their names (``get_manager``, ``.stream``, ``get_roots``, ``.children``, ``.graph``) are the same
