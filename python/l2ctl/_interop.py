@@ -103,14 +103,10 @@ class _Current(threading.local):
 _current = _Current()
 
 
-def current_streams() -> list[Any]:
-    """This thread's stack of l2ctl streams made current by ``with stream:`` (innermost last)."""
-    return _current.streams
-
-
-#: ``current_streams()`` as the compiled ``with stream:`` calls it (l2ctl._host): C calls only, so no bytecode
-#: runs and an interrupt cannot land between the block's end and the stream leaving the stack.
-current_streams_compiled: Callable[[], list[Any]] = functools.partial(getattr, _current, "streams")
+#: ``current_streams()``: this thread's stack of l2ctl streams made current by ``with stream:`` (innermost last). C
+#: calls only, as the compiled ``with stream:`` calls it (l2ctl._host), so no bytecode runs and an interrupt cannot land
+#: between the block's end and the stream leaving the stack.
+current_streams: Callable[[], list[Any]] = functools.partial(getattr, _current, "streams")
 
 
 def resolve_stream(stream: object) -> StreamRef:
