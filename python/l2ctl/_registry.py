@@ -20,17 +20,14 @@ _native: Any = getattr(_core, "_planner")  # the planner's bindings (src/planner
 
 __all__ = ["lock", "STREAM", "NODE", "Slot", "Target", "Scope", "stream_slot", "node_slots", "enter", "exit",
            "add_slots", "set_base_window", "forget_slots", "known_limit", "observed_limit", "snapshot", "reset_lines",
-           "granularity", "known_granularity", "probe_rounding", "live_scopes", "restore_all", "slot_epoch", "MPS_HINT",
-           "REENTRY_HINT"]
+           "granularity", "known_granularity", "live_scopes", "restore_all", "slot_epoch"]
 
-MPS_HINT: str = _native.MPS_HINT
-REENTRY_HINT: str = _native.REENTRY_HINT
 STREAM, NODE = 0, 1
 #: (holder kind, handle, generation): the generation changes when l2ctl learns a handle died (a closed
 #: stream, a destroyed graph), so a later object that gets the same handle is a different slot.
 Slot = tuple[int, int, int]
 #: The registry's lock (one for every backend): ``with lock:`` holds every l2ctl change out; l2ctl's own calls
-#: on the thread that holds it are refused (a finalizer or signal handler inside l2ctl) with REENTRY_HINT.
+#: on the thread that holds it are refused (a finalizer or signal handler inside l2ctl) with the planner's REENTRY_HINT.
 lock = _native.registry_lock
 #: Called as an l2ctl Stream is closed or a DeviceBuffer freed (after its ``_ref`` went): compiled scopes made
 #: before then look at their stream and buffer again at entry (they skip that look while nothing was released).
@@ -68,8 +65,6 @@ if TYPE_CHECKING:
                      owner: Any = None) -> None: ...
 else:
     Scope = _native.Scope
-#: ``probe_rounding(ask, maximum)``: (granularity, direction) of the driver's rounding from a few requests.
-probe_rounding: Callable[[Callable[[int], int], int], tuple[int, str]] = _native.plan_probe_rounding
 #: ``exit(scope)``: end ``scope`` (idempotent) on the backend it was entered with; marked ending first.
 exit: Callable[[Scope], None] = _native.exit_scope
 #: ``add_slots(scope, slots, owner=None) -> bool``: more slots for a live scope, its window planned there too (a

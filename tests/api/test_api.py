@@ -49,7 +49,7 @@ def test_granularity_probe_restores(fake):
 
 @pytest.mark.parametrize("rounding", ["down", "nearest", "exact"])
 def test_granularity_probe_other_drivers(rounding):
-    from l2ctl._registry import probe_rounding as _probe_rounding
+    from l2ctl._registry import _native  # the planner's probe: (granularity, direction) from a few requests
 
     g, mx = 1000, 10_000
     state = {}
@@ -63,7 +63,7 @@ def test_granularity_probe_other_drivers(rounding):
             state["v"] = n
         return state["v"]
 
-    step, found = _probe_rounding(ask, mx)
+    step, found = _native.plan_probe_rounding(ask, mx)
     assert found == rounding and step == (1 if rounding == "exact" else g)
 
 
