@@ -24,9 +24,8 @@ from ._window import AccessPolicyWindow, AccessProperty, check_property
 
 __all__ = ["persist", "Persist", "Policy", "Budget", "budget"]
 
-#: What a scope asks of the set-aside: bytes, "max", a fraction of the max strictly between 0 and 1, "auto" (enough
-#: for the windows in force, kept within the driver's default limit), or None (the limit as it is); checked by
-#: _plan.check_set_aside, the one place of the rule. A Literal, so that a type checker refuses "lots".
+#: What a scope asks of the set-aside (_plan.SetAsideRequest, checked by _plan.check_set_aside): "auto" is enough for
+#: the windows in force, kept within the driver's default limit; None is the limit as it is.
 LimitRequest = SetAsideRequest
 _PERSISTING, _STREAMING = AccessProperty.PERSISTING, AccessProperty.STREAMING
 

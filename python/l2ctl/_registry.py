@@ -1,9 +1,7 @@
-"""The registry's Python face: the one owner of every change l2ctl makes to a device's L2 state lives in C++
-(``src/l2ctl/planner.cpp``, the one copy of the rules: live scopes, the limit fold, "auto" and sharing, windows
-on streams and graph kernel nodes, the journal of a batch, settling what an interrupted call left). This module
-picks the planner of the backend in use (one per backend: the CUDA extension, or a simulator reached through a
+"""The registry's Python face: the one owner of every change l2ctl makes to a device's L2 state, and the one copy
+of its rules, is the planner in C++ (``src/l2ctl/planner.cpp``; docs/DESIGN.md, "The registry"). This module picks
+the planner of the backend in use (one per backend: the CUDA extension, or a simulator reached through a
 trampoline) and names its calls; it holds no rule (tests/registry/test_one_planner.py checks that it stays so).
-docs/DESIGN.md, "The registry", has the rules.
 """
 
 from __future__ import annotations

@@ -206,12 +206,10 @@ class TorchGraphTrees:
 
 
 class _StreamWatch:
-    """Who is told when torch makes a stream current. ``torch.cuda.set_stream`` is the function through which
-    ``torch.cuda.stream(s)`` and user code make a stream current; l2ctl wraps it while a watcher is
-    registered (a live ``torch_captures()`` scope) and puts back what it wrapped when the last one goes, so
-    a process with no such scope runs torch's function untouched. Watchers are per device, not per thread: a
-    stream any thread makes current gets the window. Not seen: ``with s:`` on a ``torch.Stream`` and
-    ``torch.accelerator.set_stream``, which go to torch's C++ directly (docs/reference.md)."""
+    """Who is told when torch makes a stream current: l2ctl wraps ``torch.cuda.set_stream`` (through which
+    ``torch.cuda.stream(s)`` and user code make a stream current) while a watcher is registered (a live
+    ``torch_captures()`` scope), and puts back what it wrapped when the last one goes. Watchers are per device,
+    not per thread. What bypasses that function is not seen (TorchCaptures names it)."""
 
     def __init__(self) -> None:
         self._watchers: dict[int, tuple[int, Callable[[object], None]]] = {}  # token -> (device, callback)
@@ -259,12 +257,10 @@ _ABSENT = object()
 
 
 class _TemplateKeeper:
-    """While anyone asks, the graphs of a graph class keep their template. Its ``__init__`` (torch's C++
-    binding, which reads ``keep_graph``) is given ``keep_graph=True``; its ``capture_end`` then makes the
-    executable at once for a graph that asked for ``keep_graph=False``, as torch does for those, so its first
-    replay and ``raw_cuda_graph_exec()`` behave as its maker expects, and remembers every graph captured
-    (``kept``). Only what was made and captured while the class is patched is kept; the class's own
-    attributes are put back when the last one stops (a process with no such scope runs torch's untouched)."""
+    """While anyone asks, the graphs of a graph class keep their template: its ``__init__`` is given
+    ``keep_graph=True``, and its ``capture_end`` makes the executable at once for a graph that asked for
+    ``keep_graph=False``, as torch does for those, and remembers every graph captured (``kept``). The class's own
+    attributes are put back when the last one stops (docs/DESIGN.md, "Graphs")."""
 
     def __init__(self) -> None:
         self._listeners: dict[int, tuple[type, Callable[[object, int], None]]] = {}
