@@ -31,9 +31,9 @@ arch = int(sys.argv[1])
 paths = _nvrtc.search_paths(_core.runtime_version() // 1000, _core.driver_version())
 call = time.perf_counter()
 if _core.device_count() > 0:
-    info = _core.load_kernels(0, paths, _nvrtc.cache_dir())
+    info = _core.load_kernels(0, paths, _nvrtc.cache_location()[0])
 else:
-    info = _core.kernel_image(arch, False, paths, _nvrtc.cache_dir())[1]
+    info = _core.kernel_image(arch, False, paths, _nvrtc.cache_location()[0])[1]
 done = time.perf_counter()
 print(json.dumps({**info, "call_seconds": done - call, "process_seconds": done - started,
                   "device": _core.device_properties(0)["name"] if _core.device_count() > 0 else ""}))

@@ -32,12 +32,14 @@ def current() -> Backend:
     return _active
 
 
-def install(backend: Backend) -> None:
-    """Use ``backend`` instead of the CUDA extension from now on, process-wide (the GPU-less try-out)."""
+def install(backend: Backend) -> Backend:
+    """Use ``backend`` instead of the CUDA extension from now on, process-wide (the GPU-less try-out); returns the
+    backend it replaces."""
     global _active
     with _lock:
-        _active = backend
+        previous, _active = _active, backend
         _planner.backend_changed()
+    return previous
 
 
 def simulated() -> str:
@@ -49,13 +51,8 @@ def simulated() -> str:
 @contextmanager
 def use(backend: Backend) -> Iterator[Backend]:
     """Use ``backend`` instead of the CUDA extension inside the block (process-wide)."""
-    global _active
-    with _lock:
-        previous, _active = _active, backend
-        _planner.backend_changed()
+    previous = install(backend)
     try:
         yield backend
     finally:
-        with _lock:
-            _active = previous
-            _planner.backend_changed()
+        install(previous)

@@ -19,7 +19,6 @@ __all__ = ["DLPACK_VERSION", "DL_CUDA", "DLTensorInfo", "read_capsule", "export_
 
 DLPACK_VERSION = (1, 0)
 DL_CPU, DL_CUDA, DL_CUDA_HOST, DL_CUDA_MANAGED = 1, 2, 3, 13
-_READ_ONLY = 1 << 0
 HOST_HINT = (
     "l2ctl needs device memory (an access-policy window covers device addresses); copy the data to the "
     "GPU first, e.g. l2ctl.DeviceBuffer.from_numpy(array), torch.as_tensor(array, device='cuda') or "
@@ -81,12 +80,10 @@ class DLTensorInfo(NamedTuple):
     """What l2ctl reads from a DLPack tensor."""
 
     ptr: int
-    device_type: int
     device_id: int
     shape: tuple[int, ...]
     itemsize: int
     strides: Optional[tuple[int, ...]]  # in bytes; None: C-contiguous
-    read_only: bool
 
 
 def check_dlpack_device(device_type: int, what: str) -> None:
@@ -105,9 +102,9 @@ def read_capsule(capsule: object) -> DLTensorInfo:
         if managed_v.version.major != DLPACK_VERSION[0]:
             raise TypeError(f"DLPack {managed_v.version.major}.{managed_v.version.minor} is not supported "
                             f"(l2ctl reads {DLPACK_VERSION[0]}.x)")
-        t, read_only = managed_v.dl_tensor, bool(managed_v.flags & _READ_ONLY)
+        t = managed_v.dl_tensor
     elif _api.PyCapsule_IsValid(capsule, _LEGACY):
-        t, read_only = _DLManagedTensor.from_address(_api.PyCapsule_GetPointer(capsule, _LEGACY)).dl_tensor, False
+        t = _DLManagedTensor.from_address(_api.PyCapsule_GetPointer(capsule, _LEGACY)).dl_tensor
     else:
         raise TypeError("expected a DLPack capsule named 'dltensor' or 'dltensor_versioned' (an unconsumed "
                         "__dlpack__() result)")
@@ -120,8 +117,7 @@ def read_capsule(capsule: object) -> DLTensorInfo:
     itemsize = bits // 8
     shape = tuple(int(t.shape[i]) for i in range(t.ndim))
     strides = tuple(int(t.strides[i]) * itemsize for i in range(t.ndim)) if t.strides else None
-    return DLTensorInfo(int(t.data or 0) + int(t.byte_offset), int(t.device.device_type), int(t.device.device_id),
-                        shape, itemsize, strides, read_only)
+    return DLTensorInfo(int(t.data or 0) + int(t.byte_offset), int(t.device.device_id), shape, itemsize, strides)
 
 
 def request_capsule(producer: Any) -> object:
@@ -197,9 +193,3 @@ def export_capsule(ptr: int, nbytes: int, device: int, dtype: np.dtype, shape: t
     except BaseException:
         _delete(address)
         raise
-
-
-def live_exports() -> int:
-    """How many exported tensors have not been released yet (for tests)."""
-    with _live_lock:
-        return len(_live)

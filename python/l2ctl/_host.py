@@ -89,20 +89,16 @@ class Host:
     kernels_unavailable: type[BaseException]
 
 
-def make() -> Host:
-    return Host(
-        prepare=_persist._prepare, announce=_persist._announce, unavailable=_persist._unavailable,
-        stream_device=_device.stream_device, check_stream_context=_device.check_stream_context,
-        check_owned_pointer=_device.check_owned_pointer, properties=_device.properties,
-        require_persistence=_device.require_persistence, resolve_target=_targets.resolve_target,
-        after_changes=_targets.after_changes, active_backend=_backend.current, planner_of=_registry._planner,
-        current_streams=_interop.current_streams_compiled, stream_type=_memory.Stream, buffer_type=_memory.DeviceBuffer,
-        window_type=_window.AccessPolicyWindow, property_type=_window.AccessProperty, policy_type=_persist.Policy,
-        request_type=_persist.Request, stream_ref_type=_interop.StreamRef, buffer_ref_type=_interop.BufferRef,
-        target_type=_registry.Target, names=Names, cuda_error=_errors.CudaError, cupti_error=_errors.CuptiError,
-        not_supported=_errors.NotSupportedError, kernels_unavailable=_errors.KernelsUnavailableError)
-
-
 #: The Host in force, registered once per process: at ``import l2ctl`` (l2ctl/__init__ imports this module).
-host = make()
+host = Host(
+    prepare=_persist._prepare, announce=_persist._announce, unavailable=_persist._unavailable,
+    stream_device=_device.stream_device, check_stream_context=_device.check_stream_context,
+    check_owned_pointer=_device.check_owned_pointer, properties=_device.properties,
+    require_persistence=_device.require_persistence, resolve_target=_targets.resolve_target,
+    after_changes=_targets.after_changes, active_backend=_backend.current, planner_of=_registry._planner,
+    current_streams=_interop.current_streams, stream_type=_memory.Stream, buffer_type=_memory.DeviceBuffer,
+    window_type=_window.AccessPolicyWindow, property_type=_window.AccessProperty, policy_type=_persist.Policy,
+    request_type=_persist.Request, stream_ref_type=_interop.StreamRef, buffer_ref_type=_interop.BufferRef,
+    target_type=_registry.Target, names=Names, cuda_error=_errors.CudaError, cupti_error=_errors.CuptiError,
+    not_supported=_errors.NotSupportedError, kernels_unavailable=_errors.KernelsUnavailableError)
 getattr(_core, "_planner").register_host(host)

@@ -103,14 +103,10 @@ class _Current(threading.local):
 _current = _Current()
 
 
-def current_streams() -> list[Any]:
-    """This thread's stack of l2ctl streams made current by ``with stream:`` (innermost last)."""
-    return _current.streams
-
-
-#: ``current_streams()`` as the compiled ``with stream:`` calls it (l2ctl._host): C calls only, so no bytecode
-#: runs and an interrupt cannot land between the block's end and the stream leaving the stack.
-current_streams_compiled: Callable[[], list[Any]] = functools.partial(getattr, _current, "streams")
+#: ``current_streams()``: this thread's stack of l2ctl streams made current by ``with stream:`` (innermost last). C
+#: calls only, as the compiled ``with stream:`` calls it (l2ctl._host), so no bytecode runs and an interrupt cannot land
+#: between the block's end and the stream leaving the stack.
+current_streams: Callable[[], list[Any]] = functools.partial(getattr, _current, "streams")
 
 
 def resolve_stream(stream: object) -> StreamRef:
@@ -254,7 +250,7 @@ def parse_cuda_array_interface(cai: object, source: str = "__cuda_array_interfac
     return BufferRef(ptr, nbytes, None, source, owner)
 
 
-def parse_dlpack_capsule(capsule: object, owner: Any = None) -> BufferRef:
+def parse_dlpack_capsule(capsule: object, source: str = "__dlpack__", owner: Any = None) -> BufferRef:
     """The buffer an unconsumed DLPack capsule (legacy or versioned) describes. Not consumed."""
     t = read_capsule(capsule)
     if any(n < 0 for n in t.shape):
@@ -264,7 +260,7 @@ def parse_dlpack_capsule(capsule: object, owner: Any = None) -> BufferRef:
         raise ValueError(f"the DLPack tensor is not contiguous (shape {t.shape}, strides {t.strides})")
     if not t.ptr:
         raise ValueError("the DLPack tensor's data pointer is NULL")
-    return BufferRef(t.ptr, nbytes, t.device_id, "__dlpack__", owner)
+    return BufferRef(t.ptr, nbytes, t.device_id, source, owner)
 
 
 def resolve_buffer(buf: object) -> BufferRef:
@@ -298,8 +294,7 @@ def resolve_buffer(buf: object) -> BufferRef:
     if hasattr(buf, "__dlpack__") and hasattr(buf, "__dlpack_device__"):
         device_type, _ = buf.__dlpack_device__()
         check_dlpack_device(int(device_type), f"the {type(buf).__name__}")
-        ref = parse_dlpack_capsule(request_capsule(buf), buf)
-        return BufferRef(ref.ptr, ref.nbytes, ref.device, f"{_module_of(buf)}.__dlpack__", buf)
+        return parse_dlpack_capsule(request_capsule(buf), f"{_module_of(buf)}.__dlpack__", buf)
     if hasattr(buf, "__array_interface__") or hasattr(buf, "__array__"):
         raise ValueError(f"got a {type(buf).__name__}, which is host memory; {HOST_HINT}")
     raise TypeError(

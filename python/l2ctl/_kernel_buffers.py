@@ -14,12 +14,9 @@ A pointer is mapped, first match wins, to:
 
 Words that point nowhere (sizes, strides, flags) are dropped. Nothing here changes the device.
 
-**Eager steps** (:func:`record_steps`): the arguments are read as the kernels launch, from CUPTI's callbacks on
-the launch calls (``LaunchRecorder`` in src/l2ctl/counters.cpp), over a few steps after one unrecorded warm-up.
-A window names addresses, so a range is offered only when it is at the same place in every recorded step; one
-that a kernel is given at a different address from step to step (a temporary torch's cache hands out from
-another block each time) is reported as moving and not offered: a window fixed on one step's address would
-miss the next step's data.
+**Eager steps** (:func:`record_steps`): the arguments are read as the kernels launch (CUPTI's callbacks), over a
+few steps after a warm-up, and a range is offered only where it is at the same place in every recorded step: a
+window fixed on one step's address would miss the next step's data (docs/DESIGN.md, "Eager discovery").
 """
 
 from __future__ import annotations

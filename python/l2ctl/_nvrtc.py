@@ -13,7 +13,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Optional
 
-__all__ = ["search_paths", "cache_location", "cache_dir", "toolkits", "LIBRARY_DIRS"]
+__all__ = ["search_paths", "cache_location", "toolkits", "LIBRARY_DIRS"]
 
 LIBRARY_DIRS = ("lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib")
 
@@ -73,8 +73,3 @@ def cache_location(environ: Optional[Mapping[str, str]] = None) -> tuple[str, st
     if os.path.isabs(home):
         return os.path.join(home, ".cache", "l2ctl"), ""
     return "", f"no absolute home directory (HOME={env.get('HOME')!r}, none in uid {os.geteuid()}'s passwd entry)"
-
-
-def cache_dir(environ: Optional[Mapping[str, str]] = None) -> str:
-    """The directory of ``cache_location``: "" for no cache."""
-    return cache_location(environ)[0]

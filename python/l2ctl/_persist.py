@@ -17,16 +17,15 @@ from ._errors import (L2BudgetWarning, NotSupportedError, PersistenceUnavailable
                       WindowClippedWarning)
 from ._interop import BufferRef, StreamRef, remembered, resolve_buffer, stream_remembered
 from ._memory import BufferLike, Stream
-from ._plan import (DEFAULT_LIMIT_FRACTION, SetAsideRequest, check_nbytes, check_set_aside, clip_window, is_integer,
+from ._plan import (DEFAULT_LIMIT_FRACTION, SetAsideRequest, check_nbytes, check_set_aside, clip_window,
                     normalize_hit_ratio, oversubscribed)
 from ._targets import Target, as_target
 from ._window import AccessPolicyWindow, AccessProperty, check_property
 
 __all__ = ["persist", "Persist", "Policy", "Budget", "budget"]
 
-#: What a scope asks of the set-aside: bytes, "max", a fraction of the max strictly between 0 and 1, "auto" (enough
-#: for the windows in force, kept within the driver's default limit), or None (the limit as it is); checked by
-#: _plan.check_set_aside, the one place of the rule. A Literal, so that a type checker refuses "lots".
+#: What a scope asks of the set-aside (_plan.SetAsideRequest, checked by _plan.check_set_aside): "auto" is enough for
+#: the windows in force, kept within the driver's default limit; None is the limit as it is.
 LimitRequest = SetAsideRequest
 _PERSISTING, _STREAMING = AccessProperty.PERSISTING, AccessProperty.STREAMING
 
@@ -73,9 +72,9 @@ class Budget:
 def budget(device: object = None) -> Budget:
     """The windows in force on ``device``, their total demand and the current set-aside."""
     props = require_persistence(device)
-    snap = _registry.snapshot(props.index, props.persisting_l2_cache_max_size)
-    return Budget(props.index, snap.limit, snap.demand,
-                  tuple((scope.slots[0][1] if scope.slots else 0, w.num_bytes, w.hit_ratio) for scope, w in snap.in_force))
+    limit, in_force, demand = _registry.snapshot(props.index, props.persisting_l2_cache_max_size)
+    return Budget(props.index, limit, demand,
+                  tuple((scope.slots[0][1] if scope.slots else 0, w.num_bytes, w.hit_ratio) for scope, w in in_force))
 
 
 def _check_policy_fields(hit_ratio: object, set_aside: object, enabled: object, offset: object,

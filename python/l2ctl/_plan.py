@@ -3,7 +3,6 @@ the planner's arithmetic ("auto", the tax-free limit, sharing), which lives once
 
 from __future__ import annotations
 
-import math
 import numbers
 from typing import Literal, Sequence, TypeGuard, Union
 
@@ -18,9 +17,8 @@ _native = _core._planner  # the planner's rules (src/l2ctl/planner.cpp), typed b
 SetAsideRequest = Union[int, float, Literal["auto", "max"], None]
 
 __all__ = ["HIT_RATIO_TOLERANCE", "normalize_hit_ratio", "hit_ratio_grid", "round_up", "parse_set_aside_request",
-           "granted_set_aside", "check_set_aside", "SetAsideRequest", "SET_ASIDE_FORMS", "auto_set_aside", "oversubscribed", "tax_free_limit",
-           "DEFAULT_LIMIT_FRACTION", "default_hit_ratio", "fit_window", "clip_window", "shared_hit_ratios", "check_nbytes",
-           "check_count", "is_integer"]
+           "check_set_aside", "SetAsideRequest", "SET_ASIDE_FORMS", "oversubscribed", "tax_free_limit",
+           "DEFAULT_LIMIT_FRACTION", "clip_window", "shared_hit_ratios", "check_nbytes", "check_count", "is_integer"]
 
 #: Hit ratios in (1, 1 + HIT_RATIO_TOLERANCE] are taken as 1.0: they are rounding noise (0.1 added ten
 #: times in float32 gives 1.0000001, which CUDA rejects with cudaErrorInvalidValue). Anything larger
@@ -153,7 +151,6 @@ def check_set_aside(value: object, *, scope: bool = False) -> SetAsideRequest:
     raise TypeError(f"set_aside must be {SET_ASIDE_FORMS}, not {type(value).__name__}")
 
 
-
 def parse_set_aside_request(value: object, maximum: int) -> int:
     """Bytes asked for by ``set_aside(value)`` on a device whose max is ``maximum``: an int (bytes, at most the
     max), ``"max"``, or a float fraction of the max strictly between 0 and 1 (check_set_aside says which forms)."""
@@ -164,11 +161,6 @@ def parse_set_aside_request(value: object, maximum: int) -> int:
         return int(_native.plan_requested_set_aside("fraction", 0, request, int(maximum), False))
     assert isinstance(request, int)
     return int(_native.plan_requested_set_aside("bytes", request, 0.0, int(maximum), False))
-
-
-def granted_set_aside(request: int, maximum: int, clamp: bool = False) -> int:
-    """An exact request checked against the device's max: itself, the max where ``clamp``, else ValueError."""
-    return int(_native.plan_granted_set_aside(int(request), int(maximum), bool(clamp)))
 
 
 #: The limit a fresh process gets from the driver, as a fraction of persistingL2CacheMaxSize: 9,830,400 of
@@ -183,31 +175,10 @@ def tax_free_limit(maximum: int, granularity: int) -> int:
     return int(_native.plan_tax_free_limit(int(maximum), int(granularity)))
 
 
-def auto_set_aside(demand: float, current: int, granularity: int, maximum: int) -> int:
-    """The limit the ``"auto"`` policy asks for: the demand rounded up to the granularity, capped at the
-    max, and never below the current limit (auto only grows, so it never starves other users)."""
-    return int(_native.plan_auto_set_aside(float(demand), int(current), int(granularity), int(maximum)))
-
-
 def oversubscribed(demand: float, limit: int) -> bool:
     """Whether windows asking ``demand`` bytes (hit ratio x bytes) ask more than a set-aside of ``limit`` bytes,
     so that their lines evict each other (beyond the rounding of the sum)."""
     return bool(_native.plan_oversubscribed(float(demand), int(limit)))
-
-
-def default_hit_ratio(granted: int, window_bytes: int) -> float:
-    """The share of a window that ``granted`` bytes of set-aside hold, min(1, granted / window): the whole window's
-    hit ratio (``hit_ratio=None`` keeps it only where fewer than 256 bytes are left; see fit_window)."""
-    return float(_native.plan_default_hit_ratio(int(granted), int(window_bytes)))
-
-
-def fit_window(room: int, window_bytes: int) -> tuple[int, float]:
-    """``hit_ratio=None``: (bytes, hit ratio) of the window a scope gets when ``room`` bytes of the set-aside are
-    left for it. It fits: the whole window at 1.0. Larger: its first ``room`` bytes in 256-byte units at 1.0 (not
-    the whole window at room / window: docs/results.md measures both). Less than 256 bytes of room:
-    the whole window at default_hit_ratio(room, window)."""
-    nbytes, ratio = _native.plan_fit_window(int(room), int(window_bytes))
-    return int(nbytes), float(ratio)
 
 
 def clip_window(offset: int, num_bytes: int | None, buffer_nbytes: int, max_window: int) -> tuple[int, bool]:

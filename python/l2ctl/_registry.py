@@ -1,9 +1,7 @@
-"""The registry's Python face: the one owner of every change l2ctl makes to a device's L2 state lives in C++
-(``src/l2ctl/planner.cpp``, the one copy of the rules: live scopes, the limit fold, "auto" and sharing, windows
-on streams and graph kernel nodes, the journal of a batch, settling what an interrupted call left). This module
-picks the planner of the backend in use (one per backend: the CUDA extension, or a simulator reached through a
+"""The registry's Python face: the one owner of every change l2ctl makes to a device's L2 state, and the one copy
+of its rules, is the planner in C++ (``src/l2ctl/planner.cpp``; docs/DESIGN.md, "The registry"). This module picks
+the planner of the backend in use (one per backend: the CUDA extension, or a simulator reached through a
 trampoline) and names its calls; it holds no rule (tests/registry/test_one_planner.py checks that it stays so).
-docs/DESIGN.md, "The registry", has the rules.
 """
 
 from __future__ import annotations
@@ -11,27 +9,23 @@ from __future__ import annotations
 import atexit
 import os
 import weakref
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, NamedTuple, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple, Optional, Union
 
 from . import _backend, _core
 from ._window import AccessPolicyWindow
 
 _native: Any = getattr(_core, "_planner")  # the planner's bindings (src/planner_bindings.cpp)
 
-__all__ = ["lock", "STREAM", "NODE", "Slot", "Target", "Scope", "Snapshot", "stream_slot", "node_slots", "enter",
-           "exit", "add_slots", "set_base_window", "forget_slots", "known_limit", "observed_limit", "snapshot", "reset_lines",
-           "granularity", "known_granularity", "live_scopes", "device_state", "states",
-           "restore_all", "slot_epoch", "MPS_HINT", "REENTRY_HINT"]
+__all__ = ["lock", "STREAM", "NODE", "Slot", "Target", "Scope", "stream_slot", "node_slots", "enter", "exit",
+           "add_slots", "set_base_window", "forget_slots", "known_limit", "observed_limit", "snapshot", "reset_lines",
+           "granularity", "known_granularity", "live_scopes", "restore_all", "slot_epoch"]
 
-MPS_HINT: str = _native.MPS_HINT
-REENTRY_HINT: str = _native.REENTRY_HINT
 STREAM, NODE = 0, 1
 #: (holder kind, handle, generation): the generation changes when l2ctl learns a handle died (a closed
 #: stream, a destroyed graph), so a later object that gets the same handle is a different slot.
 Slot = tuple[int, int, int]
 #: The registry's lock (one for every backend): ``with lock:`` holds every l2ctl change out; l2ctl's own calls
-#: on the thread that holds it are refused (a finalizer or signal handler inside l2ctl) with REENTRY_HINT.
+#: on the thread that holds it are refused (a finalizer or signal handler inside l2ctl) with the planner's REENTRY_HINT.
 lock = _native.registry_lock
 #: Called as an l2ctl Stream is closed or a DeviceBuffer freed (after its ``_ref`` went): compiled scopes made
 #: before then look at their stream and buffer again at entry (they skip that look while nothing was released).
@@ -99,17 +93,6 @@ class Target(NamedTuple):
     #: ``_dirty``) before ``changed`` runs, so an interrupt inside ``changed`` cannot leave it replaying the old
     #: windows.
     executables: Any = None
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """The registry's view of one device: the limit in force, the windows in force (one per scope that
-    is the latest on at least one of its slots) and their demand (hit ratio x bytes of PERSISTING hits)."""
-
-    device: int
-    limit: int
-    in_force: tuple[tuple[Scope, AccessPolicyWindow], ...]
-    demand: float
 
 
 # One planner per backend, weakly: a simulator's states go with it. The last one looked up is kept at hand (a
@@ -187,10 +170,10 @@ def observed_limit(device: int, maximum: int) -> int:
     return _planner(_backend._active).observed_limit(device, maximum)  # type: ignore[no-any-return]
 
 
-def snapshot(device: int, maximum: int) -> Snapshot:
-    """The limit and the windows in force on ``device`` (reads the limit when l2ctl does not own it)."""
-    limit, in_force, demand = _planner(_backend._active).snapshot(device, maximum)
-    return Snapshot(device, limit, tuple(in_force), demand)
+def snapshot(device: int, maximum: int) -> tuple[int, list[tuple[Scope, AccessPolicyWindow]], float]:
+    """The limit in force on ``device`` (read when l2ctl does not own it), the windows in force (one per scope that
+    is the latest on at least one of its slots) and their demand (hit ratio x bytes of PERSISTING hits)."""
+    return _planner(_backend._active).snapshot(device, maximum)  # type: ignore[no-any-return]
 
 
 def live_scopes(device: int) -> list[Scope]:
@@ -210,19 +193,6 @@ def granularity(device: int, maximum: int) -> tuple[int, str]:
 
 def known_granularity(device: int) -> Optional[int]:
     return _planner(_backend._active).known_granularity(device)  # type: ignore[no-any-return]
-
-
-def device_state(backend: Any, device: int) -> Any:
-    """The planner's record of ``device`` on ``backend`` as plain values (tests compare it whole), or None."""
-    planner = _planners.get(backend)
-    return None if planner is None else planner.device_state(device)
-
-
-def states() -> Iterator[tuple[Any, Any]]:
-    """(backend, record) for every device a planner knows (tests)."""
-    for backend, planner in list(_planners.items()):
-        for device in planner.devices():
-            yield backend, planner.device_state(device)
 
 
 def restore_all() -> None:

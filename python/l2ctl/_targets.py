@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union, cast
 
 from . import _registry, _torch_graphs
-from ._device import check_stream_context, properties, stream_device
+from ._device import check_stream_context, stream_device
 from ._interop import StreamRef, SupportsL2ctlTarget, SupportsReplay, resolve_stream
 from ._memory import StreamLike
 from ._stream_window import check_window_fits

@@ -1,17 +1,9 @@
-"""PyTorch's CUDA graphs as l2ctl sees them: which of them a window can reach, and how. CUDA copies node
-windows into an executable only when it instantiates it, and no call changes an executable's nodes
-(l2ctl.graph), so:
-
-- ``torch.cuda.CUDAGraph(keep_graph=True)`` (torch >= 2.9) keeps its template (``raw_cuda_graph()``):
-  l2ctl sets the windows on its kernel nodes and has torch remake its executable (torch's own
-  ``instantiate()``), so ``replay()`` runs with them.
-- ``keep_graph=False`` (the default), ``torch.cuda.make_graphed_callables`` and torch.compile's CUDA graph
-  trees (``mode="reduce-overhead"``) destroy the template once instantiated. While a
-  ``graph.torch_captures()`` scope lives, l2ctl has every ``torch.cuda.CUDAGraph`` torch makes keep it
-  (``keep_templates``: torch's ``__init__`` is given ``keep_graph=True``, and the executable is still made
-  at capture end, as the default does) and remembers those graphs (``kept``), so they take windows as a
-  keep_graph graph does. A graph made outside such a scope is reached only through the stream it is
-  captured on (CUDA copies its window into every kernel node captured there): ``capture_streams``.
+"""PyTorch's CUDA graphs as l2ctl sees them: which of them a window can reach, and how (docs/DESIGN.md, "Graphs",
+has the table). CUDA copies node windows into an executable only when it instantiates it, so a window reaches a
+torch graph through its template: one made with ``keep_graph=True`` (torch >= 2.9), or any made while a
+``graph.torch_captures()`` scope lives (``keep_templates``: torch's ``__init__`` is given ``keep_graph=True``, and
+the executable is still made at capture end; ``kept`` lists them). A graph made outside such a scope is reached only
+through the stream it is captured on (``capture_streams``).
 
 torch is not imported at import time, its graph trees only when a ``graph.torch_captures()`` scope is
 used. Their names (``get_manager``, ``.stream``, ``get_roots``, ``.children``, ``.graph``) are the same
@@ -214,12 +206,10 @@ class TorchGraphTrees:
 
 
 class _StreamWatch:
-    """Who is told when torch makes a stream current. ``torch.cuda.set_stream`` is the function through which
-    ``torch.cuda.stream(s)`` and user code make a stream current; l2ctl wraps it while a watcher is
-    registered (a live ``torch_captures()`` scope) and puts back what it wrapped when the last one goes, so
-    a process with no such scope runs torch's function untouched. Watchers are per device, not per thread: a
-    stream any thread makes current gets the window. Not seen: ``with s:`` on a ``torch.Stream`` and
-    ``torch.accelerator.set_stream``, which go to torch's C++ directly (docs/reference.md)."""
+    """Who is told when torch makes a stream current: l2ctl wraps ``torch.cuda.set_stream`` (through which
+    ``torch.cuda.stream(s)`` and user code make a stream current) while a watcher is registered (a live
+    ``torch_captures()`` scope), and puts back what it wrapped when the last one goes. Watchers are per device,
+    not per thread. What bypasses that function is not seen (TorchCaptures names it)."""
 
     def __init__(self) -> None:
         self._watchers: dict[int, tuple[int, Callable[[object], None]]] = {}  # token -> (device, callback)
@@ -267,12 +257,10 @@ _ABSENT = object()
 
 
 class _TemplateKeeper:
-    """While anyone asks, the graphs of a graph class keep their template. Its ``__init__`` (torch's C++
-    binding, which reads ``keep_graph``) is given ``keep_graph=True``; its ``capture_end`` then makes the
-    executable at once for a graph that asked for ``keep_graph=False``, as torch does for those, so its first
-    replay and ``raw_cuda_graph_exec()`` behave as its maker expects, and remembers every graph captured
-    (``kept``). Only what was made and captured while the class is patched is kept; the class's own
-    attributes are put back when the last one stops (a process with no such scope runs torch's untouched)."""
+    """While anyone asks, the graphs of a graph class keep their template: its ``__init__`` is given
+    ``keep_graph=True``, and its ``capture_end`` makes the executable at once for a graph that asked for
+    ``keep_graph=False``, as torch does for those, and remembers every graph captured (``kept``). The class's own
+    attributes are put back when the last one stops (docs/DESIGN.md, "Graphs")."""
 
     def __init__(self) -> None:
         self._listeners: dict[int, tuple[type, Callable[[object, int], None]]] = {}

@@ -258,9 +258,8 @@ class Capture:
         __exit__ = _registry.capture_exit
 
 
-def capture(stream: StreamLike, mode: CaptureMode = CaptureMode.THREAD_LOCAL) -> Capture:
-    """Capture the work queued on ``stream`` inside the ``with`` block into an l2ctl Graph (see Capture)."""
-    return Capture(stream, mode)
+#: ``capture(stream, mode=CaptureMode.THREAD_LOCAL)``: the capture itself (see Capture).
+capture = Capture
 
 
 # One view per torch graph, so that its kernel nodes are listed once however often it is persisted. The
@@ -496,12 +495,8 @@ class _CaptureScope:
             self._stop()  # the scope ended (its holder died, or its end was cut short)
 
 
-def torch_captures(device: object = None, *, replays: Optional[Replays] = None) -> TorchCaptures:
-    """Where PyTorch runs a step inside the scope (the graphs torch.compile's CUDA graph trees,
-    make_graphed_callables and torch.cuda.graph capture, their templates kept while it lives, and the streams
-    eager kernels launch on) as a target for ``l2ctl.persist`` and ``l2ctl.tune``; as a ``with`` block, it
-    only keeps the templates; see TorchCaptures."""
-    return TorchCaptures(device, replays=replays)
+#: ``torch_captures(device=None, *, replays=None)``: the target itself (see TorchCaptures).
+torch_captures = TorchCaptures
 
 
 def inspect(graph: object, names: Optional[Mapping[str, object]] = None) -> list[KernelNode]:

@@ -34,7 +34,7 @@ def test_torch_reads_a_device_buffer_without_a_copy(gpu_state):
         assert int(t[7]) == 8
         del t
         gc.collect()
-        assert buf.freed and _dlpack.live_exports() == 0
+        assert buf.freed and len(_dlpack._live) == 0
 
 
 def test_cupy_reads_a_device_buffer_and_cupy_arrays_persist(gpu_state):

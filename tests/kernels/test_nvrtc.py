@@ -162,11 +162,11 @@ def test_an_unwritable_cache_only_costs_the_cache(tmp_path):
 
 
 def test_cache_dir_rules(tmp_path):
-    assert _nvrtc.cache_dir({"L2CTL_CACHE_DIR": "/x", "XDG_CACHE_HOME": "/y"}) == "/x"
-    assert _nvrtc.cache_dir({"L2CTL_CACHE_DIR": ""}) == ""  # no cache
-    assert _nvrtc.cache_dir({"XDG_CACHE_HOME": "/y"}) == os.path.join("/y", "l2ctl")
-    assert _nvrtc.cache_dir({"HOME": "/h"}) == os.path.join("/h", ".cache", "l2ctl")
-    assert _nvrtc.cache_dir({}) == os.path.join(pwd.getpwuid(os.geteuid()).pw_dir, ".cache", "l2ctl")
+    assert _nvrtc.cache_location({"L2CTL_CACHE_DIR": "/x", "XDG_CACHE_HOME": "/y"})[0] == "/x"
+    assert _nvrtc.cache_location({"L2CTL_CACHE_DIR": ""})[0] == ""  # no cache
+    assert _nvrtc.cache_location({"XDG_CACHE_HOME": "/y"})[0] == os.path.join("/y", "l2ctl")
+    assert _nvrtc.cache_location({"HOME": "/h"})[0] == os.path.join("/h", ".cache", "l2ctl")
+    assert _nvrtc.cache_location({})[0] == os.path.join(pwd.getpwuid(os.geteuid()).pw_dir, ".cache", "l2ctl")
 
 
 # ---- the disk cache refuses what its user alone cannot have written ------------------------------------------

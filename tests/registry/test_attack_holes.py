@@ -533,7 +533,7 @@ def test_an_allocation_failure_in_a_registry_call_is_a_memory_error():
 def _agrees(fake: FakeBackend) -> None:
     """The planner's record of device 0 says what the simulated device holds: nothing left to settle, every window
     it applied on the stream or node that holds it, its limit the device's."""
-    record = _registry.device_state(fake, 0)
+    record = _registry._planners[fake].device_state(0)
     limits, streams, nodes = fake.state()
     held = {**{(0, h): w for h, w in streams}, **{(1, h): w for h, w in nodes}}
     assert not record.dirty and record.batch is None, record

@@ -23,11 +23,8 @@ PACKAGE = ROOT / "python" / "l2ctl" if (ROOT / "python" / "l2ctl").is_dir() else
 DEVICE_CHANGES = {"apply_batch", "set_persisting_limit", "reset_persisting_lines"}
 #: The planner's arithmetic, named in _plan.py for the API and its tests: each only calls the compiled one.
 ARITHMETIC = {"round_up": "plan_round_up", "tax_free_limit": "plan_tax_free_limit",
-              "auto_set_aside": "plan_auto_set_aside", "default_hit_ratio": "plan_default_hit_ratio",
-              "fit_window": "plan_fit_window",
-              "shared_hit_ratios": "plan_shared_hit_ratios", "granted_set_aside": "plan_granted_set_aside",
-              "normalize_hit_ratio": "plan_check_hit_ratio", "parse_set_aside_request": "plan_requested_set_aside",
-              "oversubscribed": "plan_oversubscribed"}
+              "shared_hit_ratios": "plan_shared_hit_ratios", "normalize_hit_ratio": "plan_check_hit_ratio",
+              "parse_set_aside_request": "plan_requested_set_aside", "oversubscribed": "plan_oversubscribed"}
 #: The planner's files: the only place the rules below are written.
 PLANNER = ("src/l2ctl/planner.cpp", "src/l2ctl/planner.hpp")
 #: Each rule the compiled scope and Python both apply (issue 36), with what a copy of it looks like in code
@@ -166,9 +163,9 @@ def test_the_registry_facade_holds_no_rule():
 
 def test_the_planning_arithmetic_is_the_compiled_one():
     assert arithmetic_in_python(pathlib.Path(_plan.__file__).read_text()) == []
-    planted = "def auto_set_aside(demand, current, granularity, maximum):\n    return max(current, demand)\n"
-    assert arithmetic_in_python(planted) == ["auto_set_aside does not call plan_auto_set_aside",
-                                             "auto_set_aside computes in Python"]
+    planted = "def tax_free_limit(maximum, granularity):\n    return max(granularity, maximum)\n"
+    assert arithmetic_in_python(planted) == ["tax_free_limit does not call plan_tax_free_limit",
+                                             "tax_free_limit computes in Python"]
 
 
 def test_only_the_planner_changes_a_device():
@@ -190,12 +187,8 @@ def test_each_name_of_the_arithmetic_reaches_the_planner(name, monkeypatch):
     monkeypatch.setattr(_plan, "_native", Stand_in())
     if name == "normalize_hit_ratio":
         answer = (0.25, 0)  # (the ratio as CUDA takes it, no fault)
-    if name == "fit_window":
-        answer = (7, 0.5)  # (bytes, hit ratio)
-    args = {"round_up": (5, 4), "tax_free_limit": (100, 10), "auto_set_aside": (5.0, 0, 1, 100),
-            "default_hit_ratio": (1, 2), "fit_window": (1, 2), "shared_hit_ratios": ([(0.5, 10)], 100),
-            "granted_set_aside": (5, 10), "normalize_hit_ratio": (0.5,), "parse_set_aside_request": ("max", 10),
-            "oversubscribed": (5.0, 10)}[name]
+    args = {"round_up": (5, 4), "tax_free_limit": (100, 10), "shared_hit_ratios": ([(0.5, 10)], 100),
+            "normalize_hit_ratio": (0.5,), "parse_set_aside_request": ("max", 10), "oversubscribed": (5.0, 10)}[name]
     assert getattr(_plan, name)(*args) == {"normalize_hit_ratio": 0.25, "oversubscribed": True}.get(name, answer)
 
 

@@ -182,7 +182,8 @@ class RegistryMachine(RuleBasedStateMachine):
     def the_registry_holds_what_the_model_says(self) -> None:
         """Not only what was applied: the registry's whole record of the device (its scopes and sharing
         count, the base window of every covered slot, the demand in force, nothing left half done)."""
-        state = _registry.device_state(self.fake, 0)
+        planner = _registry._planners.get(self.fake)  # the planner's record of the device, as plain values
+        state = None if planner is None else planner.device_state(0)
         model = self.model
         if state is None:
             assert not model.scopes

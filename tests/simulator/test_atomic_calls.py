@@ -303,7 +303,7 @@ def test_an_allocation_failing_right_after_a_batch_returns_is_restored_by_restor
                 testcapi.remove_mem_hooks()
                 armed[0] = -1
             _registry.restore_all()  # alone: nothing else settles what the failure left
-            record = _registry.device_state(fake, 0)
+            record = _registry._planners[fake].device_state(0)
             if fake.state() != after_blocks or record.scopes or record.dirty:
                 failures.append(f"block {index}, allocation {at}: {after_blocks[:2]} -> {fake.state()[:2]} "
                                 f"(dirty: {record.dirty})")
