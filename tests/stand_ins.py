@@ -1,7 +1,8 @@
-"""The simulator's stand-ins that only the tests use: a workload whose re-read buffer is a compiler's temporary,
-an eager step that allocates its hot buffer inside, a graphed and a compiled step (torch's CUDA graphs and
-torch.compile on the simulator's graph trees), and a set-aside surface measured on a GPU, replayed. The gallery's
-own stand-ins are l2ctl.workloads.modeled's."""
+"""The simulator's stand-ins that only the tests use: modeled workloads split into ``prepare()`` and ``step()`` (what
+a graph captures, what a compiler compiles), one whose re-read buffer is a compiler's temporary, an eager step that
+allocates its hot buffer inside, a graphed and a compiled step (torch's CUDA graphs and torch.compile on the
+simulator's graph trees), and a set-aside surface measured on a GPU, replayed. The gallery's own stand-ins are
+l2ctl.workloads.modeled's."""
 
 from __future__ import annotations
 
@@ -21,12 +22,41 @@ from l2ctl.workloads.graphed import Compiled, Graphed
 from l2ctl.workloads.modeled import ModeledKernel, ModeledWorkload
 
 
-def scatter_add_into_temporary(device: object = None) -> ModeledWorkload:
+class SteppedWorkload(ModeledWorkload):
+    """A modeled workload split as Graphed and Compiled run one: ``prepare()`` and ``step()`` on the stream
+    ``on_stream`` sets (the simulator has no "current stream" of its own). ``hidden``: buffers a user never sees (a
+    compiler's temporaries), not offered as candidates."""
+
+    def __init__(self, *args: Any, hidden: tuple[str, ...] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hidden = hidden
+        self._current = 0  # the stream step() runs on
+
+    def prepare(self) -> None:
+        """Nothing runs before a step."""
+
+    def step(self) -> None:
+        """One run on the stream set by ``on_stream`` (what a graph captures or a compiler compiles)."""
+        self.enqueue(self._current)
+
+    @contextlib.contextmanager
+    def on_stream(self, stream: object) -> Iterator[None]:
+        previous, self._current = self._current, resolve_stream(stream).handle
+        try:
+            yield
+        finally:
+            self._current = previous
+
+    def candidates(self) -> dict[str, DeviceBuffer]:
+        return {n: b for n, b in self.buffers.items() if n not in self.hidden}
+
+
+def scatter_add_into_temporary(device: object = None) -> SteppedWorkload:
     """What Inductor makes of ``acc.zero_(); acc.index_add_(...)`` compiled together: it zeroes a temporary
     of its own, scatters into it and copies it into ``acc``. The user sees ``acc``, ``index``, ``values``;
     the re-read buffer is the temporary (``hidden``), which only the graph's kernel arguments show."""
     acc = fraction_of_l2(0.64, device)
-    return ModeledWorkload("scatter-add-temp", {"acc": acc, "tmp": acc, "index": GiB, "values": GiB // 2},
+    return SteppedWorkload("scatter-add-temp", {"acc": acc, "tmp": acc, "index": GiB, "values": GiB // 2},
                            [ModeledKernel("triton_poi_fused_zero_0", acc, given=("tmp",), read_fraction=0.0),
                             ModeledKernel("triton_poi_fused_index_add_1", 1.5 * GiB, "tmp", 32 * (1.5 * GiB / 12),
                                           read_fraction=0.98, given=("tmp", "index", "values")),
@@ -34,7 +64,7 @@ def scatter_add_into_temporary(device: object = None) -> ModeledWorkload:
                            hot="acc", device=device, hidden=("tmp",))
 
 
-class ModeledEagerStep(ModeledWorkload):
+class ModeledEagerStep(SteppedWorkload):
     """An eager step that allocates its hot buffer inside, as a GNN layer's ``out = torch.zeros(N, D,
     device=...).index_add_(0, dst, x[src])``: each run takes its temporary (``out``, and the gathered rows) from
     a cache of freed blocks, as torch's caching allocator does, and gives it back when it returns, so the next
@@ -106,7 +136,7 @@ class FakeCompiledStep:
     does not graph (an in-place update of an input not marked static): every call runs the kernels eagerly
     on the current stream."""
 
-    def __init__(self, trees: FakeGraphTrees, base: ModeledWorkload, graphs: bool = True) -> None:
+    def __init__(self, trees: FakeGraphTrees, base: SteppedWorkload, graphs: bool = True) -> None:
         self.trees, self.base, self.graphs = trees, base, graphs
         self.calls = 0
         self.recording: Optional[FakeRecording] = None
@@ -139,7 +169,7 @@ class ModeledCompiled(Compiled):
     installed with ``l2ctl._torch_graphs.use_trees``): the same one-compiled-function-per-window logic.
     ``graphs=False``: torch.compile without its graphs (every call eager, on the current stream)."""
 
-    def __init__(self, base: ModeledWorkload, trees: FakeGraphTrees, *, graphs: bool = True) -> None:
+    def __init__(self, base: SteppedWorkload, trees: FakeGraphTrees, *, graphs: bool = True) -> None:
         self.trees, self.graphs = trees, graphs
         self.skips = 0  # calls run without graphs (torch counts the skips)
         super().__init__(base)

@@ -12,8 +12,7 @@ import pytest
 import l2ctl
 from l2ctl import _torch_graphs, graph
 from l2ctl.testing.torch_graphs import FakeGraphTrees, FakeTorchGraph
-from l2ctl.workloads.modeled import ModeledWorkload
-from stand_ins import FakeCompiledStep, scatter_add_into_temporary
+from stand_ins import FakeCompiledStep, SteppedWorkload, scatter_add_into_temporary
 
 MiB = 1 << 20
 NONE = (0, 0, 0.0, 0, 0)
@@ -177,7 +176,7 @@ def test_discover_on_a_step_recorded_before_any_block_is_refused_saying_how(fake
 
 
 def test_discover_on_a_step_torch_did_not_graph_finds_its_eager_kernels_and_says_why(fake, trees):
-    with l2ctl.Stream() as s, ModeledWorkload.scatter_add(0) as w:
+    with l2ctl.Stream() as s, SteppedWorkload.scatter_add(0) as w:
         compiled = FakeCompiledStep(trees, w, graphs=False)  # torch.compile skipped graphs: eager kernels
 
         def step(stream):

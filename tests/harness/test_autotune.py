@@ -349,9 +349,9 @@ def test_a_compiled_step_torch_graphs_is_tuned_on_its_recorded_graph(fake, trees
 
 
 def test_a_compiled_step_torch_did_not_graph_is_tuned_on_its_eager_kernels_and_torch_s_reason_is_said(fake, trees):
-    from l2ctl.workloads.modeled import ModeledWorkload
+    from stand_ins import SteppedWorkload
 
-    with ModeledWorkload.scatter_add(0) as w:
+    with SteppedWorkload.scatter_add(0) as w:
         step, compiled, s = _compiled(trees, w, graphs=False)
         tuned = l2ctl.autotune(step, stream=s)
         for _ in range(240):

@@ -9,9 +9,8 @@ device's L2 size, like the real gallery's.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from .. import _backend
 from .._device import resolve_device
@@ -43,19 +42,17 @@ class ModeledWorkload(Closing):
     its kernels on the stream it was given."""
 
     def __init__(self, name: str, buffers: dict[str, int], kernels: Sequence[ModeledKernel], *,
-                 hot: Optional[str] = None, device: object = None, hidden: tuple[str, ...] = ()) -> None:
+                 hot: Optional[str] = None, device: object = None) -> None:
         if not hasattr(_backend.current(), "launch_modeled_kernel"):
             raise RuntimeError("modeled workloads run on the simulator only (l2ctl.testing.FakeBackend)")
         for k in kernels:
             for used in ((k.hot,) if k.hot is not None else ()) + k.given:
                 if used not in buffers:
                     raise ValueError(f"kernel {k.name}: no buffer named {used!r}")
-        self.hidden = hidden  # buffers a user never sees (a compiler's temporaries): not offered as candidates
         self.name, self.kernels, self.hot = name, tuple(kernels), hot or next(iter(buffers))
         self.device = resolve_device(device)
         self.buffers = {n: DeviceBuffer(nbytes, device) for n, nbytes in buffers.items()}
         self._launched = 0
-        self._current = 0  # the stream step() runs on (the simulator has no "current stream" of its own)
 
     # ---- the presets, sized from the device ------------------------------------------------------------
 
@@ -106,21 +103,6 @@ class ModeledWorkload(Closing):
                                           args=tuple(self.buffers[n].ptr for n in k.given))
         self._launched += len(self.kernels)
 
-    def prepare(self) -> None:
-        """Nothing runs before a step."""
-
-    def step(self) -> None:
-        """One run on the stream set by ``on_stream`` (what a graph captures or a compiler compiles)."""
-        self.enqueue(self._current)
-
-    @contextlib.contextmanager
-    def on_stream(self, stream: object) -> Iterator[None]:
-        previous, self._current = self._current, resolve_stream(stream).handle
-        try:
-            yield
-        finally:
-            self._current = previous
-
     def poison(self, stream: object) -> None:
         self._launched = 0
 
@@ -128,7 +110,7 @@ class ModeledWorkload(Closing):
         return self._launched >= len(self.kernels)
 
     def candidates(self) -> dict[str, DeviceBuffer]:
-        return {n: b for n, b in self.buffers.items() if n not in self.hidden}
+        return dict(self.buffers)
 
     def describe(self) -> dict[str, Any]:
         return {"workload": self.name, "modeled": True,
