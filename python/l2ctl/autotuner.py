@@ -201,7 +201,7 @@ class _State:
         self.named: dict[str, tuple[BufferLike, BufferRef]] = {}
         self.points: list[TunePoint] = []  # the stage's
         self.rounds_refine = 3
-        self.max_window = 0
+        self.windows: dict[str, int] = {}  # each candidate's window bytes (clipped to the device's max window)
         self.costs: dict[TunePoint, float] = {}  # ms beyond the baseline's median, summed over a point's calls
         self.times = np.zeros((0, 0))
         self.schedule: collections.deque[tuple[int, int]] = collections.deque()  # (arm, round) still to run
@@ -374,8 +374,8 @@ class AutoTuned(Generic[P, R]):
         by_size = sorted(named.items(), key=lambda item: -item[1][1].nbytes)
         while True:
             state.named = dict(by_size)
-            state.points = screen_points({n: clip_window(0, None, b.nbytes, max_window)[0]
-                                          for n, (_, b) in state.named.items()}, grid, cap)
+            state.windows = {n: clip_window(0, None, b.nbytes, max_window)[0] for n, (_, b) in state.named.items()}
+            state.points = screen_points(state.windows, grid, cap)
             if 3 * (len(state.points) + 1) <= _SEARCH_CALLS or len(by_size) == 1:
                 break
             by_size.pop()
@@ -384,7 +384,6 @@ class AutoTuned(Generic[P, R]):
         rounds = max(3, min(self._rounds, _SEARCH_CALLS // (len(state.points) + 1)))
         left = _SEARCH_CALLS + 3 * (REFINE_POINTS + 1) - rounds * (len(state.points) + 1)
         state.rounds_refine = max(3, min(self._rounds, left // (REFINE_POINTS + 1)))
-        state.max_window = max_window
         self._schedule(state, len(state.points) + 1, rounds, "search")
 
     def _schedule(self, state: _State, arms: int, rounds: int, phase: str) -> None:
@@ -436,8 +435,7 @@ class AutoTuned(Generic[P, R]):
             won = winners(d.points, cap, self._min_gain, self._tax_gain)
             if stage == "search" and won:  # the tuner's refine stage, around the best winner
                 anchor = max(won, key=lambda p: p.speedup).point
-                result = CandidateResult(anchor.candidate, min(state.named[anchor.candidate][1].nbytes,
-                                                               state.max_window),
+                result = CandidateResult(anchor.candidate, state.windows[anchor.candidate],
                                          [p for p in d.points if p.point.candidate == anchor.candidate])
                 state.points = refine_points(anchor, set_aside_grid(state.device, include_zero=False), result)
                 self._schedule(state, len(state.points) + 1, state.rounds_refine, "refine")

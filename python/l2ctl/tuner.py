@@ -48,7 +48,7 @@ from ._memory import BufferLike, StreamLike
 from ._persist import Persist, Policy, persist
 from ._window import AccessProperty
 from .graph import Graph, TorchCaptures
-from ._plan import check_count, clip_window, normalize_hit_ratio
+from ._plan import check_count, clip_window, default_hit_ratio, normalize_hit_ratio
 from ._units import format_bytes
 from .bench.records import Record, Report, environment, simulated_label
 from .candidates import (ModelCandidates, SupportsNamedTensors, from_captures, from_graph, from_module, from_steps,
@@ -325,10 +325,6 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'s' * (n != 1)}"
 
 
-def _fit(set_aside: int, nbytes: int) -> float:
-    return normalize_hit_ratio(min(1.0, set_aside / nbytes))
-
-
 def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stream: StreamLike = None, rounds: int = 5,
          repeat: int = 5, warmup: int = 1, confidence: float = 0.95, min_gain: float = 0.01,
          tax_gain: float = TAX_GAIN, seed: int = 0, progress: bool = False) -> TunedPolicy:
@@ -365,12 +361,45 @@ def tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stre
     set-aside slows every other kernel). See the module docstring for the search and the rule that picks
     the smallest set-aside within noise of the best.
     """
-    keeps = isinstance(target, TorchCaptures) and not getattr(workload, "records_each_window", False)
-    block = target if isinstance(target, TorchCaptures) and keeps else contextlib.nullcontext()
-    with block:  # a torch_captures() target: templates kept throughout
-        return _tune(workload, target, candidates, stream=stream, rounds=rounds, repeat=repeat, warmup=warmup,
-                     confidence=confidence, min_gain=min_gain, tax_gain=tax_gain, seed=seed, progress=progress,
-                     records=keeps)
+    # the pipeline: the arguments checked, the target resolved, the candidates gathered, the points searched (screen,
+    # refine), the choice made and confirmed; a torch_captures() target keeps its templates throughout
+    records = isinstance(target, TorchCaptures) and not getattr(workload, "records_each_window", False)
+    with cast(TorchCaptures, target) if records else contextlib.nullcontext():
+        start = time.monotonic()
+        enqueue = enqueue_of(workload)
+        discover = is_discover(candidates)
+        if discover and hasattr(type(target), "_l2ctl_target") and not isinstance(target, (Graph, TorchCaptures)):
+            raise ValueError(DISCOVER_HINT)
+        listed = {} if is_module(candidates) or discover else resolve_candidates(candidates)
+        warmup, repeat = check_repeats(warmup, repeat)
+        rounds = check_count(rounds, "rounds", minimum=3, maximum=1000)
+        from .bench.paired import check_confidence
+
+        confidence = check_confidence(confidence)
+        check_gains(min_gain, tax_gain)
+        check_count(seed, "seed", minimum=0)
+        if not isinstance(progress, bool):
+            raise TypeError("progress must be a bool")
+        where = _resolve_target(target, stream)
+        if records:  # torch's warm-up and recording, templates kept (the block above), no window
+            for _ in range(RECORDING_CALLS):
+                enqueue(where.stream)
+            cast(TorchCaptures, where.target)._refuse_unreached(where.device, ())  # the points vary the window
+        named, considered = _gather_candidates(enqueue, where, candidates, listed)
+        if not named:
+            assert considered is not None
+            what = "graph" if not where.is_stream and not isinstance(where.target, TorchCaptures) else "step"
+            if considered.launches == 0:  # as explicit candidates say it (bench.paired)
+                raise ValueError(f"the workload queued no GPU work on the stream it was given: discovery found no "
+                                 f"kernel launch in its {what}, so there is nothing to persist or compare (launch its "
+                                 "kernels on that stream)")
+            found = f"no range the {what}'s kernels are given can be tried: {considered.summary()}"
+            return _nothing_to_try(found, where.device, start, confidence, considered)
+        search = _Search(workload, where, named, rounds=rounds, repeat=repeat, warmup=warmup, confidence=confidence,
+                         min_gain=min_gain, tax_gain=tax_gain, seed=seed, progress=progress)
+        search.screen()
+        search.refine()
+        return search.decide(start, considered)
 
 
 def check_gains(min_gain: object, tax_gain: object) -> None:
@@ -390,48 +419,6 @@ def is_discover(candidates: object) -> bool:
         raise ValueError(f"candidates={candidates!r}: {near}the one word candidates takes is 'discover' (the memory the "
                          "workload's kernels are given); otherwise pass a buffer, a sequence or dict of them, or a module")
     return True
-
-
-def _tune(workload: WorkloadLike, target: Target, candidates: Candidates, *, stream: StreamLike, rounds: int,
-          repeat: int, warmup: int, confidence: float, min_gain: float, tax_gain: float, seed: int, progress: bool,
-          records: bool) -> TunedPolicy:
-    """The pipeline: the arguments checked, the target resolved, the candidates gathered, the points searched
-    (screen, refine), the choice made and confirmed (module docstring)."""
-    start = time.monotonic()
-    enqueue = enqueue_of(workload)
-    discover = is_discover(candidates)
-    if discover and hasattr(type(target), "_l2ctl_target") and not isinstance(target, (Graph, TorchCaptures)):
-        raise ValueError(DISCOVER_HINT)
-    listed = {} if is_module(candidates) or discover else resolve_candidates(candidates)
-    warmup, repeat = check_repeats(warmup, repeat)
-    rounds = check_count(rounds, "rounds", minimum=3, maximum=1000)
-    from .bench.paired import check_confidence
-
-    confidence = check_confidence(confidence)
-    check_gains(min_gain, tax_gain)
-    check_count(seed, "seed", minimum=0)
-    if not isinstance(progress, bool):
-        raise TypeError("progress must be a bool")
-    where = _resolve_target(target, stream)
-    if records:  # torch's warm-up and recording, templates kept (tune's caller holds the block), no window
-        for _ in range(RECORDING_CALLS):
-            enqueue(where.stream)
-        cast(TorchCaptures, where.target)._refuse_unreached(where.device, ())  # the points vary the window
-    named, considered = _gather_candidates(enqueue, where, candidates, listed)
-    if not named:
-        assert considered is not None
-        what = "graph" if not where.is_stream and not isinstance(where.target, TorchCaptures) else "step"
-        if considered.launches == 0:  # as explicit candidates say it (bench.paired)
-            raise ValueError(f"the workload queued no GPU work on the stream it was given: discovery found no kernel "
-                             f"launch in its {what}, so there is nothing to persist or compare (launch its kernels on "
-                             "that stream)")
-        found = f"no range the {what}'s kernels are given can be tried: {considered.summary()}"
-        return _nothing_to_try(found, where.device, start, confidence, considered)
-    search = _Search(workload, where, named, rounds=rounds, repeat=repeat, warmup=warmup, confidence=confidence,
-                     min_gain=min_gain, tax_gain=tax_gain, seed=seed, progress=progress)
-    search.screen()
-    search.refine()
-    return search.decide(start, considered)
 
 
 class _Where(NamedTuple):
@@ -647,7 +634,7 @@ def screen_points(windows: Mapping[str, int], grid: list[int], cap: int) -> list
     points: list[TunePoint] = []
     for name, window_bytes in windows.items():
         sizes = _screen_sizes(grid, window_bytes)
-        points += [TunePoint(name, s, _fit(s, window_bytes), 0, window_bytes) for s in sizes]
+        points += [TunePoint(name, s, default_hit_ratio(s, window_bytes), 0, window_bytes) for s in sizes]
         points += [TunePoint(name, s, 1.0, 0, _span(s)) for s in sizes if s < window_bytes and s <= cap]
     return points
 
@@ -688,9 +675,9 @@ def refine_points(anchor: TunePoint, grid: list[int], result: CandidateResult) -
     k = grid.index(anchor.set_aside) if anchor.set_aside in grid else 0
     points = [anchor]
     for s in grid[max(0, k - 1): k + 2]:
-        if (s, round(_fit(s, n), 6), n) not in seen and s != anchor.set_aside:
-            points.append(TunePoint(anchor.candidate, s, _fit(s, n), 0, n))
-    fit = _fit(anchor.set_aside, n)
+        if (s, round(default_hit_ratio(s, n), 6), n) not in seen and s != anchor.set_aside:
+            points.append(TunePoint(anchor.candidate, s, default_hit_ratio(s, n), 0, n))
+    fit = default_hit_ratio(anchor.set_aside, n)
     for share in (0.5, 0.75):
         ratio = normalize_hit_ratio(fit * share)
         if ratio >= 0.05:

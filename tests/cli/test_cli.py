@@ -19,7 +19,7 @@ import l2ctl
 from l2ctl import _backend, _core, bench, benchmark_gallery, cli, plot, sweep, tuner
 from l2ctl._errors import CudaError, NotSupportedError
 from l2ctl.bench import Ceilings, Record, Report, VerificationError
-from l2ctl.cli import bench_cmd, options, parsing
+from l2ctl.cli import bench_cmd, options, parsing, sweep_cmd, tune_cmd
 from l2ctl.bench import collectives as bench_collectives_module
 
 NO_GPU = _core.device_count() == 0
@@ -87,14 +87,14 @@ def test_bad_sizes(text, message):
 
 def test_parser_defaults():
     args = cli.parse_args(["bench"])
-    assert args.func is cli.cmd_bench_reset and args.repeat == 15 and args.out_bytes == 1 << 30
+    assert args.func is bench_cmd.cmd_bench_reset and args.repeat == 15 and args.out_bytes == 1 << 30
     assert args.command == "bench reset-data" and args.lut_sizes is None and args.quiet is False
     args = cli.parse_args(["bench", "stride", "--strides", "4,8", "--json", "x.json"])
     assert args.strides == [4, 8] and args.json == "x.json" and args.threads == 1 << 25
     args = cli.parse_args(["tune"])
-    assert args.func is cli.cmd_tune and (args.repeat, args.warmup, args.lut_sizes) == (5, 1, [4 << 20])
+    assert args.func is tune_cmd.cmd_tune and (args.repeat, args.warmup, args.lut_sizes) == (5, 1, [4 << 20])
     args = cli.parse_args(["sweep", "tax"])
-    assert args.func is cli.cmd_sweep_tax and not hasattr(args, "lut_bytes")
+    assert args.func is sweep_cmd.cmd_sweep_tax and not hasattr(args, "lut_bytes")
 
 
 def test_entry_points():

@@ -9,6 +9,7 @@ import pytest
 import l2ctl
 from l2ctl import graph
 from l2ctl.workloads.modeled import ModeledWorkload
+from stand_ins import scatter_add_into_temporary
 
 
 def _captured(fake, w, s):
@@ -26,7 +27,7 @@ def _replay(g, w):
 
 
 def test_buffers_map_every_pointer_argument_to_its_memory(fake):
-    with l2ctl.Stream() as s, ModeledWorkload.scatter_add_into_temporary() as w:
+    with l2ctl.Stream() as s, scatter_add_into_temporary() as w:
         g = _captured(fake, w, s)
         acc, tmp = w.buffers["acc"], w.buffers["tmp"]
         found = {b.ptr: b for b in graph.buffers(g, {"acc": acc})}
@@ -52,7 +53,7 @@ def test_a_pointer_inside_an_allocation_maps_to_the_whole_allocation(fake):
 
 
 def test_discover_finds_the_temporary_that_the_users_buffer_misses(fake):
-    with l2ctl.Stream() as s, ModeledWorkload.scatter_add_into_temporary() as w:
+    with l2ctl.Stream() as s, scatter_add_into_temporary() as w:
         g = _captured(fake, w, s)
         step = _replay(g, w)
         before = fake.state()

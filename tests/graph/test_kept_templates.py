@@ -1,7 +1,7 @@
 """Templates kept for what torch records inside graph.torch_captures() (issue 35), on the simulator: a graph made
 with torch's defaults, a graph-tree recording and a graphed callable's graph keep their template, replay as their
 maker expects, and take windows as a keep_graph graph does; tune and "discover" on a reduce-overhead step as the
-user wrote it (the simulator's stand-in for torch.compile: l2ctl.workloads.modeled._FakeCompiledStep)."""
+user wrote it (the simulator's stand-in for torch.compile: tests/stand_ins.py, FakeCompiledStep)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import l2ctl
 from l2ctl import _torch_graphs, graph
 from l2ctl.testing.torch_graphs import FakeGraphTrees, FakeTorchGraph
-from l2ctl.workloads.modeled import ModeledWorkload, _FakeCompiledStep
+from stand_ins import FakeCompiledStep, SteppedWorkload, scatter_add_into_temporary
 
 MiB = 1 << 20
 NONE = (0, 0, 0.0, 0, 0)
@@ -133,7 +133,7 @@ def test_a_graphed_callables_graph_captured_inside_the_block(fake, trees, scatte
 
 def _compiled_step(trees, w):
     """The user's step as they wrote it: a function compiled with mode="reduce-overhead", called on ``stream``."""
-    compiled = _FakeCompiledStep(trees, w)
+    compiled = FakeCompiledStep(trees, w)
 
     def step(stream):
         with trees.stream(stream), w.on_stream(stream):
@@ -142,7 +142,7 @@ def _compiled_step(trees, w):
 
 
 def test_tune_discovers_inductors_temporary_in_a_reduce_overhead_step(fake, trees):
-    with l2ctl.Stream() as s, ModeledWorkload.scatter_add_into_temporary() as w:
+    with l2ctl.Stream() as s, scatter_add_into_temporary() as w:
         step, compiled = _compiled_step(trees, w)
         before = fake.state()
         with graph.torch_captures() as captures:
@@ -165,7 +165,7 @@ def test_tune_discovers_inductors_temporary_in_a_reduce_overhead_step(fake, tree
 
 
 def test_discover_on_a_step_recorded_before_any_block_is_refused_saying_how(fake, trees):
-    with l2ctl.Stream() as s, ModeledWorkload.scatter_add_into_temporary() as w:
+    with l2ctl.Stream() as s, scatter_add_into_temporary() as w:
         step, _ = _compiled_step(trees, w)
         for _ in range(3):
             step(s)  # the first calls happened outside any block: the recording's template is gone
@@ -176,8 +176,8 @@ def test_discover_on_a_step_recorded_before_any_block_is_refused_saying_how(fake
 
 
 def test_discover_on_a_step_torch_did_not_graph_finds_its_eager_kernels_and_says_why(fake, trees):
-    with l2ctl.Stream() as s, ModeledWorkload.scatter_add(0) as w:
-        compiled = _FakeCompiledStep(trees, w, graphs=False)  # torch.compile skipped graphs: eager kernels
+    with l2ctl.Stream() as s, SteppedWorkload.scatter_add(0) as w:
+        compiled = FakeCompiledStep(trees, w, graphs=False)  # torch.compile skipped graphs: eager kernels
 
         def step(stream):
             with trees.stream(stream), w.on_stream(stream):

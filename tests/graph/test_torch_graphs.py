@@ -264,20 +264,21 @@ def test_tune_refuses_what_it_cannot_vary(fake, trees, scatter):
 
 
 def test_the_gallery_tunes_graphed_and_compiled_rows_on_the_simulator(fake, trees):
-    from l2ctl.workloads.modeled import ModeledCompiled, ModeledGraphed, ModeledWorkload
+    from l2ctl.workloads.modeled import ModeledWorkload
+    from stand_ins import ModeledCompiled, ModeledGraphed, SteppedWorkload
 
     compiled = []
 
     def make_compiled(device):
-        w = ModeledCompiled(ModeledWorkload.scatter_add(device), trees)
+        w = ModeledCompiled(SteppedWorkload.scatter_add(device), trees)
         compiled.append(w)
         return w
 
     factories = {"scatter-add": ModeledWorkload.scatter_add,
-                 "scatter-add-graphed": lambda device: ModeledGraphed(ModeledWorkload.scatter_add(device)),
+                 "scatter-add-graphed": lambda device: ModeledGraphed(SteppedWorkload.scatter_add(device)),
                  "scatter-add-compiled": make_compiled,
                  # torch.compile without its graphs: the window must reach its eager kernels on the current stream
-                 "scatter-add-compiled-eager": lambda device: ModeledCompiled(ModeledWorkload.scatter_add(device), trees,
+                 "scatter-add-compiled-eager": lambda device: ModeledCompiled(SteppedWorkload.scatter_add(device), trees,
                                                                               graphs=False)}
     limit = fake.device(0).limit
     with l2ctl.Stream() as s:
@@ -359,10 +360,10 @@ def test_the_eager_fallback_of_torch_compile_gains_what_the_eager_step_gains(fak
     so every kernel ran eagerly on the current stream while the window sat on the capture streams alone.
     The set-aside was in force without its window: slower than no persistence. Now the window is on the
     current stream too, and the compiled step runs as the same eager step runs under a stream scope."""
-    from l2ctl.workloads.modeled import ModeledCompiled, ModeledWorkload
+    from stand_ins import ModeledCompiled, SteppedWorkload
 
     info = l2ctl.device_info()
-    with l2ctl.Stream() as s, ModeledWorkload.scatter_add() as w:
+    with l2ctl.Stream() as s, SteppedWorkload.scatter_add() as w:
         acc = w.buffers["acc"]
         step = ModeledCompiled(w, trees, graphs=False)
         # the tuner's choice on the gallery's scatter-add: 8 tenths of the max, the window over that much of acc

@@ -19,7 +19,7 @@ import pytest
 import l2ctl
 from l2ctl import autotuner
 from l2ctl.testing import FakeBackend, FakeDevice
-from l2ctl.workloads.modeled import SetAsideSurface
+from stand_ins import SetAsideSurface, scatter_add_into_temporary
 
 MiB = 1 << 20
 
@@ -317,9 +317,9 @@ def test_a_choice_the_confirmation_does_not_reproduce_is_no_persistence_saying_s
 
 def _compiled(trees, workload, graphs: bool = True):
     """A step compiled with mode="reduce-overhead" as the app calls it: no arguments, on the current stream."""
-    from l2ctl.workloads.modeled import _FakeCompiledStep
+    from stand_ins import FakeCompiledStep
 
-    compiled = _FakeCompiledStep(trees, workload, graphs=graphs)
+    compiled = FakeCompiledStep(trees, workload, graphs=graphs)
     s = l2ctl.Stream()
 
     def step() -> None:
@@ -330,10 +330,8 @@ def _compiled(trees, workload, graphs: bool = True):
 
 
 def test_a_compiled_step_torch_graphs_is_tuned_on_its_recorded_graph(fake, trees):
-    from l2ctl.workloads.modeled import ModeledWorkload
-
     initial = fake.state()
-    with ModeledWorkload.scatter_add_into_temporary() as w:
+    with scatter_add_into_temporary() as w:
         step, compiled, s = _compiled(trees, w)
         tuned = l2ctl.autotune(step, stream=s)
         for _ in range(260):
@@ -351,9 +349,9 @@ def test_a_compiled_step_torch_graphs_is_tuned_on_its_recorded_graph(fake, trees
 
 
 def test_a_compiled_step_torch_did_not_graph_is_tuned_on_its_eager_kernels_and_torch_s_reason_is_said(fake, trees):
-    from l2ctl.workloads.modeled import ModeledWorkload
+    from stand_ins import SteppedWorkload
 
-    with ModeledWorkload.scatter_add(0) as w:
+    with SteppedWorkload.scatter_add(0) as w:
         step, compiled, s = _compiled(trees, w, graphs=False)
         tuned = l2ctl.autotune(step, stream=s)
         for _ in range(240):
@@ -367,9 +365,7 @@ def test_a_compiled_step_torch_did_not_graph_is_tuned_on_its_eager_kernels_and_t
 
 
 def test_no_persistence_where_torch_holds_recordings_no_window_reaches_says_the_step_may_replay_them(fake, trees):
-    from l2ctl.workloads.modeled import ModeledWorkload
-
-    with ModeledWorkload.scatter_add_into_temporary() as w:
+    with scatter_add_into_temporary() as w:
         old, _, _ = _compiled(trees, w)
         for _ in range(3):
             old()  # recorded outside any torch_captures(): its template is gone

@@ -17,7 +17,8 @@ import l2ctl
 from l2ctl import bench, benchmark_gallery, tuner
 from l2ctl.bench.paired import Arm, bootstrap_speedup, compare
 from l2ctl.testing import FakeBackend, FakeDevice
-from l2ctl.workloads.modeled import ModeledKernel, ModeledWorkload, SetAsideSurface
+from l2ctl.workloads.modeled import ModeledKernel, ModeledWorkload
+from stand_ins import SetAsideSurface
 from l2ctl.tuner import CandidateResult, PointResult, TunePoint, choose, refine_points, screen_points, winners
 from l2ctl.workloads import ResetDataWorkload, gallery
 

@@ -30,19 +30,13 @@ import l2ctl
 
 from .._errors import CudaError, NoDeviceError, NotSupportedError, VerificationError
 from . import bench_cmd, info_cmd, sweep_cmd, tune_cmd
-from .bench_cmd import cmd_bench_concurrent, cmd_bench_cs, cmd_bench_graph, cmd_bench_reset, cmd_bench_stride
-from .info_cmd import cmd_info
-from .sweep_cmd import cmd_sweep_hit_ratio, cmd_sweep_set_aside, cmd_sweep_surface, cmd_sweep_tax
 from .exitcodes import (EXIT_BROKEN_PIPE, EXIT_CODES_HELP, EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_UNSUPPORTED,
                         EXIT_USAGE, EXIT_VERIFY)
 from .output import NO_GPU_HINT, OutputError, data_to_stdout
 from .parsing import Entry, Parser, add_entries, finish, normalize, simulate
-from .tune_cmd import cmd_tune
 
 __all__ = ["main", "build_parser", "parse_args", "run", "COMMANDS", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE",
-           "EXIT_UNSUPPORTED", "EXIT_VERIFY", "EXIT_INTERRUPTED", "EXIT_BROKEN_PIPE", "cmd_info", "cmd_tune",
-           "cmd_bench_reset", "cmd_bench_stride", "cmd_bench_cs", "cmd_bench_graph", "cmd_bench_concurrent",
-           "cmd_sweep_hit_ratio", "cmd_sweep_set_aside", "cmd_sweep_surface", "cmd_sweep_tax"]
+           "EXIT_UNSUPPORTED", "EXIT_VERIFY", "EXIT_INTERRUPTED", "EXIT_BROKEN_PIPE"]
 
 #: The top-level commands, in the order ``--help`` lists them.
 COMMANDS: tuple[Entry, ...] = (info_cmd.INFO, bench_cmd.BENCH, sweep_cmd.SWEEP, tune_cmd.TUNE)

@@ -145,7 +145,7 @@ class Compiled(_Wrapped):
         if self.static_inputs:
             self._static_inputs()
 
-    # ---- what PyTorch does (the simulator's stand-in, l2ctl.workloads.modeled, replaces these) ----------
+    # ---- what PyTorch does (the simulator's stand-in, tests/stand_ins.py, replaces these) ---------------
 
     def _static_inputs(self) -> None:
         """Static addresses for the step's tensors (its attributes and its candidates): graph trees then
