@@ -18,7 +18,8 @@ SetAsideRequest = Union[int, float, Literal["auto", "max"], None]
 
 __all__ = ["HIT_RATIO_TOLERANCE", "normalize_hit_ratio", "hit_ratio_grid", "round_up", "parse_set_aside_request",
            "check_set_aside", "SetAsideRequest", "SET_ASIDE_FORMS", "oversubscribed", "tax_free_limit",
-           "DEFAULT_LIMIT_FRACTION", "clip_window", "shared_hit_ratios", "check_nbytes", "check_count", "is_integer"]
+           "DEFAULT_LIMIT_FRACTION", "clip_window", "shared_hit_ratios", "check_nbytes", "check_count", "is_integer",
+           "default_hit_ratio"]
 
 #: Hit ratios in (1, 1 + HIT_RATIO_TOLERANCE] are taken as 1.0: they are rounding noise (0.1 added ten
 #: times in float32 gives 1.0000001, which CUDA rejects with cudaErrorInvalidValue). Anything larger
@@ -109,6 +110,12 @@ def check_count(value: object, name: str, *, minimum: int = 0, maximum: int | No
         bound = f"in [{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
         raise ValueError(f"{name} must be {bound}, got {n}")
     return n
+
+
+def default_hit_ratio(granted: int, window_bytes: int) -> float:
+    """The share of a window that ``granted`` bytes of set-aside hold, min(1, granted / window), as the planner
+    computes it (the tuner's points at each set-aside)."""
+    return float(_native.plan_default_hit_ratio(int(granted), int(window_bytes)))
 
 
 def round_up(nbytes: int, granularity: int) -> int:
