@@ -151,15 +151,70 @@ def parse_build(text: str) -> tuple[str, str, str]:
     return name, site, commit
 
 
+def by_state(runs: dict[str, list[dict]]) -> dict[str, dict[str, list[dict]]]:
+    """The runs of each build in each state of the host, known by the reference's cost: "fast" within 1.25x of the
+    fastest reference of any run, "slow" over 1.5x; a run between the two (a state changing under it) is in neither."""
+    fastest = min(r["medians"][REFERENCE] for rs in runs.values() for r in rs)
+    states: dict[str, dict[str, list[dict]]] = {"fast": {}, "slow": {}}
+    for name, rs in runs.items():
+        states["fast"][name] = [r for r in rs if r["medians"][REFERENCE] <= 1.25 * fastest]
+        states["slow"][name] = [r for r in rs if r["medians"][REFERENCE] > 1.5 * fastest]
+    return states
+
+
+def summarise(runs: dict[str, list[dict]], builds: list[tuple[str, str, str]]) -> dict:
+    """Per variant: each build's median over runs (raw, and over the reference), each build over each one given
+    before it, and the same within each state of the host (the verdict: builds compared where the host was alike)."""
+    baseline = builds[0][0]
+    states = by_state(runs)
+    summary: dict[str, dict] = {}
+    for variant in VARIANTS:
+        entry: dict[str, float | None] = {}
+        for name in runs:
+            entry[f"{name}_us"] = statistics.median(r["medians"][variant] for r in runs[name])
+            entry[f"{name}_over_reference"] = statistics.median(r["medians"][variant] / r["medians"][REFERENCE]
+                                                                for r in runs[name])
+        for state, chosen in states.items():
+            for name in runs:
+                entry[f"{state}_{name}_us"] = (statistics.median(r["medians"][variant] for r in chosen[name])
+                                               if chosen[name] else None)
+        names = list(runs)
+        pairs = [(name, base) for i, name in enumerate(names) for base in names[:i]]
+        for name, base in pairs:
+            entry[f"{name}_over_{base}"] = entry[f"{name}_us"] / entry[f"{base}_us"]
+            entry[f"{name}_over_{base}_normalised"] = entry[f"{name}_over_reference"] / entry[f"{base}_over_reference"]
+            for state in states:
+                mine, theirs = entry[f"{state}_{name}_us"], entry[f"{state}_{base}_us"]
+                entry[f"{state}_{name}_over_{base}"] = mine / theirs if mine and theirs else None
+        summary[variant] = entry
+        print(f"{variant:24s} " + "  ".join(f"{n} {entry[f'{n}_us']:5.2f}" for n in runs) + "  |  " + "  ".join(
+            f"{n}/{b} {state} {entry[f'{state}_{n}_over_{b}'] or float('nan'):.3f}" for n, b in pairs for state in states))
+    reference = {f"{n}_us": statistics.median(r["medians"][REFERENCE] for r in runs[n]) for n in runs}
+    return {"benchmark": "lean-overhead-before-after", "baseline": baseline,
+            "environments": {n: runs[n][0]["environment"] for n in runs},
+            "builds": {n: {"commit": c} for n, _, c in builds}, "reference": {"operation": REFERENCE, **reference},
+            "runs_by_state": {state: {n: len(rs) for n, rs in chosen.items()} for state, chosen in by_state(runs).items()},
+            "summary": summary, "runs": runs}
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--build", type=parse_build, action="append", required=True,
-                   help="NAME=DIR[@COMMIT], at least two; the first is the baseline each other is divided by")
+                   help="NAME=DIR[@COMMIT], at least two; each is divided by each one given before it")
     p.add_argument("--json", required=True)
     p.add_argument("--runs", type=int, default=8)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--iterations", type=int, default=2000)
+    p.add_argument("--from-json", help="summarise the runs of an earlier record again (no GPU), into --json")
     a = p.parse_args(argv)
+    if a.from_json:
+        with open(a.from_json) as f:
+            earlier = json.load(f)
+        record = summarise(earlier["runs"], a.build)
+        record["config"] = earlier["config"]
+        with open(a.json, "w") as f:
+            json.dump(record, f, indent=1)
+        return 0
     if len(a.build) < 2:
         p.error("give at least two builds")
     runs: dict[str, list[dict]] = {name: [] for name, _, _ in a.build}
@@ -169,29 +224,8 @@ def main(argv: list[str]) -> int:
             runs[name].append(run(site, commit, a.rounds, a.iterations))
             medians = runs[name][-1]["medians"]
             print(f"run {i + 1} {name}: " + ", ".join(f"{v} {us:.2f}" for v, us in medians.items()), flush=True)
-    baseline = a.build[0][0]
-    summary: dict[str, dict] = {}
-    for variant in VARIANTS:
-        entry: dict[str, float] = {}
-        for name in runs:
-            entry[f"{name}_us"] = statistics.median(r["medians"][variant] for r in runs[name])
-            entry[f"{name}_over_reference"] = statistics.median(r["medians"][variant] / r["medians"][REFERENCE]
-                                                                for r in runs[name])
-        for name in runs:
-            if name != baseline:
-                entry[f"{name}_over_{baseline}"] = entry[f"{name}_us"] / entry[f"{baseline}_us"]
-                entry[f"{name}_over_{baseline}_normalised"] = (entry[f"{name}_over_reference"]
-                                                              / entry[f"{baseline}_over_reference"])
-        summary[variant] = entry
-        print(f"{variant:26s} " + "  ".join(f"{n} {entry[f'{n}_us']:5.2f} us" for n in runs) + "  " +
-              "  ".join(f"{n}/{baseline} {entry[f'{n}_over_{baseline}']:.3f} (normalised "
-                        f"{entry[f'{n}_over_{baseline}_normalised']:.3f})" for n in runs if n != baseline))
-    reference = {f"{n}_us": statistics.median(r["medians"][REFERENCE] for r in runs[n]) for n in runs}
-    record = {"benchmark": "lean-overhead-before-after", "baseline": baseline,
-              "environments": {n: runs[n][0]["environment"] for n in runs},
-              "builds": {n: {"commit": c} for n, _, c in a.build}, "reference": {"operation": REFERENCE, **reference},
-              "summary": summary, "runs": runs,
-              "config": {"runs": a.runs, "rounds": a.rounds, "iterations": a.iterations, "variants": list(VARIANTS)}}
+    record = summarise(runs, a.build)
+    record["config"] = {"runs": a.runs, "rounds": a.rounds, "iterations": a.iterations, "variants": list(VARIANTS)}
     with open(a.json, "w") as f:
         json.dump(record, f, indent=1)
     return 0
