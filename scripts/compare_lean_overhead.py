@@ -6,9 +6,10 @@ in an order that rotates each run, ``--runs`` times each, so that a busy spell o
 Every build is timed by the same code, this script's own (not the build's ``bench`` package, which changes between
 commits), through l2ctl's public API only. Each run also times a reference that does not depend on l2ctl: the same
 two stream-attribute calls through cuda.bindings, interleaved with the variants round by round. The host of a
-cloud GPU switches between states whose per-call costs differ by up to 2x for minutes at a time; a variant's cost
-divided by the reference's in the same run cancels that state, so the record keeps both the raw medians and the
-normalised ones (median over runs of variant / reference), and the verdict is the normalised ratio.
+cloud GPU switches between speeds whose per-call costs differ by up to 2x, for minutes at a time, and not in
+proportion for every operation; the reference tells which speed a run had, and the verdict compares builds within
+one speed (``fast_*`` and ``slow_*`` in the summary). The record also keeps the raw medians over all runs and each
+variant over the reference.
 
     python scripts/compare_lean_overhead.py --build before=/tmp/before@ff88d18 --build after=/tmp/after@HEAD \
         --runs 8 --json lean_overhead.json
