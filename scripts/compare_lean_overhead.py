@@ -74,6 +74,8 @@ def policy():
     with persist(s, buf, policy=lean_policy, reset_on_exit=False):
         pass
 
+# The reference written here, not taken from l2ctl.bench.overhead: each build under test has its own bench package,
+# and the reference must be the same code in every build's process.
 ids = rt.cudaStreamAttrID
 attribute = getattr(ids, "cudaLaunchAttributeAccessPolicyWindow", None) or ids.cudaStreamAttributeAccessPolicyWindow
 value_type = getattr(rt, "cudaStreamAttrValue", None) or rt.cudaLaunchAttributeValue
